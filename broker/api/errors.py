@@ -1,0 +1,69 @@
+"""One error shape for every endpoint: ``{"error": code, "detail": text}`` with a 4xx status."""
+
+from __future__ import annotations
+
+import logging
+
+from django.http import JsonResponse
+from rest_framework import exceptions as drf_exceptions
+from rest_framework import status
+from rest_framework.response import Response
+
+logger = logging.getLogger(__name__)
+
+
+class ApiError(Exception):
+    """Raised by views and services; rendered as a JSON error response."""
+
+    def __init__(self, status_code: int, code: str, detail: str, headers: dict | None = None):
+        super().__init__(detail)
+        self.status_code = status_code
+        self.code = code
+        self.detail = detail
+        self.headers = headers or {}
+
+
+def error_response(status_code: int, code: str, detail: str, headers: dict | None = None) -> Response:
+    response = Response({"error": code, "detail": detail}, status=status_code)
+    for key, value in (headers or {}).items():
+        response[key] = value
+    return response
+
+
+_DRF_CODES = {
+    drf_exceptions.ParseError: "malformed_request",
+    drf_exceptions.UnsupportedMediaType: "unsupported_media_type",
+    drf_exceptions.NotFound: "not_found",
+    drf_exceptions.MethodNotAllowed: "method_not_allowed",
+    drf_exceptions.NotAcceptable: "not_acceptable",
+    drf_exceptions.Throttled: "rate_limited",
+    drf_exceptions.ValidationError: "invalid_request",
+    drf_exceptions.NotAuthenticated: "unauthorized",
+    drf_exceptions.AuthenticationFailed: "unauthorized",
+    drf_exceptions.PermissionDenied: "forbidden",
+}
+
+
+def exception_handler(exc, context):
+    if isinstance(exc, ApiError):
+        return error_response(exc.status_code, exc.code, exc.detail, exc.headers)
+    if isinstance(exc, drf_exceptions.APIException):
+        code = next((c for cls, c in _DRF_CODES.items() if isinstance(exc, cls)), "error")
+        detail = exc.detail
+        if isinstance(detail, (list, dict)):
+            detail = str(detail)
+        headers = {}
+        if getattr(exc, "wait", None):
+            headers["Retry-After"] = str(int(exc.wait))
+        return error_response(exc.status_code, code, str(detail), headers)
+    if isinstance(exc, UnicodeDecodeError):
+        return error_response(status.HTTP_400_BAD_REQUEST, "malformed_request", "request is not valid UTF-8")
+    return None
+
+
+def not_found_view(request, exception=None):
+    return JsonResponse({"error": "not_found", "detail": "no such resource"}, status=404)
+
+
+def server_error_view(request):
+    return JsonResponse({"error": "internal_error", "detail": "internal server error"}, status=500)

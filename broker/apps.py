@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class BrokerConfig(AppConfig):
+    name = "broker"
+    default_auto_field = "django.db.models.BigAutoField"

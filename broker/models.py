@@ -1,0 +1,108 @@
+"""Core data: channels, producers and the messages they publish."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class Channel(models.Model):
+    """A named stream of messages; every consumer of the channel gets one job per message."""
+
+    channel_id = models.CharField(max_length=255, unique=True)
+    name = models.CharField(max_length=255)
+    token = models.CharField(max_length=255)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["-created_at", "-id"], name="channel_list")]
+
+    def __str__(self) -> str:
+        return self.channel_id
+
+
+class Producer(models.Model):
+    producer_id = models.CharField(max_length=255, unique=True)
+    name = models.CharField(max_length=255)
+    token = models.CharField(max_length=255)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["-created_at", "-id"], name="producer_list")]
+
+    def __str__(self) -> str:
+        return self.producer_id
+
+
+class Message(models.Model):
+    """A published message. Its payload is stored as bytes, exactly as received."""
+
+    class Status(models.IntegerChoices):
+        ACKNOWLEDGED = 101
+        DISPATCHED = 102
+
+    channel = models.ForeignKey(Channel, on_delete=models.PROTECT, related_name="messages")
+    message_id = models.CharField(max_length=255)
+    producer = models.ForeignKey(Producer, on_delete=models.PROTECT, related_name="messages")
+    payload = models.BinaryField()
+    content_type = models.CharField(max_length=255, default="application/octet-stream")
+    priority = models.IntegerField(default=0)
+    headers = models.JSONField(default=dict, blank=True)
+    status = models.PositiveSmallIntegerField(choices=Status.choices, default=Status.DISPATCHED)
+    received_at = models.DateTimeField()
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["channel", "message_id"], name="message_unique_per_channel"),
+        ]
+        indexes = [
+            models.Index(fields=["channel", "-id"], name="message_by_channel"),
+            models.Index(fields=["received_at"], name="message_received"),
+        ]
+
+    def __str__(self) -> str:
+        return self.message_id
+
+
+class Counter(models.Model):
+    """Maintained counts (jobs per consumer and status, messages per channel and status).
+
+    Statement-level triggers append signed deltas to ``CounterDelta`` (append-only, so concurrent
+    writers never contend on a counter row); ``counters_compact`` folds them in here. Readers sum
+    both, so a count is exact at any moment without ``COUNT(*)`` over the big tables.
+    """
+
+    class Scope(models.IntegerChoices):
+        JOB = 1  # owner = consumer pk
+        MESSAGE = 2  # owner = channel pk
+
+    scope = models.PositiveSmallIntegerField(choices=Scope.choices)
+    owner_id = models.BigIntegerField()
+    status = models.PositiveSmallIntegerField()
+    count = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["scope", "owner_id", "status"], name="counter_key"),
+        ]
+
+
+class CounterDelta(models.Model):
+    scope = models.PositiveSmallIntegerField()
+    owner_id = models.BigIntegerField()
+    status = models.PositiveSmallIntegerField()
+    delta = models.BigIntegerField()
+
+    class Meta:
+        indexes = [models.Index(fields=["scope", "owner_id"], name="counterdelta_owner")]
+
+
+class SeedState(models.Model):
+    """Singleton row recording the last applied seed configuration (for /_status)."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    data_hash = models.CharField(max_length=64, blank=True, default="")
+    data = models.JSONField(default=dict)
+    applied_at = models.DateTimeField(null=True)

@@ -1,0 +1,258 @@
+"""Settings, all from the environment (see README "Configuration" for every variable).
+
+``DATABASE_URL`` selects PostgreSQL; without it an embedded PostgreSQL server is started under
+``BROKER_DATA_DIR`` (tests get a fresh throw-away one). PostgreSQL is the only engine.
+"""
+
+from __future__ import annotations
+
+import configparser
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+TESTING = "pytest" in sys.modules or os.environ.get("BROKER_TESTING") == "1"
+
+
+def env_str(name: str, default: str = "") -> str:
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ImproperlyConfigured(f"{name} must be true or false, got {value!r}")
+
+
+def env_float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return float(value)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be a number, got {value!r}") from exc
+
+
+def env_int(name: str, default: int | None) -> int | None:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be an integer, got {value!r}") from exc
+
+
+# The webhook-broker INI file may also carry broker settings ([broker], [consumer-connection]);
+# environment variables win over it.
+BROKER_SEED_CONFIG = env_str("BROKER_SEED_CONFIG")
+_INI_KEYS = {
+    "BROKER_CONNECTION_TIMEOUT": ("consumer-connection", "connection-timeout-in-seconds"),
+    "BROKER_CONSUMER_TOKEN_HEADER": ("consumer-connection", "token-header-name"),
+    "BROKER_USER_AGENT": ("consumer-connection", "user-agent"),
+    "BROKER_RATIONAL_DELAY": ("broker", "rational-delay-in-seconds"),
+    "BROKER_RETRY_BACKOFF": ("broker", "retry-backoff-delays-in-seconds"),
+    "BROKER_MAX_RETRY": ("broker", "max-retry"),
+}
+if BROKER_SEED_CONFIG and os.path.exists(BROKER_SEED_CONFIG):
+    _ini = configparser.ConfigParser(interpolation=None, strict=False)
+    _ini.optionxform = str  # keep key case
+    try:
+        _ini.read(BROKER_SEED_CONFIG)
+    except configparser.Error:
+        _ini = None
+    if _ini is not None:
+        for _name, (_section, _key) in _INI_KEYS.items():
+            if _name not in os.environ and _ini.has_option(_section, _key):
+                _value = _ini.get(_section, _key).strip()
+                if _value:
+                    os.environ[_name] = _value
+
+DEBUG = env_bool("DJANGO_DEBUG", False)
+SECRET_KEY = env_str("DJANGO_SECRET_KEY")
+if not SECRET_KEY:
+    if DEBUG or TESTING:
+        SECRET_KEY = "insecure-development-key-do-not-use-in-production"
+    else:
+        raise ImproperlyConfigured("DJANGO_SECRET_KEY is required when DJANGO_DEBUG is off")
+ALLOWED_HOSTS = [h.strip() for h in env_str("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h.strip()]
+if TESTING:
+    ALLOWED_HOSTS += ["testserver"]
+
+BROKER_DATA_DIR = Path(env_str("BROKER_DATA_DIR", str(BASE_DIR / ".data")))
+
+# --- database -----------------------------------------------------------------------------------
+DATABASE_URL = env_str("DATABASE_URL")
+EMBEDDED_DB = None
+if not DATABASE_URL:
+    from broker.embedded_db import server_ensure
+
+    if TESTING:
+        # A fresh throw-away server per test session (fsync off: test data is disposable).
+        _test_dir = Path(tempfile.mkdtemp(prefix="broker-test-pg-"))
+        EMBEDDED_DB = server_ensure(_test_dir, fsync=False)
+        import atexit
+        import shutil
+
+        def _cleanup_test_db(path: Path = _test_dir) -> None:
+            from broker.embedded_db import server_stop
+
+            server_stop(path)
+            shutil.rmtree(path, ignore_errors=True)
+
+        atexit.register(_cleanup_test_db)
+    else:
+        EMBEDDED_DB = server_ensure(BROKER_DATA_DIR / "postgres")
+    DATABASE_URL = EMBEDDED_DB.url
+    # Child processes (gunicorn workers, qcluster, test servers) reuse the same server.
+    os.environ["DATABASE_URL"] = DATABASE_URL
+
+DATABASES = {
+    "default": dj_database_url.parse(
+        DATABASE_URL,
+        conn_max_age=env_int("BROKER_DB_CONN_MAX_AGE", 300),
+        conn_health_checks=True,
+    )
+}
+if not DATABASES["default"]["ENGINE"].endswith("postgresql"):
+    raise ImproperlyConfigured("DATABASE_URL must point at PostgreSQL (postgres://...)")
+DATABASES["default"].setdefault("OPTIONS", {})
+DATABASES["default"]["OPTIONS"].setdefault("application_name", os.path.basename(sys.argv[0] or "broker")[:60])
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- apps ---------------------------------------------------------------------------------------
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "django_q",
+    "broker",
+    "consumers",
+    "jobs",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "broker.urls"
+WSGI_APPLICATION = "broker.wsgi.application"
+APPEND_SLASH = False
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = BROKER_DATA_DIR / "static"
+
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SECURE = not DEBUG and not TESTING and env_bool("BROKER_SECURE_COOKIES", True)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+X_FRAME_OPTIONS = "DENY"
+
+DATA_UPLOAD_MAX_MEMORY_SIZE = None  # the broadcast view enforces BROKER_MAX_PAYLOAD_BYTES itself
+DATA_UPLOAD_MAX_NUMBER_FIELDS = 10000
+
+REST_FRAMEWORK = {
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": [
+        "rest_framework.parsers.JSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
+    "DEFAULT_AUTHENTICATION_CLASSES": [],
+    "DEFAULT_PERMISSION_CLASSES": [],
+    "UNAUTHENTICATED_USER": None,
+    "EXCEPTION_HANDLER": "broker.api.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Message and webhook broker API",
+    "DESCRIPTION": "Channels, producers, push and pull consumers, jobs. Compatible with webhook-broker.",
+    "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# --- broker settings ---------------------------------------------------------------------------
+BROKER_ADMIN_TOKEN = env_str("BROKER_ADMIN_TOKEN")
+BROKER_MAX_PAYLOAD_BYTES = env_int("BROKER_MAX_PAYLOAD_BYTES", 5 * 1024 * 1024)
+BROKER_MAX_BATCH_MESSAGES = 1000
+BROKER_CONNECTION_TIMEOUT = env_float("BROKER_CONNECTION_TIMEOUT", 30.0)
+BROKER_RATIONAL_DELAY = env_float("BROKER_RATIONAL_DELAY", 2.0)
+BROKER_RETRY_BACKOFF = [
+    float(x) for x in env_str("BROKER_RETRY_BACKOFF", "5,30,60").split(",") if x.strip()
+] or [5.0, 30.0, 60.0]
+BROKER_MAX_RETRY = env_int("BROKER_MAX_RETRY", 5)
+BROKER_CONSUMER_TOKEN_HEADER = env_str("BROKER_CONSUMER_TOKEN_HEADER", "X-Broker-Consumer-Token")
+BROKER_USER_AGENT = env_str("BROKER_USER_AGENT", "Webhook Message Broker")
+BROKER_MIN_SCHEDULE_DELAY = env_float("BROKER_MIN_SCHEDULE_DELAY", 120.0)
+BROKER_ADVISORY_CHANNEL = env_str("BROKER_ADVISORY_CHANNEL")
+
+# --- django-q2 ----------------------------------------------------------------------------------
+Q_CLUSTER = {
+    "name": env_str("BROKER_Q_CLUSTER_NAME", "broker"),
+    "orm": "default",
+    "workers": env_int("BROKER_Q_WORKERS", 3),
+    "timeout": 90,
+    "retry": 120,
+    "max_attempts": 1,
+    "catch_up": False,
+    "poll": 0.5,
+    "save_limit": 100,
+    "ack_failures": True,
+}
+if TESTING:
+    Q_CLUSTER["sync"] = env_bool("BROKER_Q_SYNC", True)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["stderr"], "level": env_str("BROKER_LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

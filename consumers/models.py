@@ -1,0 +1,46 @@
+"""Consumers: push (HTTP callback) or pull (fetch over HTTP), with their delivery settings."""
+
+from __future__ import annotations
+
+from django.db import models
+
+from broker.models import Channel
+
+
+class Consumer(models.Model):
+    class Type(models.TextChoices):
+        PUSH = "push"
+        PULL = "pull"
+
+    channel = models.ForeignKey(Channel, on_delete=models.PROTECT, related_name="consumers")
+    consumer_id = models.CharField(max_length=255)
+    name = models.CharField(max_length=255)
+    token = models.CharField(max_length=255)
+    callback_url = models.CharField(max_length=2048, blank=True, default="")
+    type = models.CharField(max_length=8, choices=Type.choices, default=Type.PUSH)
+
+    # Push delivery (null = broker default from settings).
+    max_in_flight = models.PositiveIntegerField(default=10)
+    max_deliveries_per_second = models.FloatField(null=True, blank=True)
+    connection_timeout = models.FloatField(null=True, blank=True)
+    max_retry = models.PositiveIntegerField(null=True, blank=True)
+    retry_backoff = models.CharField(max_length=255, blank=True, default="")
+    signing_secret = models.CharField(max_length=128, blank=True, default="")
+    previous_signing_secret = models.CharField(max_length=128, blank=True, default="")
+    previous_secret_expires_at = models.DateTimeField(null=True, blank=True)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["channel", "consumer_id"], name="consumer_unique_per_channel"),
+        ]
+        indexes = [models.Index(fields=["channel", "-created_at", "-id"], name="consumer_list")]
+
+    def __str__(self) -> str:
+        return f"{self.channel.channel_id}/{self.consumer_id}"
+
+    @property
+    def is_pull(self) -> bool:
+        return self.type == self.Type.PULL

@@ -1,0 +1,78 @@
+"""Jobs (one per message and consumer), their append-only history, and maintained counters.
+
+Only ``jobs/state.py`` changes a job's status; admin forms show it read-only.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+from broker.models import Channel, Message
+from consumers.models import Consumer
+
+
+class JobStatus(models.IntegerChoices):
+    # The integers are webhook-broker's, so exports and analytics line up with it.
+    QUEUED = 1001
+    INFLIGHT = 1002
+    DELIVERED = 1003
+    DEAD = 1004
+
+
+class Job(models.Model):
+    message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="jobs")
+    consumer = models.ForeignKey(Consumer, on_delete=models.CASCADE, related_name="jobs")
+    channel = models.ForeignKey(Channel, on_delete=models.CASCADE, related_name="+", db_constraint=False)
+    status = models.PositiveSmallIntegerField(choices=JobStatus.choices, default=JobStatus.QUEUED)
+    priority = models.IntegerField(default=0)
+    retry_count = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField()
+    deadline = models.DateTimeField(null=True, blank=True)
+    incremental_timeout = models.FloatField(default=0)
+    status_changed_at = models.DateTimeField()
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["message", "consumer"], name="job_unique_per_consumer"),
+        ]
+        indexes = [
+            # Claim next jobs of one consumer: priority then age; only QUEUED rows are indexed.
+            models.Index(
+                "consumer", models.F("priority").desc(), "id",
+                name="job_claim", condition=models.Q(status=JobStatus.QUEUED),
+            ),
+            # Timeout sweep: only in-flight rows, by deadline.
+            models.Index(fields=["deadline"], name="job_inflight_deadline",
+                         condition=models.Q(status=JobStatus.INFLIGHT)),
+            # Per-consumer listings by status (DLQ pages, admin filters).
+            models.Index(fields=["consumer", "status", "-id"], name="job_consumer_status"),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.pk}"
+
+
+class JobTransition(models.Model):
+    """Append-only record of every status change (never updated)."""
+
+    job_id = models.BigIntegerField(db_index=True)
+    from_status = models.PositiveSmallIntegerField(null=True)
+    to_status = models.PositiveSmallIntegerField()
+    retry_count = models.PositiveIntegerField(default=0)
+    reason = models.CharField(max_length=32, default="")
+    at = models.DateTimeField()
+
+
+class DeliveryAttempt(models.Model):
+    """One push attempt (or pull outcome): what the receiver answered and how long it took."""
+
+    job_id = models.BigIntegerField(db_index=True)
+    attempt = models.PositiveIntegerField()
+    started_at = models.DateTimeField()
+    duration_ms = models.FloatField(null=True)
+    status_code = models.IntegerField(null=True)
+    response_excerpt = models.TextField(blank=True, default="")
+    error = models.TextField(blank=True, default="")
+    request_id = models.CharField(max_length=64, blank=True, default="")
+    outcome = models.CharField(max_length=16, default="")
