@@ -146,6 +146,7 @@ INSTALLED_APPS = [
     "broker",
     "consumers",
     "jobs",
+    "pipeline",
 ]
 
 MIDDLEWARE = [
