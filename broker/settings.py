@@ -200,9 +200,10 @@ REST_FRAMEWORK = {
         "rest_framework.parsers.FormParser",
         "rest_framework.parsers.MultiPartParser",
     ],
-    "DEFAULT_AUTHENTICATION_CLASSES": [],
+    # Only a staff session authenticates (and then CSRF applies to its writes); API clients use
+    # the broker's per-object tokens, checked in the views.
+    "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": [],
-    "UNAUTHENTICATED_USER": None,
     "EXCEPTION_HANDLER": "broker.api.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
@@ -257,3 +258,11 @@ LOGGING = {
     "root": {"handlers": ["stderr"], "level": env_str("BROKER_LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
+
+# --- Spark pipeline (pipeline/: analytics report, archive-and-prune; see pipeline/__init__.py) ---
+SPARK_MASTER = env_str("SPARK_MASTER", "local[*]")  # any Spark master URL: local[N], spark://host:7077, ...
+BROKER_SPARK_DRIVER_MEMORY = env_str("BROKER_SPARK_DRIVER_MEMORY", "4g")
+BROKER_JDBC_JAR = env_str("BROKER_JDBC_JAR", "/usr/share/java/postgresql.jar")  # Debian libpostgresql-jdbc-java
+BROKER_SPARK_JDBC_PARTITIONS = env_int("BROKER_SPARK_JDBC_PARTITIONS", 4)  # parallel JDBC reads per table
+BROKER_DEAD_RETENTION = env_str("BROKER_DEAD_RETENTION", "90d")  # dead jobs are archived only past this age
+BROKER_PIPELINE_DIR = Path(env_str("BROKER_PIPELINE_DIR", str(BROKER_DATA_DIR / "pipeline")))

@@ -1,0 +1,29 @@
+# Two commands for a fresh clone (only Python 3.11 and pip needed):
+#   make run    install into .venv, migrate, seed samples, start web (127.0.0.1:8080) + workers
+#   make test   install into .venv and run the whole test suite
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test install bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	@mkdir -p .data
+	@test -s .data/secret_key || $(PY) -c "import secrets; print(secrets.token_urlsafe(50))" > .data/secret_key
+	DJANGO_SECRET_KEY=$${DJANGO_SECRET_KEY:-$$(cat .data/secret_key)} $(PY) manage.py runbroker
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+clean:
+	-DJANGO_DEBUG=1 $(PY) manage.py embedded_db stop
+	rm -rf .data

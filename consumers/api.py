@@ -1,0 +1,183 @@
+"""HTTP API for the consumer registry: PUT/GET/DELETE a consumer, list a channel's consumers."""
+
+from __future__ import annotations
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from broker.api.errors import ApiError
+from broker.api.pagination import paginate
+from broker.api.representations import changed_at
+from broker.api.views import (
+    ADMIN_PARAM, CHANNEL_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, PRECONDITION, channel_or_404, form_value,
+    with_last_modified,
+)
+from broker.auth import is_admin, require_admin, tokens_equal
+from broker.services.registry import Precondition
+from consumers import services
+from consumers.models import Consumer
+
+
+def consumer_or_404(channel, consumer_id: str) -> Consumer:
+    consumer = Consumer.objects.filter(channel=channel, consumer_id=consumer_id).first()
+    if consumer is None:
+        raise ApiError(404, "consumer_not_found", "consumer not found")
+    return consumer
+
+
+def consumer_url(channel_id: str, consumer_id: str) -> str:
+    return f"/channel/{channel_id}/consumer/{consumer_id}"
+
+
+def consumer_repr(consumer: Consumer, *, show_secret: bool) -> dict:
+    channel_id = consumer.channel.channel_id
+    base = consumer_url(channel_id, consumer.consumer_id)
+    body = {
+        "ID": consumer.consumer_id,
+        "Name": consumer.name,
+        "Token": consumer.token,
+        "ChangedAt": changed_at(consumer.updated_at),
+        "CallbackURL": consumer.callback_url,
+        "DeadLetterQueueURL": f"{base}/dlq",
+        "Type": consumer.type,
+        "ChannelID": channel_id,
+        "MaxInFlight": consumer.max_in_flight,
+        "MaxDeliveriesPerSecond": consumer.max_deliveries_per_second,
+        "ConnectionTimeout": consumer.connection_timeout,
+        "MaxRetry": consumer.max_retry,
+        "RetryBackoff": consumer.retry_backoff,
+    }
+    if show_secret:
+        body["SigningSecret"] = consumer.signing_secret
+    return body
+
+
+def _positive_int(request, name: str, *, allow_zero: bool = False) -> int | None:
+    raw = form_value(request, name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError(400, f"invalid_{name}", f"{name} must be an integer") from None
+    if value < 0 or (value == 0 and not allow_zero) or value > 2**31 - 1:
+        raise ApiError(400, f"invalid_{name}", f"{name} is out of range")
+    return value
+
+
+def _positive_float(request, name: str) -> float | None:
+    raw = form_value(request, name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ApiError(400, f"invalid_{name}", f"{name} must be a number") from None
+    if not 0 < value < 1e9:
+        raise ApiError(400, f"invalid_{name}", f"{name} must be positive")
+    return value
+
+
+def consumer_settings_parse(request) -> dict:
+    """Optional delivery settings of the consumer PUT, validated, as model fields."""
+    fields: dict = {}
+    value = _positive_int(request, "maxInFlight")
+    if value is not None:
+        fields["max_in_flight"] = value
+    value = _positive_float(request, "maxDeliveriesPerSecond")
+    if value is not None:
+        fields["max_deliveries_per_second"] = value
+    value = _positive_float(request, "connectionTimeout")
+    if value is not None:
+        fields["connection_timeout"] = value
+    value = _positive_int(request, "maxRetry", allow_zero=True)
+    if value is not None:
+        fields["max_retry"] = value
+    raw = form_value(request, "retryBackoff")
+    if raw is not None and raw.strip():
+        try:
+            steps = [float(x) for x in raw.split(",") if x.strip()]
+        except ValueError:
+            raise ApiError(400, "invalid_retryBackoff", "retryBackoff must be comma-separated seconds") from None
+        if not steps or any(s < 0 for s in steps):
+            raise ApiError(400, "invalid_retryBackoff", "retryBackoff must be comma-separated seconds")
+        fields["retry_backoff"] = ",".join(f"{s:g}" for s in steps)
+    raw = form_value(request, "signingSecret")
+    if raw is not None and raw.strip():
+        fields["signing_secret"] = services.signing_secret_validate(raw.strip())
+    return fields
+
+
+class ConsumerListView(APIView):
+    @extend_schema(summary="List the consumers of a channel", parameters=[ADMIN_PARAM, *PAGE_PARAMS],
+                   responses={200: LIST, 401: ERROR, 403: ERROR, 404: ERROR})
+    def get(self, request, channel_id: str):
+        require_admin(request)
+        channel = channel_or_404(channel_id)
+        return Response(paginate(request, Consumer.objects.filter(channel=channel),
+                                 path=f"/channel/{channel_id}/consumers",
+                                 item=lambda c: consumer_url(channel_id, c.consumer_id)))
+
+
+def require_consumer_or_admin(request, channel, consumer) -> bool:
+    """Admin token, or the channel and consumer tokens. Returns True for the admin."""
+    if is_admin(request):
+        return True
+    channel_token = request.headers.get("X-Broker-Channel-Token")
+    consumer_token = request.headers.get("X-Broker-Consumer-Token")
+    if channel_token is None and consumer_token is None:
+        if request.headers.get("X-Broker-Admin-Token") is not None:
+            raise ApiError(403, "forbidden", "admin token does not match")
+        raise ApiError(401, "unauthorized", "admin token or channel and consumer tokens are required")
+    if not tokens_equal(channel_token, channel.token) or not tokens_equal(consumer_token, consumer.token):
+        raise ApiError(403, "forbidden", "token does not match")
+    return False
+
+
+class ConsumerView(APIView):
+    @extend_schema(
+        summary="Get a consumer (admin token, or its channel and consumer tokens)",
+        parameters=[ADMIN_PARAM, CHANNEL_TOKEN], responses={200: OBJ, 401: ERROR, 403: ERROR, 404: ERROR},
+    )
+    def get(self, request, channel_id: str, consumer_id: str):
+        channel = channel_or_404(channel_id)
+        consumer = consumer_or_404(channel, consumer_id)
+        admin = require_consumer_or_admin(request, channel, consumer)
+        body = consumer_repr(consumer, show_secret=admin)
+        if not admin:
+            body.pop("Token", None)
+        return with_last_modified(body, consumer)
+
+    @extend_schema(
+        summary="Create or update a consumer",
+        description="Form fields (or JSON): token, name, callbackUrl, type (push|pull), maxInFlight, "
+                    "maxDeliveriesPerSecond, connectionTimeout, maxRetry, retryBackoff, signingSecret.",
+        parameters=[ADMIN_PARAM, PRECONDITION], request=OpenApiTypes.OBJECT,
+        responses={200: OBJ, 201: OBJ, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 412: ERROR, 415: ERROR},
+    )
+    def put(self, request, channel_id: str, consumer_id: str):
+        require_admin(request)
+        channel = channel_or_404(channel_id)
+        consumer_type = services.consumer_type_parse(form_value(request, "type"))
+        fields = consumer_settings_parse(request)
+        consumer, created = services.consumer_upsert(
+            channel=channel, consumer_id=consumer_id, name=form_value(request, "name"),
+            token=form_value(request, "token"), callback_url=form_value(request, "callbackUrl"),
+            type=consumer_type, settings=fields,
+            precondition=Precondition(request.headers.get("If-Unmodified-Since")),
+        )
+        consumer.channel = channel
+        return with_last_modified(consumer_repr(consumer, show_secret=True), consumer, 201 if created else 200)
+
+    @extend_schema(summary="Delete a consumer and its jobs", parameters=[ADMIN_PARAM, PRECONDITION],
+                   responses={204: None, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 412: ERROR})
+    def delete(self, request, channel_id: str, consumer_id: str):
+        require_admin(request)
+        channel = channel_or_404(channel_id)
+        consumer = consumer_or_404(channel, consumer_id)
+        services.consumer_delete(consumer=consumer,
+                                 precondition=Precondition(request.headers.get("If-Unmodified-Since")))
+        return Response(status=204)
+

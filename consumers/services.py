@@ -1,0 +1,111 @@
+"""Consumer registry: create, update and delete consumers of a channel."""
+
+from __future__ import annotations
+
+import base64
+import secrets
+from urllib.parse import urlsplit
+
+from django.db import connection, transaction
+
+from broker.api.errors import ApiError
+from broker.counters import JOB, counters_forget
+from broker.services.registry import Precondition, row_upsert
+from consumers.models import Consumer
+
+
+def signing_secret_generate() -> str:
+    """A Standard Webhooks secret: ``whsec_`` + base64 of 24 random bytes."""
+    return "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
+
+
+def signing_secret_validate(secret: str) -> str:
+    raw = secret[6:] if secret.startswith("whsec_") else secret
+    try:
+        decoded = base64.b64decode(raw, validate=True)
+    except (ValueError, base64.binascii.Error):
+        raise ApiError(400, "invalid_signing_secret", "signingSecret must be whsec_ followed by base64") from None
+    if not 24 <= len(decoded) <= 64:
+        raise ApiError(400, "invalid_signing_secret", "signingSecret must decode to 24-64 bytes")
+    return "whsec_" + raw
+
+
+def callback_url_validate(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ApiError(400, "invalid_callback_url", "callbackUrl must be an absolute http(s) URL")
+    return url
+
+
+def consumer_type_parse(value: str | None) -> str | None:
+    """'' or missing = push (None: keep on update); anything but push/pull is a 400."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value == "":
+        return Consumer.Type.PUSH
+    if value not in (Consumer.Type.PUSH, Consumer.Type.PULL):
+        raise ApiError(400, "invalid_consumer_type", "type must be push or pull")
+    return value
+
+
+def consumer_upsert(*, channel, consumer_id: str, name: str | None, token: str | None,
+                    callback_url: str | None, type: str | None, settings: dict,
+                    precondition: Precondition) -> tuple[Consumer, bool]:
+    """PUT semantics: create (201) or update under If-Unmodified-Since (200).
+
+    ``settings`` holds already-validated model fields (max_in_flight, signing_secret, ...).
+    A push consumer needs an absolute callback URL; a pull consumer needs none.
+    """
+    existing = Consumer.objects.filter(channel=channel, consumer_id=consumer_id).first()
+    consumer_type = type or (existing.type if existing else Consumer.Type.PUSH)
+    effective_url = callback_url if callback_url is not None else (existing.callback_url if existing else "")
+    if effective_url:
+        callback_url_validate(effective_url)
+    elif consumer_type == Consumer.Type.PUSH:
+        raise ApiError(400, "callback_url_required", "a push consumer needs an absolute callbackUrl")
+    fields = dict(settings)
+    if name:
+        fields["name"] = name
+    if callback_url is not None:
+        fields["callback_url"] = callback_url
+    if type is not None:
+        fields["type"] = type
+    create_defaults = {"name": consumer_id, "signing_secret": signing_secret_generate()}
+    return row_upsert(model=Consumer, key_field="consumer_id", key=consumer_id, fields=fields,
+                      token=token, precondition=precondition, extra_where={"channel": channel},
+                      create_defaults=create_defaults)
+
+
+def consumer_delete(*, consumer: Consumer, precondition: Precondition) -> None:
+    """Delete a consumer and its jobs, under If-Unmodified-Since."""
+    since = precondition.epoch()
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT id FROM consumers_consumer WHERE id = %s "
+                "AND date_trunc('second', updated_at) = to_timestamp(%s) FOR UPDATE",
+                [consumer.pk, since],
+            )
+            if cur.fetchone() is None:
+                raise ApiError(412, "precondition_failed", "the consumer was modified since If-Unmodified-Since")
+            cur.execute("DELETE FROM jobs_job WHERE consumer_id = %s", [consumer.pk])
+            cur.execute("DELETE FROM consumers_consumer WHERE id = %s", [consumer.pk])
+        counters_forget(scope=JOB, owner_id=consumer.pk)
+
+
+def consumer_rotate_secret(*, consumer: Consumer, grace_seconds: float = 24 * 3600) -> str:
+    """New signing secret; the old one keeps being sent alongside for ``grace_seconds``."""
+    new = signing_secret_generate()
+    with connection.cursor() as cur:
+        cur.execute(
+            """
+            UPDATE consumers_consumer SET previous_signing_secret = signing_secret,
+                   previous_secret_expires_at = now() + %s * interval '1 second',
+                   signing_secret = %s,
+                   updated_at = GREATEST(now(), date_trunc('second', updated_at) + interval '1 second')
+             WHERE id = %s
+            """,
+            [grace_seconds, new, consumer.pk],
+        )
+    return new

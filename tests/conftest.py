@@ -1,0 +1,81 @@
+"""Shared fixtures: an API client with the admin token, and helpers to make broker objects.
+
+Tests run against a real PostgreSQL: a fresh embedded server per session (see broker/settings.py)
+unless DATABASE_URL is set.
+"""
+
+from __future__ import annotations
+
+import pytest
+from rest_framework.test import APIClient
+
+ADMIN_TOKEN = "test-admin-token"
+
+
+@pytest.fixture(autouse=True)
+def _admin_token(settings):
+    settings.BROKER_ADMIN_TOKEN = ADMIN_TOKEN
+
+
+@pytest.fixture
+def client_anon():
+    return APIClient()
+
+
+@pytest.fixture
+def api():
+    """Client sending the admin token on every request."""
+    client = APIClient()
+    client.credentials(HTTP_X_BROKER_ADMIN_TOKEN=ADMIN_TOKEN)
+    return client
+
+
+class Factory:
+    """Creates channels, producers and consumers through the HTTP API, as a user would."""
+
+    def __init__(self, api):
+        self.api = api
+
+    def channel(self, cid="ch1", token="ch-token"):
+        r = self.api.put(f"/channel/{cid}", {"token": token, "name": cid.upper()})
+        assert r.status_code in (200, 201), r.content
+        return r.json()
+
+    def producer(self, pid="p1", token="p-token"):
+        r = self.api.put(f"/producer/{pid}", {"token": token})
+        assert r.status_code in (200, 201), r.content
+        return r.json()
+
+    def consumer(self, cid="c1", channel="ch1", token="c-token", type="push",
+                 callback="http://127.0.0.1:9/cb", **extra):
+        data = {"token": token, "type": type, **extra}
+        if callback is not None:
+            data["callbackUrl"] = callback
+        r = self.api.put(f"/channel/{channel}/consumer/{cid}", data)
+        assert r.status_code in (200, 201), r.content
+        return r.json()
+
+    def publish(self, channel="ch1", body=b'{"hello": "world"}', *, channel_token="ch-token",
+                producer="p1", producer_token="p-token", content_type="application/json", **headers):
+        extra = {k if k.startswith("HTTP_") else f"HTTP_{k.upper().replace('-', '_')}": v
+                 for k, v in headers.items()}
+        return APIClient().generic(
+            "POST", f"/channel/{channel}/broadcast", body, content_type=content_type,
+            HTTP_X_BROKER_CHANNEL_TOKEN=channel_token, HTTP_X_BROKER_PRODUCER_ID=producer,
+            HTTP_X_BROKER_PRODUCER_TOKEN=producer_token, **extra,
+        )
+
+
+@pytest.fixture
+def make(api):
+    return Factory(api)
+
+
+@pytest.fixture
+def world(make):
+    """A channel ch1 (token ch-token), producer p1 (p-token), push consumer c1 and pull consumer c2."""
+    make.channel()
+    make.producer()
+    make.consumer("c1")
+    make.consumer("c2", type="pull", token="c2-token", callback=None)
+    return make
