@@ -5,14 +5,19 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 
 .PHONY: run test install bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -e .
 	touch $(STAMP)
+
+$(TEST_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install -q -e ".[test,spark]"
+	touch $(TEST_STAMP)
 
 install: $(STAMP)
 
@@ -21,7 +26,7 @@ run: $(STAMP)
 	@test -s .data/secret_key || $(PY) -c "import secrets; print(secrets.token_urlsafe(50))" > .data/secret_key
 	DJANGO_SECRET_KEY=$${DJANGO_SECRET_KEY:-$$(cat .data/secret_key)} $(PY) manage.py runbroker
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 clean:

@@ -12,5 +12,7 @@ urlpatterns = [
     path("", include("jobs.urls")),
 ]
 
+handler400 = "broker.api.errors.bad_request_view"
+handler403 = "broker.api.errors.forbidden_view"
 handler404 = "broker.api.errors.not_found_view"
 handler500 = "broker.api.errors.server_error_view"

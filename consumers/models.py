@@ -44,3 +44,33 @@ class Consumer(models.Model):
     @property
     def is_pull(self) -> bool:
         return self.type == self.Type.PULL
+
+
+class PullWaiter(models.Model):
+    """A pull request that is waiting for jobs right now (a long-poll), visible to every process.
+
+    One row per waiting pull, inserted when it starts to wait and deleted when it returns; a
+    waiter that dies leaves a row that simply expires (``expires_at``). ``NumWaiting`` counts the
+    live rows of a consumer. The group fields (group, priority, pin id, thresholds) are what a
+    per-consumer arbiter needs to decide, under a lock, which waiter gets the next job
+    (priority groups: overflow, pinned client, prioritized).
+    """
+
+    # No database constraint: these rows are ephemeral, and a consumer deletion (raw SQL) must
+    # never fail on a waiter that is just arriving; its row expires on its own.
+    consumer = models.ForeignKey(Consumer, on_delete=models.CASCADE, related_name="waiters", db_constraint=False)
+    group = models.CharField(max_length=64, blank=True, default="")
+    priority = models.IntegerField(default=0)
+    pin_id = models.CharField(max_length=64, blank=True, default="")
+    min_pending = models.PositiveIntegerField(null=True, blank=True)
+    min_ack_pending = models.PositiveIntegerField(null=True, blank=True)
+    batch = models.PositiveIntegerField(default=1)
+    max_bytes = models.BigIntegerField(null=True, blank=True)
+    arrived_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["consumer", "expires_at"], name="pullwaiter_live")]
+
+    def __str__(self) -> str:
+        return f"waiter {self.pk} of consumer {self.consumer_id}"

@@ -80,33 +80,23 @@ def max_retry_for(consumer_max_retry: int | None) -> int:
 
 # --- creation ------------------------------------------------------------------------------------
 
-_CREATE_SQL = """
-WITH j AS (
-    INSERT INTO jobs_job (message_id, consumer_id, channel_id, status, priority, retry_count,
-                          next_attempt_at, incremental_timeout, status_changed_at, created_at)
-    SELECT m.id, c.id, c.channel_id, %(queued)s, m.priority, 0, m.received_at, 0, now(), now()
-      FROM broker_message m
-      JOIN consumers_consumer c ON c.channel_id = m.channel_id
-     WHERE m.id = ANY(%(message_ids)s)
-    RETURNING consumer_id
-)
-SELECT pg_notify('broker_jobs', string_agg(DISTINCT consumer_id::text, ',')), count(*)
-  FROM j HAVING count(*) > 0
-"""
-
-
-def jobs_create_for_messages(*, message_ids: Sequence[int]) -> int:
-    """Create one QUEUED job per (message, current consumer of its channel) and wake waiters.
-
-    Runs inside the publisher's transaction: the NOTIFY is delivered on commit, so nobody is
-    woken for rows that are not there yet. Returns the number of jobs created.
-    """
-    if not message_ids:
-        return 0
-    with connection.cursor() as cur:
-        cur.execute(_CREATE_SQL, {"queued": QUEUED, "message_ids": list(message_ids)})
-        row = cur.fetchone()
-    return int(row[1]) if row else 0
+def jobs_fanout_sql(source: str) -> str:
+    """SQL for two CTEs that create one QUEUED job per (message in CTE ``source``, consumer of
+    its channel) and NOTIFY the consumers' waiters. ``source`` must expose ``id``, ``priority``
+    and ``channel_id``. Publishing composes this into its insert statement so a publish is one
+    round trip and one implicit transaction: the message and its jobs exist together or not at all,
+    and the NOTIFY is delivered on commit, when the rows are visible."""
+    return f"""
+    jobs_created AS (
+        INSERT INTO jobs_job (message_id, consumer_id, channel_id, status, priority, retry_count,
+                              next_attempt_at, incremental_timeout, status_changed_at, created_at)
+        SELECT src.id, c.id, c.channel_id, {QUEUED}, src.priority, 0, now(), 0, now(), now()
+          FROM {source} src JOIN consumers_consumer c ON c.channel_id = src.channel_id
+        RETURNING consumer_id
+    ), jobs_notified AS (
+        SELECT pg_notify('broker_jobs', string_agg(DISTINCT consumer_id::text, ',')) AS n
+          FROM jobs_created HAVING count(*) > 0
+    )"""
 
 
 # --- the generic batched transition ------------------------------------------------------------
@@ -279,6 +269,7 @@ WITH c AS (
     SELECT j.id, j.retry_count, COALESCE(k.max_retry, %(max_retry)s) AS max_retry
       FROM jobs_job j JOIN consumers_consumer k ON k.id = j.consumer_id
      WHERE j.status = %(inflight)s AND j.deadline < now()
+       AND (%(consumer)s::bigint IS NULL OR j.consumer_id = %(consumer)s::bigint)
      ORDER BY j.deadline
      LIMIT %(limit)s
        FOR UPDATE OF j SKIP LOCKED
@@ -302,14 +293,16 @@ SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM n)
 """
 
 
-def jobs_expire_inflight(*, limit: int = 5000) -> int:
+def jobs_expire_inflight(*, limit: int = 5000, consumer_pk: int | None = None) -> int:
     """Move INFLIGHT jobs whose deadline passed back to QUEUED (retry + 1), or DEAD past the
     retry limit. Served by the partial index on ``deadline WHERE status = INFLIGHT``: cheap when
-    nothing is stale. Returns how many jobs moved."""
+    nothing is stale. ``consumer_pk`` limits it to one consumer (pull endpoints sweep their own
+    consumer lazily, so pull timeouts hold even between the workers' sweeps).
+    Returns how many jobs moved."""
     with connection.cursor() as cur:
         cur.execute(_EXPIRE_SQL, {
             "inflight": INFLIGHT, "queued": QUEUED, "dead": DEAD,
-            "max_retry": settings.BROKER_MAX_RETRY, "limit": limit,
+            "max_retry": settings.BROKER_MAX_RETRY, "limit": limit, "consumer": consumer_pk,
         })
         return int(cur.fetchone()[0])
 
@@ -370,3 +363,86 @@ def jobs_delete_dead(*, consumer_pk: int, job_ids: Iterable[int] | None = None, 
         total += deleted
         if deleted < batch:
             return total
+
+
+# --- pull consumers: claim within a byte budget, extend a deadline -------------------------------
+
+_CLAIM_BYTES_SQL = """
+WITH c AS (
+    SELECT id, priority, message_id FROM jobs_job
+     WHERE consumer_id = %(consumer)s AND status = %(queued)s AND next_attempt_at <= now()
+     ORDER BY priority DESC, id
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+), s AS (
+    SELECT c.id,
+           row_number() OVER w AS n,
+           sum(octet_length(m.payload)) OVER w AS running
+      FROM c JOIN broker_message m ON m.id = c.message_id
+    WINDOW w AS (ORDER BY c.priority DESC, c.id)
+), k AS (
+    SELECT id FROM s WHERE n = 1 OR running <= %(max_bytes)s
+), u AS (
+    UPDATE jobs_job j SET
+        status = %(inflight)s,
+        status_changed_at = now(),
+        deadline = now() + (%(timeout)s + COALESCE(%(inc)s, j.incremental_timeout)) * interval '1 second',
+        incremental_timeout = COALESCE(%(inc)s, j.incremental_timeout)
+      FROM k WHERE j.id = k.id AND j.status = %(queued)s
+    RETURNING j.id, j.message_id, j.priority, j.retry_count, j.incremental_timeout, j.deadline
+), h AS (
+    INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)
+    SELECT id, %(queued)s, %(inflight)s, retry_count, %(reason)s, now() FROM u
+)
+SELECT u.id, u.priority, u.retry_count, u.incremental_timeout, u.deadline,
+       m.message_id, m.payload, m.content_type, m.headers
+  FROM u JOIN broker_message m ON m.id = u.message_id
+ ORDER BY u.priority DESC, u.id
+"""
+
+
+def jobs_claim_within_bytes(*, consumer_pk: int, limit: int, max_bytes: int,
+                            incremental_timeout: float | None = None, connection_timeout: float | None = None,
+                            reason: str = "claim") -> list[ClaimedJob]:
+    """Like ``jobs_claim``, but stop before the payloads add up to more than ``max_bytes``
+    (always at least one job, so one large payload cannot block the consumer). One statement:
+    the candidates are locked with SKIP LOCKED, the running payload sum (from the stored size,
+    no detoasting) cuts the prefix that fits, and only that prefix moves to INFLIGHT."""
+    if limit <= 0:
+        return []
+    params = {
+        "consumer": consumer_pk, "limit": int(limit), "max_bytes": int(max_bytes),
+        "queued": QUEUED, "inflight": INFLIGHT,
+        "timeout": inflight_timeout(0, connection_timeout), "inc": incremental_timeout, "reason": reason,
+    }
+    with connection.cursor() as cur:
+        cur.execute(_CLAIM_BYTES_SQL, params)
+        rows = cur.fetchall()
+    return [
+        ClaimedJob(id=r[0], priority=r[1], retry_count=r[2], incremental_timeout=r[3], deadline=r[4],
+                   message_id=r[5], payload=bytes(r[6]), content_type=r[7], headers=r[8] or {})
+        for r in rows
+    ]
+
+
+_EXTEND_SQL = """
+UPDATE jobs_job SET
+    deadline = GREATEST(deadline,
+                        now() + (%(timeout)s + COALESCE(%(inc)s, incremental_timeout)) * interval '1 second'),
+    incremental_timeout = COALESCE(%(inc)s, incremental_timeout)
+ WHERE id = ANY(%(ids)s::bigint[]) AND status = %(inflight)s AND consumer_id = %(consumer)s
+RETURNING id, deadline, retry_count
+"""
+
+
+def jobs_extend(*, consumer_pk: int, job_ids: Sequence[int], incremental_timeout: float | None = None,
+                connection_timeout: float | None = None) -> dict[int, tuple]:
+    """Work in progress: push the deadline of in-flight jobs to now + stopTimeout + rationalDelay +
+    IncrementalTimeout (never earlier than it was). Not a transition: status and retry count stay.
+    Returns {job_id: (deadline, retry_count)} for the jobs that are INFLIGHT and the consumer's."""
+    if not job_ids:
+        return {}
+    with connection.cursor() as cur:
+        cur.execute(_EXTEND_SQL, {"ids": list(job_ids), "inflight": INFLIGHT, "consumer": consumer_pk,
+                                  "timeout": inflight_timeout(0, connection_timeout), "inc": incremental_timeout})
+        return {row[0]: (row[1], row[2]) for row in cur.fetchall()}

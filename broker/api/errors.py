@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from django.db import InterfaceError, OperationalError
 from django.http import JsonResponse
 from rest_framework import exceptions as drf_exceptions
 from rest_framework import status
@@ -56,9 +57,22 @@ def exception_handler(exc, context):
         if getattr(exc, "wait", None):
             headers["Retry-After"] = str(int(exc.wait))
         return error_response(exc.status_code, code, str(detail), headers)
+    if isinstance(exc, (OperationalError, InterfaceError)):
+        # The database is down or restarting: fail fast and tell clients to retry; never 201.
+        logger.warning("database unavailable: %s", type(exc).__name__)
+        return error_response(503, "database_unavailable", "the database is unavailable, retry shortly",
+                              {"Retry-After": "1"})
     if isinstance(exc, UnicodeDecodeError):
         return error_response(status.HTTP_400_BAD_REQUEST, "malformed_request", "request is not valid UTF-8")
     return None
+
+
+def bad_request_view(request, exception=None):
+    return JsonResponse({"error": "bad_request", "detail": "bad request"}, status=400)
+
+
+def forbidden_view(request, exception=None):
+    return JsonResponse({"error": "forbidden", "detail": "forbidden"}, status=403)
 
 
 def not_found_view(request, exception=None):

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from broker.api import metrics, views
+from broker.api import metrics, sample, views
 
 urlpatterns = [
     path("producers", views.ProducerListView.as_view()),
@@ -13,4 +13,5 @@ urlpatterns = [
     path("channel/<str:channel_id>/messages-status", views.MessagesStatusView.as_view()),
     path("_status", views.StatusView.as_view()),
     path("metrics", metrics.MetricsView.as_view()),
+    path("_sample-receiver", sample.SampleReceiverView.as_view()),
 ]

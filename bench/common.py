@@ -1,0 +1,167 @@
+"""Shared benchmark plumbing: a throw-away broker (embedded PostgreSQL + gunicorn as users run it)
+and a small asyncio HTTP/1.1 keep-alive client that costs little CPU next to the server.
+
+Everything runs on 127.0.0.1 and stops by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ADMIN = "bench-admin-token"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def broker_database():
+    """DATABASE_URL if set, else a throw-away embedded PostgreSQL (fsync on, as in production)."""
+    if os.environ.get("DATABASE_URL"):
+        yield os.environ["DATABASE_URL"]
+        return
+    sys.path.insert(0, str(ROOT))
+    from broker.embedded_db import server_ensure, server_stop
+
+    base = Path(tempfile.mkdtemp(prefix="broker-bench-"))
+    try:
+        server = server_ensure(base)
+        yield server.url
+    finally:
+        server_stop(base)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def base_env(database_url: str, **extra) -> dict:
+    env = dict(os.environ)
+    env.update({
+        "DATABASE_URL": database_url,
+        "DJANGO_SECRET_KEY": "bench-secret-key",
+        "DJANGO_DEBUG": "0",
+        "BROKER_ADMIN_TOKEN": ADMIN,
+        "BROKER_LOG_LEVEL": "WARNING",
+        "PYTHONUNBUFFERED": "1",
+    })
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def manage(env: dict, *args: str) -> str:
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, check=True,
+                          capture_output=True, text=True).stdout
+
+
+class Server:
+    def __init__(self, popen, url):
+        self.popen = popen
+        self.url = url
+
+    def stop(self, grace: float = 5.0) -> None:
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5)):
+            try:
+                os.killpg(self.popen.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.popen.wait(timeout=wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+
+def start_gunicorn(env: dict, workers: int = 2, threads: int = 16) -> Server:
+    port = free_port()
+    popen = subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", "broker.wsgi:application"], cwd=ROOT,
+        env={**env, "BROKER_BIND": f"127.0.0.1:{port}", "BROKER_WEB_WORKERS": str(workers),
+             "BROKER_WEB_THREADS": str(threads)},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                time.sleep(0.5)
+                return Server(popen, url)
+        except OSError:
+            time.sleep(0.1)
+    popen.kill()
+    raise RuntimeError("gunicorn did not start")
+
+
+# --- a lean keep-alive HTTP client -----------------------------------------------------------------
+
+async def _read_response(reader) -> tuple[int, dict, bytes]:
+    status_line = await reader.readline()
+    if not status_line:
+        raise ConnectionError("connection closed")
+    status = int(status_line.split()[1])
+    headers = {}
+    while True:
+        line = await reader.readline()
+        if line in (b"\r\n", b"\n", b""):
+            break
+        k, _, v = line.decode("latin-1").partition(":")
+        headers[k.strip().lower()] = v.strip()
+    length = int(headers.get("content-length", "0"))
+    body = await reader.readexactly(length) if length else b""
+    return status, headers, body
+
+
+def build_request(method: str, path: str, headers: dict, body: bytes = b"") -> bytes:
+    lines = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1", f"Content-Length: {len(body)}"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+async def run_load(url: str, make_request, total: int, concurrency: int, rate: float | None = None):
+    """Send ``total`` requests over ``concurrency`` keep-alive connections; ``make_request(i)``
+    returns raw request bytes. Returns (elapsed seconds, {status: count}, latencies)."""
+    host, port = url.split("//")[1].split(":")
+    counter = iter(range(total))
+    statuses: dict[int, int] = {}
+    latencies: list[float] = []
+    start = time.perf_counter()
+
+    async def worker():
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            for i in counter:
+                if rate:
+                    due = start + i / rate
+                    delay = due - time.perf_counter()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                t0 = time.perf_counter()
+                writer.write(make_request(i))
+                status, _, _ = await _read_response(reader)
+                latencies.append(time.perf_counter() - t0)
+                statuses[status] = statuses.get(status, 0) + 1
+        finally:
+            writer.close()
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return time.perf_counter() - start, statuses, latencies
+
+
+def percentile(values, p: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = min(len(ordered) - 1, max(0, int(round(p / 100 * (len(ordered) - 1)))))
+    return ordered[k]

@@ -1,0 +1,110 @@
+"""Deleting archived messages from PostgreSQL: the only place the pipeline writes to the database.
+
+Deleting is not a job status change (the rows leave the database with their whole history), so
+it does not go through ``jobs/state.py``; it is kept here, in small batches, one transaction each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from django.db import connection, transaction
+
+ADVISORY_KEY = "broker_pipeline_archive"
+
+_COUNTS_SQL = """
+WITH jj AS (SELECT id, message_id FROM jobs_job WHERE message_id = ANY(%(ids)s::bigint[])),
+nj AS (SELECT message_id, count(*) AS n FROM jj GROUP BY message_id),
+nt AS (SELECT jj.message_id, count(*) AS n FROM jobs_jobtransition t JOIN jj ON jj.id = t.job_id GROUP BY jj.message_id),
+na AS (SELECT jj.message_id, count(*) AS n FROM jobs_deliveryattempt a JOIN jj ON jj.id = a.job_id GROUP BY jj.message_id)
+SELECT m.id, COALESCE(nj.n, 0), COALESCE(nt.n, 0), COALESCE(na.n, 0)
+  FROM broker_message m
+  LEFT JOIN nj ON nj.message_id = m.id
+  LEFT JOIN nt ON nt.message_id = m.id
+  LEFT JOIN na ON na.message_id = m.id
+ WHERE m.id = ANY(%(ids)s::bigint[])
+"""
+
+_DELETE_SQL = """
+WITH j AS (DELETE FROM jobs_job WHERE message_id = ANY(%(ids)s::bigint[]) RETURNING id),
+t AS (DELETE FROM jobs_jobtransition WHERE job_id IN (SELECT id FROM j) RETURNING 1),
+a AS (DELETE FROM jobs_deliveryattempt WHERE job_id IN (SELECT id FROM j) RETURNING 1),
+m AS (DELETE FROM broker_message WHERE id = ANY(%(ids)s::bigint[]) RETURNING 1)
+SELECT (SELECT count(*) FROM m), (SELECT count(*) FROM j), (SELECT count(*) FROM t), (SELECT count(*) FROM a)
+"""
+
+
+@dataclass
+class PruneCounts:
+    messages: int = 0
+    jobs: int = 0
+    transitions: int = 0
+    attempts: int = 0
+    already_gone: int = 0  # deleted by an earlier (interrupted) run
+    changed: list[int] = field(default_factory=list)  # changed since export: kept in PostgreSQL
+
+    def add(self, other: "PruneCounts") -> None:
+        self.messages += other.messages
+        self.jobs += other.jobs
+        self.transitions += other.transitions
+        self.attempts += other.attempts
+        self.already_gone += other.already_gone
+        self.changed += other.changed
+
+    def as_dict(self) -> dict:
+        return {"messages": self.messages, "jobs": self.jobs, "transitions": self.transitions,
+                "attempts": self.attempts, "already_gone": self.already_gone, "changed": len(self.changed)}
+
+
+def messages_prune(*, expected: Sequence[tuple[int, int, int, int]]) -> PruneCounts:
+    """Delete one batch of archived messages (id, jobs, transitions, attempts as archived) with
+    their jobs, history and attempts, in one transaction.
+
+    The message and job rows are locked first (no state move can run until commit), then a
+    message is deleted only if PostgreSQL still holds exactly the numbers of rows the verified
+    archive holds: the history is append-only and every status move appends to it, so equal
+    counts mean nothing changed since the export. A message that changed stays (and is reported).
+    """
+    ids = sorted(int(row[0]) for row in expected)
+    if not ids:
+        return PruneCounts()
+    want = {int(i): (int(nj), int(nt), int(na)) for i, nj, nt, na in expected}
+    result = PruneCounts()
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute("SELECT id FROM broker_message WHERE id = ANY(%s::bigint[]) ORDER BY id FOR UPDATE", [ids])
+        present = [row[0] for row in cur.fetchall()]
+        result.already_gone = len(ids) - len(present)
+        if not present:
+            return result
+        cur.execute("SELECT id FROM jobs_job WHERE message_id = ANY(%s::bigint[]) ORDER BY id FOR UPDATE", [present])
+        cur.execute(_COUNTS_SQL, {"ids": present})
+        keep = []
+        for message_id, nj, nt, na in cur.fetchall():
+            if want[message_id] == (nj, nt, na):
+                keep.append(message_id)
+            else:
+                result.changed.append(message_id)
+        if keep:
+            cur.execute(_DELETE_SQL, {"ids": keep})
+            result.messages, result.jobs, result.transitions, result.attempts = cur.fetchone()
+    return result
+
+
+def archive_lock_acquire() -> bool:
+    """One archive-and-prune at a time per database (session advisory lock)."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_try_advisory_lock(hashtext(%s))", [ADVISORY_KEY])
+        return bool(cur.fetchone()[0])
+
+
+def archive_lock_release() -> None:
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_advisory_unlock(hashtext(%s))", [ADVISORY_KEY])
+
+
+def database_now():
+    """Time comes from the database, as everywhere in the broker."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT now()")
+        return cur.fetchone()[0]

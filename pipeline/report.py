@@ -1,0 +1,359 @@
+"""Delivery analytics: what happened to the jobs of the messages published in a time window.
+
+Definitions (the tests recompute each with the Django ORM):
+
+- scope: jobs whose message was received (published) in ``[since, until)``;
+- counts per channel and consumer: jobs, delivered (1003), dead (1004), queued (1001),
+  inflight (1002), pending = queued + inflight; rolled up per channel and overall;
+- latency: delivered_at - message.received_at in milliseconds, over delivered jobs, where
+  delivered_at is the job's (first) DELIVERED transition, or its ``status_changed_at`` when the
+  history lacks one; p50/p95/p99 are exact, linearly interpolated (PostgreSQL percentile_cont);
+- attempts histogram: jobs by their number of ``jobs_deliveryattempt`` rows (0 = never tried);
+- top failure reasons, per consumer, top 10 by attempts: status codes (attempts answered with a
+  non-2xx code, as "HTTP <code>") and errors (attempts with an error; its first line, trimmed,
+  at most 200 characters); ties are broken by the reason text;
+- throughput per hour (UTC): jobs published and jobs delivered in each hour;
+- partition completion times: only when a ``jobs_partition`` table exists (a later feature),
+  otherwise the section is skipped and says so.
+
+Outputs under ``out_dir``: ``jobs/day=YYYY-MM-DD/channel=<id>/`` (one row per job, Parquet),
+``summary/``, ``attempts/``, ``failures/``, ``throughput/`` (and ``partitions/``) as Parquet,
+``report.json`` (every figure), ``charts/*.svg`` and ``report.html``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from django.db import connection
+from django.template.loader import render_to_string
+from django.utils.safestring import mark_safe
+
+from jobs.models import JobStatus
+from pipeline import charts
+from pipeline.readers import (
+    attempts_read,
+    channels_read,
+    consumers_read,
+    jdbc_read,
+    jobs_read,
+    transitions_read,
+)
+from pipeline.timeparse import sql_timestamp
+
+QUEUED, INFLIGHT, DELIVERED, DEAD = (s.value for s in (JobStatus.QUEUED, JobStatus.INFLIGHT,
+                                                       JobStatus.DELIVERED, JobStatus.DEAD))
+TOP_FAILURES = 10
+PARTITION_TABLE = "jobs_partition"
+ALL = "(all)"
+
+
+@dataclass
+class Report:
+    out_dir: Path
+    html_path: Path
+    figures: dict
+    timings: dict = field(default_factory=dict)
+    jobs: int = 0
+
+
+def _scope_sql(since: datetime, until: datetime) -> str:
+    """Ids of the jobs in scope, as a subquery PostgreSQL can semi-join (pushdown of the scope)."""
+    return ("SELECT j.id FROM jobs_job j JOIN broker_message m ON m.id = j.message_id "
+            f"WHERE m.received_at >= {sql_timestamp(since)} AND m.received_at < {sql_timestamp(until)}")
+
+
+def report_facts_build(*, spark, since: datetime, until: datetime):
+    """One row per job in scope: channel, consumer, status, attempts, publish and delivery times."""
+    from pyspark.sql import functions as F
+
+    scope = _scope_sql(since, until)
+    jobs = jobs_read(spark=spark, since=since, until=until)
+    delivered = (transitions_read(spark=spark, to_status=DELIVERED, where=f"t.job_id IN ({scope})")
+                 .groupBy("job_id").agg(F.min("at").alias("delivered_transition_at")))
+    attempts = (attempts_read(spark=spark, columns=("id", "job_id"), where=f"a.job_id IN ({scope})")
+                .groupBy("job_id").agg(F.count("*").alias("attempts")))
+    consumers = consumers_read(spark=spark).select(F.col("id").alias("consumer_id"),
+                                                   F.col("consumer_id").alias("consumer"))
+    channels = channels_read(spark=spark).select(F.col("id").alias("channel_id"),
+                                                 F.col("channel_id").alias("channel"))
+    facts = (
+        jobs.withColumnRenamed("id", "job_id")
+        .join(F.broadcast(consumers), "consumer_id", "left")
+        .join(F.broadcast(channels), "channel_id", "left")
+        .join(delivered, "job_id", "left")
+        .join(attempts, "job_id", "left")
+    )
+    delivered_at = F.when(F.col("status") == DELIVERED,
+                          F.coalesce(F.col("delivered_transition_at"), F.col("status_changed_at")))
+    return facts.select(
+        "job_id",
+        F.col("message_id").alias("message_pk"),
+        F.col("channel_id").alias("channel_pk"),
+        F.coalesce(F.col("channel"), F.concat(F.lit("#"), F.col("channel_id").cast("string"))).alias("channel"),
+        F.col("consumer_id").alias("consumer_pk"),
+        F.coalesce(F.col("consumer"), F.concat(F.lit("#"), F.col("consumer_id").cast("string"))).alias("consumer"),
+        F.col("status").cast("int").alias("status"),
+        F.col("retry_count").cast("int").alias("retry_count"),
+        F.coalesce(F.col("attempts"), F.lit(0)).cast("int").alias("attempts"),
+        "received_at",
+        "created_at",
+        delivered_at.alias("delivered_at"),
+        ((F.unix_micros(delivered_at) - F.unix_micros(F.col("received_at"))) / 1000.0).alias("latency_ms"),
+        F.date_format(F.col("received_at"), "yyyy-MM-dd").alias("day"),
+    )
+
+
+def report_summary_build(facts):
+    """Counts and latency percentiles per consumer, rolled up per channel and overall."""
+    from pyspark.sql import functions as F
+
+    def count_of(status: int):
+        return F.sum(F.when(F.col("status") == status, 1).otherwise(0)).cast("long")
+
+    latency = F.col("latency_ms")
+    summary = facts.rollup("channel", "consumer").agg(
+        F.grouping_id().alias("gid"),
+        F.count(F.lit(1)).alias("jobs"),
+        count_of(DELIVERED).alias("delivered"),
+        count_of(DEAD).alias("dead"),
+        count_of(QUEUED).alias("queued"),
+        count_of(INFLIGHT).alias("inflight"),
+        F.percentile(latency, [0.5, 0.95, 0.99]).alias("p"),
+        F.avg(latency).alias("latency_avg_ms"),
+        F.max(latency).alias("latency_max_ms"),
+    )
+    return summary.select(
+        F.when(F.col("gid") == 0, "consumer").when(F.col("gid") == 1, "channel").otherwise("all").alias("level"),
+        "channel", "consumer", "jobs", "delivered", "dead", "queued", "inflight",
+        (F.col("queued") + F.col("inflight")).alias("pending"),
+        F.col("p")[0].alias("latency_p50_ms"), F.col("p")[1].alias("latency_p95_ms"),
+        F.col("p")[2].alias("latency_p99_ms"), "latency_avg_ms", "latency_max_ms",
+    )
+
+
+def report_attempts_build(facts):
+    """Jobs per (channel, consumer, number of attempts)."""
+    from pyspark.sql import functions as F
+
+    return facts.groupBy("channel", "consumer", "attempts").agg(F.count(F.lit(1)).alias("jobs"))
+
+
+def report_failures_build(*, spark, facts, since: datetime, until: datetime, top: int = TOP_FAILURES):
+    """Top failure reasons per consumer: non-2xx status codes and error texts, by attempts."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    attempts = attempts_read(spark=spark, columns=("id", "job_id", "status_code"),
+                             where=f"a.job_id IN ({_scope_sql(since, until)}) "
+                                   "AND (a.error <> '' OR a.status_code < 200 OR a.status_code >= 300)")
+    tagged = attempts.join(facts.select("job_id", "channel", "consumer"), "job_id")
+    code = F.col("status_code")
+    codes = tagged.where(code.isNotNull() & ((code < 200) | (code >= 300))).select(
+        "channel", "consumer", F.lit("status_code").alias("kind"),
+        F.concat(F.lit("HTTP "), code.cast("string")).alias("reason"))
+    errors = tagged.where(F.col("error_reason") != "").select(
+        "channel", "consumer", F.lit("error").alias("kind"), F.col("error_reason").alias("reason"))
+    counted = codes.unionByName(errors).groupBy("channel", "consumer", "kind", "reason").agg(
+        F.count(F.lit(1)).alias("attempts"))
+    window = Window.partitionBy("channel", "consumer", "kind").orderBy(F.desc("attempts"), F.asc("reason"))
+    return counted.withColumn("rank", F.row_number().over(window)).where(F.col("rank") <= top)
+
+
+def report_throughput_build(facts):
+    """Jobs published and delivered per UTC hour, per consumer."""
+    from pyspark.sql import functions as F
+
+    keys = ["channel", "consumer", "hour"]
+    published = facts.groupBy("channel", "consumer", F.date_trunc("hour", "received_at").alias("hour")).agg(
+        F.count(F.lit(1)).alias("published"))
+    delivered = (facts.where(F.col("delivered_at").isNotNull())
+                 .groupBy("channel", "consumer", F.date_trunc("hour", "delivered_at").alias("hour"))
+                 .agg(F.count(F.lit(1)).alias("delivered")))
+    return (published.join(delivered, keys, "full")
+            .select(*keys, F.coalesce("published", F.lit(0)).cast("long").alias("published"),
+                    F.coalesce("delivered", F.lit(0)).cast("long").alias("delivered")))
+
+
+def report_partitions_build(*, spark):
+    """Partition completion times, or (None, why) when there is nothing to measure."""
+    from pyspark.sql import functions as F
+
+    if PARTITION_TABLE not in connection.introspection.table_names():
+        return None, f"skipped: table {PARTITION_TABLE} does not exist"
+    with connection.cursor() as cur:
+        columns = {c.name for c in connection.introspection.get_table_description(cur, PARTITION_TABLE)}
+    start = next((c for c in ("created_at", "opened_at", "started_at") if c in columns), None)
+    end = next((c for c in ("completed_at", "closed_at", "finished_at", "done_at") if c in columns), None)
+    if not start or not end or "id" not in columns:
+        return None, f"skipped: {PARTITION_TABLE} has no start/completion timestamp columns"
+    status = ", p.status::text AS status" if "status" in columns else ", NULL::text AS status"
+    frame = jdbc_read(spark=spark, bounds_table=PARTITION_TABLE,
+                      sql=f"SELECT p.id, p.{start} AS started_at, p.{end} AS completed_at{status} "
+                          f"FROM {PARTITION_TABLE} p")
+    frame = frame.withColumn("completion_s", (F.unix_micros("completed_at") - F.unix_micros("started_at")) / 1e6)
+    return frame, ""
+
+
+def _rows(frame, order: list[str]) -> list[dict]:
+    out = []
+    for row in frame.orderBy(*order).collect():
+        item = row.asDict()
+        for key, value in item.items():
+            if isinstance(value, datetime):
+                item[key] = value.replace(tzinfo=timezone.utc).isoformat() if value.tzinfo is None else value.isoformat()
+        out.append(item)
+    return out
+
+
+def _partitions_figures(frame) -> dict:
+    from pyspark.sql import functions as F
+
+    done = frame.where(F.col("completed_at").isNotNull())
+    agg = done.agg(F.count(F.lit(1)).alias("completed"),
+                   F.percentile("completion_s", [0.5, 0.95, 0.99]).alias("p"),
+                   F.max("completion_s").alias("max_s")).collect()[0]
+    p = agg["p"] or [None, None, None]
+    return {
+        "partitions": frame.count(), "completed": agg["completed"],
+        "completion_p50_s": p[0], "completion_p95_s": p[1], "completion_p99_s": p[2], "completion_max_s": agg["max_s"],
+        "slowest": _rows(done.orderBy(F.desc("completion_s")).limit(20), ["completion_s"])[::-1],
+    }
+
+
+def _charts_build(figures: dict) -> dict[str, str]:
+    per_consumer = [r for r in figures["summary"] if r["level"] == "consumer"]
+    names = [f"{r['channel']}/{r['consumer']}" for r in per_consumer]
+    out = {
+        "latency": charts.svg_bar_chart(
+            title="Publish-to-delivery latency per consumer", categories=names, unit="ms",
+            series=[(label, [r[f"latency_{key}_ms"] or 0 for r in per_consumer])
+                    for label, key in (("p50", "p50"), ("p95", "p95"), ("p99", "p99"))]),
+        "outcomes": charts.svg_bar_chart(
+            title="Jobs per consumer by outcome", categories=names, unit="jobs",
+            series=[(key, [r[key] for r in per_consumer]) for key in ("delivered", "dead", "pending")]),
+    }
+    hist: dict[int, int] = {}
+    for r in figures["attempts_histogram"]:
+        hist[r["attempts"]] = hist.get(r["attempts"], 0) + r["jobs"]
+    buckets = sorted(hist)
+    out["attempts"] = charts.svg_bar_chart(
+        title="Attempts per job (all consumers)", categories=[str(b) for b in buckets], unit="jobs",
+        series=[("jobs", [hist[b] for b in buckets])])
+    hours: dict[str, list[int]] = {}
+    for r in figures["throughput"]:
+        slot = hours.setdefault(r["hour"][:13].replace("T", " ") + "h", [0, 0])
+        slot[0] += r["published"]
+        slot[1] += r["delivered"]
+    labels = sorted(hours)
+    out["throughput"] = charts.svg_line_chart(
+        title="Throughput per hour (UTC, all consumers)", labels=labels, unit="jobs/hour",
+        series=[("published", [hours[h][0] for h in labels]), ("delivered", [hours[h][1] for h in labels])])
+    totals: dict[str, int] = {}
+    for r in figures["failures"]:
+        totals[r["reason"]] = totals.get(r["reason"], 0) + r["attempts"]
+    top = sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_FAILURES]
+    out["failures"] = charts.svg_hbar_chart(title="Top failure reasons (all consumers)", items=top,
+                                            unit="attempts")
+    return out
+
+
+def pipeline_report_build(*, spark, since: datetime, out_dir: str | Path, until: datetime | None = None,
+                          progress: Callable[[str], None] | None = None, record_latest: bool = True) -> Report:
+    """Compute every figure on Spark, write Parquet, JSON, SVG charts and the HTML page."""
+    from pyspark import StorageLevel
+
+    say = progress or (lambda _msg: None)
+    until = until or datetime.now(timezone.utc)
+    out = Path(out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    timings: dict[str, float] = {}
+    t0 = time.monotonic()
+
+    say(f"reading jobs published in [{since.isoformat()}, {until.isoformat()}) over JDBC")
+    facts = report_facts_build(spark=spark, since=since, until=until).persist(StorageLevel.MEMORY_AND_DISK)
+    jobs = facts.count()
+    timings["read"] = time.monotonic() - t0
+    say(f"{jobs} jobs in scope; writing {out / 'jobs'} (Parquet, by day and channel)")
+    t = time.monotonic()
+    facts.repartition("day", "channel").write.mode("overwrite").partitionBy("day", "channel").parquet(
+        str(out / "jobs"))
+    timings["write_jobs"] = time.monotonic() - t
+
+    t = time.monotonic()
+    frames = {
+        "summary": (report_summary_build(facts), ["level", "channel", "consumer"]),
+        "attempts": (report_attempts_build(facts), ["channel", "consumer", "attempts"]),
+        "failures": (report_failures_build(spark=spark, facts=facts, since=since, until=until),
+                     ["channel", "consumer", "kind", "rank"]),
+        "throughput": (report_throughput_build(facts), ["hour", "channel", "consumer"]),
+    }
+    figures: dict = {
+        "generated_at": datetime.now(timezone.utc).isoformat(),
+        "since": since.isoformat(), "until": until.isoformat(), "jobs": jobs,
+        "sections_skipped": {},
+    }
+    keys = {"attempts": "attempts_histogram"}
+    for name, (frame, order) in frames.items():
+        frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
+        say(f"computing {name}")
+        frame.coalesce(1).write.mode("overwrite").parquet(str(out / name))
+        figures[keys.get(name, name)] = _rows(frame, order)
+        frame.unpersist()
+    partitions, why = report_partitions_build(spark=spark)
+    if partitions is None:
+        figures["partitions"] = None
+        figures["sections_skipped"]["partitions"] = why
+        say(f"partition completion times {why}")
+    else:
+        partitions.coalesce(1).write.mode("overwrite").parquet(str(out / "partitions"))
+        figures["partitions"] = _partitions_figures(partitions)
+    facts.unpersist()
+    timings["aggregate"] = time.monotonic() - t
+
+    html_path = report_html_write(out_dir=out, figures=figures)
+    timings["total"] = time.monotonic() - t0
+    figures["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
+    _json_write(out / "report.json", figures)
+    if record_latest:
+        from pipeline.latest import pipeline_report_record
+
+        pipeline_report_record(out_dir=out, figures=figures)
+    say(f"report written: {html_path}")
+    return Report(out_dir=out, html_path=html_path, figures=figures, timings=timings, jobs=jobs)
+
+
+def report_html_write(*, out_dir: Path, figures: dict) -> Path:
+    """The human report: inline SVG charts (also written to charts/*.svg) and tables."""
+    svgs = _charts_build(figures)
+    (out_dir / "charts").mkdir(exist_ok=True)
+    for name, svg in svgs.items():
+        (out_dir / "charts" / f"{name}.svg").write_text(svg, encoding="utf-8")
+    failures_by_consumer: dict[str, list[dict]] = {}
+    for r in figures["failures"]:
+        failures_by_consumer.setdefault(f"{r['channel']}/{r['consumer']}", []).append(r)
+    html = render_to_string("pipeline/report.html", {
+        "f": figures,
+        "charts": {k: mark_safe(v) for k, v in svgs.items()},
+        "summary": [dict(r, channel=r["channel"] or ALL, consumer=r["consumer"] or ALL) for r in figures["summary"]],
+        "failures_by_consumer": sorted(failures_by_consumer.items()),
+        "histogram": figures["attempts_histogram"],
+    })
+    path = out_dir / "report.html"
+    tmp = path.with_suffix(".html.tmp")
+    tmp.write_text(html, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def _json_write(path: Path, data) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
+    os.replace(tmp, path)
+

@@ -1,0 +1,94 @@
+"""The SparkSession and the JDBC connection options, both derived from Django settings.
+
+The master URL is the only thing that changes between a laptop (``local[*]``) and a cluster
+(``spark://host:7077``, ``yarn``, ``k8s://...``). The PostgreSQL JDBC driver is Debian's
+``libpostgresql-jdbc-java`` jar, shipped to the executors through ``spark.jars`` (no Maven).
+The JDBC URL comes from the *live* connection settings, so under pytest it points at the test
+database and with the embedded server at its current port.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from urllib.parse import quote
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+JDBC_DRIVER = "org.postgresql.Driver"
+
+
+def spark_session_build(*, master: str | None = None, app_name: str = "broker-pipeline",
+                        driver_memory: str | None = None, shuffle_partitions: int | None = None,
+                        conf: dict | None = None, reuse: bool = True):
+    """The SparkSession for pipeline jobs. With ``reuse`` an already running session (a test
+    fixture's, a notebook's) is returned untouched: static settings such as driver memory only
+    apply to the first session of a process anyway."""
+    from pyspark.sql import SparkSession
+
+    if reuse:
+        active = SparkSession.getActiveSession()
+        if active is not None:
+            return active
+    jar = settings.BROKER_JDBC_JAR
+    if not os.path.exists(jar):
+        raise ImproperlyConfigured(
+            f"PostgreSQL JDBC driver not found at {jar} (apt-get install libpostgresql-jdbc-java, "
+            "or set BROKER_JDBC_JAR)"
+        )
+    master = master or settings.SPARK_MASTER
+    # Executors run Python only for Python UDFs (none here); use this interpreter locally.
+    if master.startswith("local"):
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    options = {
+        "spark.jars": jar,
+        "spark.driver.memory": driver_memory or settings.BROKER_SPARK_DRIVER_MEMORY,
+        "spark.sql.shuffle.partitions": str(shuffle_partitions or 4),
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
+        "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
+        # Readable by pyarrow/pandas/DuckDB without INT96 surprises.
+        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+        # No _SUCCESS files among the archive's data files.
+        "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
+    }
+    options.update(conf or {})
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in options.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def jdbc_options_build(*, alias: str = "default") -> dict[str, str]:
+    """url/user/password/driver for Spark's JDBC source, from the connection Django is using."""
+    from django.db import connections
+
+    conn = connections[alias]
+    sd = conn.settings_dict
+    if conn.vendor != "postgresql":
+        raise ImproperlyConfigured("the Spark pipeline reads PostgreSQL only")
+    host = sd.get("HOST") or "localhost"
+    if host.startswith("/"):
+        raise ImproperlyConfigured("JDBC needs a TCP host, not a unix socket directory; set HOST in DATABASE_URL")
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # IPv6 literal
+    port = sd.get("PORT") or 5432
+    params = {"ApplicationName": "broker-pipeline"}
+    opts = sd.get("OPTIONS") or {}
+    if opts.get("sslmode"):
+        params["sslmode"] = opts["sslmode"]
+    query = "&".join(f"{k}={quote(str(v))}" for k, v in params.items())
+    options = {
+        "url": f"jdbc:postgresql://{host}:{port}/{quote(sd['NAME'])}?{query}",
+        "driver": JDBC_DRIVER,
+        "user": sd.get("USER") or "postgres",
+    }
+    if sd.get("PASSWORD"):
+        options["password"] = sd["PASSWORD"]
+    return options

@@ -1,0 +1,35 @@
+"""One local SparkSession for the whole Spark suite (JVM start-up is the expensive part)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def spark():
+    pytest.importorskip("pyspark")
+    if not shutil.which("java"):
+        pytest.skip("java is not installed")
+    from django.conf import settings
+
+    if not os.path.exists(settings.BROKER_JDBC_JAR):
+        pytest.skip(f"PostgreSQL JDBC driver missing at {settings.BROKER_JDBC_JAR}")
+    from pipeline.session import spark_session_build
+
+    session = spark_session_build(
+        master="local[1]", app_name="broker-tests", driver_memory="1g", shuffle_partitions=1,
+        conf={"spark.default.parallelism": "1", "spark.sql.adaptive.coalescePartitions.enabled": "true"},
+        reuse=False,
+    )
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def pipeline_dir(tmp_path, settings):
+    """Reports and the latest-report pointer go to a temporary folder."""
+    settings.BROKER_PIPELINE_DIR = tmp_path / "pipeline"
+    return tmp_path / "pipeline"
