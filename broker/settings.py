@@ -151,6 +151,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -183,7 +184,12 @@ TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
 STATIC_URL = "static/"
-STATIC_ROOT = BROKER_DATA_DIR / "static"
+STATIC_ROOT = Path(env_str("BROKER_STATIC_ROOT", str(BROKER_DATA_DIR / "static")))
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+# Admin and API-docs assets are served by WhiteNoise straight from the installed apps (no
+# collectstatic step, no CDN: the network may be closed).
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
 
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SECURE = not DEBUG and not TESTING and env_bool("BROKER_SECURE_COOKIES", True)

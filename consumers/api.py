@@ -18,6 +18,7 @@ from broker.auth import is_admin, require_admin, tokens_equal
 from broker.services.registry import Precondition
 from consumers import services
 from consumers.models import Consumer
+from consumers.pull import consumer_stats
 
 
 def consumer_or_404(channel, consumer_id: str) -> Consumer:
@@ -139,6 +140,8 @@ def require_consumer_or_admin(request, channel, consumer) -> bool:
 class ConsumerView(APIView):
     @extend_schema(
         summary="Get a consumer (admin token, or its channel and consumer tokens)",
+        description="Includes statistics: NumPending (queued), NumAckPending (in flight), NumRedelivered, "
+                    "NumWaiting (pulls waiting now, all processes), NumDead, NumDelivered.",
         parameters=[ADMIN_PARAM, CHANNEL_TOKEN], responses={200: OBJ, 401: ERROR, 403: ERROR, 404: ERROR},
     )
     def get(self, request, channel_id: str, consumer_id: str):
@@ -148,6 +151,7 @@ class ConsumerView(APIView):
         body = consumer_repr(consumer, show_secret=admin)
         if not admin:
             body.pop("Token", None)
+        body.update(consumer_stats(consumer_pk=consumer.pk))
         return with_last_modified(body, consumer)
 
     @extend_schema(

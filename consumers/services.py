@@ -90,6 +90,7 @@ def consumer_delete(*, consumer: Consumer, precondition: Precondition) -> None:
             if cur.fetchone() is None:
                 raise ApiError(412, "precondition_failed", "the consumer was modified since If-Unmodified-Since")
             cur.execute("DELETE FROM jobs_job WHERE consumer_id = %s", [consumer.pk])
+            cur.execute("DELETE FROM consumers_pullwaiter WHERE consumer_id = %s", [consumer.pk])
             cur.execute("DELETE FROM consumers_consumer WHERE id = %s", [consumer.pk])
         counters_forget(scope=JOB, owner_id=consumer.pk)
 

@@ -18,6 +18,7 @@ Time always comes from the database (``now()``), never from a worker's clock.
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass
 from typing import Iterable, Sequence
@@ -220,6 +221,13 @@ SELECT u.id, u.priority, u.retry_count, u.incremental_timeout, u.deadline,
 """
 
 
+def _headers(value) -> dict:
+    """jsonb comes back as text through Django's connection (its JSONField decodes itself)."""
+    if not value:
+        return {}
+    return json.loads(value) if isinstance(value, (str, bytes)) else value
+
+
 @dataclass
 class ClaimedJob:
     id: int
@@ -257,7 +265,7 @@ def jobs_claim(*, consumer_pk: int, limit: int, incremental_timeout: float | Non
         rows = cur.fetchall()
     return [
         ClaimedJob(id=r[0], priority=r[1], retry_count=r[2], incremental_timeout=r[3], deadline=r[4],
-                   message_id=r[5], payload=bytes(r[6]), content_type=r[7], headers=r[8] or {})
+                   message_id=r[5], payload=bytes(r[6]), content_type=r[7], headers=_headers(r[8]))
         for r in rows
     ]
 
@@ -420,7 +428,7 @@ def jobs_claim_within_bytes(*, consumer_pk: int, limit: int, max_bytes: int,
         rows = cur.fetchall()
     return [
         ClaimedJob(id=r[0], priority=r[1], retry_count=r[2], incremental_timeout=r[3], deadline=r[4],
-                   message_id=r[5], payload=bytes(r[6]), content_type=r[7], headers=r[8] or {})
+                   message_id=r[5], payload=bytes(r[6]), content_type=r[7], headers=_headers(r[8]))
         for r in rows
     ]
 

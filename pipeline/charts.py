@@ -11,8 +11,8 @@ import math
 from html import escape
 
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#9c755f")
-WIDTH, HEIGHT = 760, 320
-LEFT, RIGHT, TOP, BOTTOM = 70, 20, 40, 80
+WIDTH, HEIGHT = 760, 340
+LEFT, RIGHT, TOP, BOTTOM = 90, 20, 40, 100
 
 
 def _nice_max(value: float) -> float:

@@ -24,10 +24,11 @@ Outputs under ``out_dir``: ``jobs/day=YYYY-MM-DD/channel=<id>/`` (one row per jo
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Callable
 
@@ -246,15 +247,26 @@ def _charts_build(figures: dict) -> dict[str, str]:
     out["attempts"] = charts.svg_bar_chart(
         title="Attempts per job (all consumers)", categories=[str(b) for b in buckets], unit="jobs",
         series=[("jobs", [hist[b] for b in buckets])])
-    hours: dict[str, list[int]] = {}
+    hours: dict[datetime, list[int]] = {}
     for r in figures["throughput"]:
-        slot = hours.setdefault(r["hour"][:13].replace("T", " ") + "h", [0, 0])
+        slot = hours.setdefault(datetime.fromisoformat(r["hour"]), [0, 0])
         slot[0] += r["published"]
         slot[1] += r["delivered"]
-    labels = sorted(hours)
+    labels, published, delivered = [], [], []
+    if hours:  # every hour of the span, quiet ones at zero; long spans in buckets of several hours
+        first = min(hours)
+        step = max(1, math.ceil((max(hours) - first).total_seconds() / 3600 / 2000))
+        buckets = int((max(hours) - first).total_seconds() // 3600) // step + 1
+        published, delivered = [0] * buckets, [0] * buckets
+        for hour, (p, d) in hours.items():
+            i = int((hour - first).total_seconds() // 3600) // step
+            published[i] += p
+            delivered[i] += d
+        labels = [(first + timedelta(hours=i * step)).strftime("%m-%d %Hh") for i in range(buckets)]
     out["throughput"] = charts.svg_line_chart(
-        title="Throughput per hour (UTC, all consumers)", labels=labels, unit="jobs/hour",
-        series=[("published", [hours[h][0] for h in labels]), ("delivered", [hours[h][1] for h in labels])])
+        title="Throughput per hour (UTC, all consumers)", labels=labels,
+        unit="jobs/hour" if len(labels) < 2 or step == 1 else f"jobs per {step} hours",
+        series=[("published", published), ("delivered", delivered)])
     totals: dict[str, int] = {}
     for r in figures["failures"]:
         totals[r["reason"]] = totals.get(r["reason"], 0) + r["attempts"]

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 
 import pytest
+
+logging.getLogger("py4j").setLevel(logging.WARNING)  # its shutdown chatter hits closed streams
 
 
 @pytest.fixture(scope="session")

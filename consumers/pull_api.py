@@ -1,0 +1,185 @@
+"""HTTP API for pull consumers: the spec's endpoints and the fast path (pull, ack, progress).
+
+Views only translate HTTP: parse, call ``consumers.pull``, answer. The hot views (queued-jobs,
+job state, pull, ack) skip DRF's parsers, authenticators and renderers and write JSON bytes
+themselves: per-request framework overhead is a measurable share of a 100-job pull.
+"""
+
+from __future__ import annotations
+
+import json
+
+from django.http import HttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework.views import APIView
+
+from broker.api.errors import ApiError
+from broker.api.views import ADMIN_PARAM, CHANNEL_TOKEN, ERROR, OBJ
+from broker.auth import ADMIN_HEADER, is_admin
+from consumers import pull
+
+CONSUMER_TOKEN = OpenApiParameter("X-Broker-Consumer-Token", OpenApiTypes.STR, OpenApiParameter.HEADER)
+TOKENS = [CHANNEL_TOKEN, CONSUMER_TOKEN]
+ACCEPTED = OpenApiResponse(description="Accepted (empty body)")
+JOBS = OpenApiResponse(OpenApiTypes.OBJECT, description='{"Result": [{"ID", "Priority", "IncrementalTimeout", '
+                                                        '"Message": {"MessageID", "Payload", "ContentType", "Headers"}}]}')
+AUTH_ERRORS = {400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 412: ERROR}
+
+
+def json_response(body, status: int = 200) -> HttpResponse:
+    return HttpResponse(json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8"),
+                        status=status, content_type="application/json")
+
+
+def json_body(request, *, empty=None):
+    """The body as JSON; malformed JSON or bytes that are not UTF-8 are a 400, never a 500."""
+    raw = request.body
+    if not raw.strip():
+        if empty is None:
+            raise ApiError(400, "malformed_request", "a JSON body is required")
+        return empty
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "malformed_json", "body is not valid JSON") from None
+
+
+def authenticate(request, channel_id: str, consumer_id: str, *, allow_admin: bool = False,
+                 require_pull: bool = True, job_id: str | None = None) -> pull.PullContext:
+    """The channel and consumer tokens (or, where ``allow_admin``, the admin token)."""
+    admin = False
+    if allow_admin and request.headers.get(ADMIN_HEADER) is not None:
+        admin = is_admin(request)
+        if not admin and request.headers.get("X-Broker-Consumer-Token") is None:
+            raise ApiError(403, "forbidden", "admin token does not match")
+    return pull.pull_authenticate(
+        channel_id=channel_id, consumer_id=consumer_id,
+        channel_token=request.headers.get("X-Broker-Channel-Token"),
+        consumer_token=request.headers.get("X-Broker-Consumer-Token"),
+        admin=admin, require_pull=require_pull, job_id=job_id,
+    )
+
+
+class HotView(APIView):
+    """No DRF parsing, authentication or rendering: the pull endpoints authenticate with the
+    broker's tokens themselves and answer JSON bytes."""
+
+    authentication_classes: list = []
+    permission_classes: list = []
+    parser_classes: list = []
+
+
+class QueuedJobsView(HotView):
+    @extend_schema(
+        summary="List a pull consumer's queued jobs (due, priority descending then oldest first)",
+        description="Not a lease: claim a job with POST .../job/{jobId} NextState INFLIGHT, or use .../pull. "
+                    "limit defaults to 25, is clipped to 100; a non-integer or negative limit is a 400.",
+        parameters=[*TOKENS, ADMIN_PARAM, OpenApiParameter("limit", OpenApiTypes.INT)],
+        responses={200: JOBS, **AUTH_ERRORS},
+    )
+    def get(self, request, channel_id: str, consumer_id: str):
+        ctx = authenticate(request, channel_id, consumer_id, allow_admin=True)
+        limit = pull.limit_parse(request.GET.get("limit"))
+        return json_response({"Result": pull.queued_jobs_list(ctx=ctx, limit=limit)})
+
+
+class JobView(HotView):
+    @extend_schema(
+        summary="Get a job of a pull consumer (status and links)",
+        parameters=[*TOKENS, ADMIN_PARAM], responses={200: OBJ, **AUTH_ERRORS},
+    )
+    def get(self, request, channel_id: str, consumer_id: str, job_id: str):
+        ctx = authenticate(request, channel_id, consumer_id, allow_admin=True, job_id=job_id)
+        return json_response(pull.job_detail(ctx=ctx))
+
+    @extend_schema(
+        summary="Change a job's state (pull consumers)",
+        description='JSON {"NextState": "INFLIGHT"|"DELIVERED"|"DEAD", "IncrementalTimeout": seconds}. '
+                    "Allowed: QUEUED->INFLIGHT, INFLIGHT->DELIVERED, INFLIGHT->DEAD, DEAD->INFLIGHT "
+                    "(retry + 1). The same state is a 202 without change. IncrementalTimeout only with "
+                    "INFLIGHT from QUEUED or DEAD. Anything else is a 400.",
+        parameters=TOKENS, request=OpenApiTypes.OBJECT, responses={202: ACCEPTED, **AUTH_ERRORS},
+    )
+    def post(self, request, channel_id: str, consumer_id: str, job_id: str):
+        ctx = authenticate(request, channel_id, consumer_id, job_id=job_id)
+        data = json_body(request)
+        if not isinstance(data, dict):
+            raise ApiError(400, "malformed_request", "body must be a JSON object")
+        fields = {str(k).lower(): v for k, v in data.items()}
+        next_state = fields.get("nextstate")
+        if not isinstance(next_state, str) or next_state not in pull.SPEC_STATES:
+            raise ApiError(400, "invalid_next_state", "NextState must be INFLIGHT, DELIVERED or DEAD")
+        incremental = pull.timeout_parse(fields.get("incrementaltimeout"))
+        pull.job_transition(ctx=ctx, next_state=next_state, incremental_timeout=incremental)
+        return HttpResponse(status=202)
+
+    @extend_schema(
+        summary="Delete a dead job (push or pull consumer)",
+        parameters=[*TOKENS, ADMIN_PARAM], responses={204: None, 401: ERROR, 403: ERROR, 404: ERROR},
+    )
+    def delete(self, request, channel_id: str, consumer_id: str, job_id: str):
+        ctx = authenticate(request, channel_id, consumer_id, allow_admin=True, require_pull=False, job_id=job_id)
+        pull.job_delete_dead(ctx=ctx)
+        return HttpResponse(status=204)
+
+
+class JobRequeueView(HotView):
+    @extend_schema(
+        summary="Requeue one dead job of a pull consumer (DEAD -> QUEUED, retry count reset)",
+        parameters=[*TOKENS, ADMIN_PARAM], request=None, responses={202: ACCEPTED, **AUTH_ERRORS},
+    )
+    def post(self, request, channel_id: str, consumer_id: str, job_id: str):
+        ctx = authenticate(request, channel_id, consumer_id, allow_admin=True, job_id=job_id)
+        pull.job_requeue_dead(ctx=ctx)
+        return HttpResponse(status=202)
+
+
+class JobProgressView(HotView):
+    @extend_schema(
+        summary="Extend an in-flight job's deadline (work in progress)",
+        description='JSON {"IncrementalTimeout": seconds} (optional: the job\'s stored one). The new deadline '
+                    "is now + stopTimeout + rationalDelay + IncrementalTimeout, never earlier than before; "
+                    "the retry count does not change. 409 when the job is not INFLIGHT.",
+        parameters=TOKENS, request=OpenApiTypes.OBJECT, responses={200: OBJ, 409: ERROR, **AUTH_ERRORS},
+    )
+    def post(self, request, channel_id: str, consumer_id: str, job_id: str):
+        ctx = authenticate(request, channel_id, consumer_id, job_id=job_id)
+        data = json_body(request, empty={})
+        if not isinstance(data, dict):
+            raise ApiError(400, "malformed_request", "body must be a JSON object")
+        fields = {str(k).lower(): v for k, v in data.items()}
+        incremental = pull.timeout_parse(fields.get("incrementaltimeout"))
+        return json_response(pull.job_progress(ctx=ctx, incremental_timeout=incremental))
+
+
+class PullView(HotView):
+    @extend_schema(
+        summary="Atomically claim up to `batch` jobs, optionally waiting for them (long-poll)",
+        description='JSON {"batch": 1..1000 (default 1), "expires": seconds to wait (default 0, max 60), '
+                    '"no_wait": bool (never wait), "max_bytes": payload budget (at least one job), '
+                    '"IncrementalTimeout": seconds}. Claimed jobs are INFLIGHT; the answer is the queued-jobs '
+                    "shape plus Attempt and Deadline. An expired wait answers an empty Result.",
+        parameters=TOKENS, request=OpenApiTypes.OBJECT, responses={200: JOBS, **AUTH_ERRORS},
+    )
+    def post(self, request, channel_id: str, consumer_id: str):
+        ctx = authenticate(request, channel_id, consumer_id)
+        req = pull.pull_request_parse(json_body(request, empty={}))
+        jobs = pull.jobs_pull(ctx=ctx, req=req)
+        return json_response({"Result": [pull.claimed_repr(j) for j in jobs]})
+
+
+class AckView(HotView):
+    @extend_schema(
+        summary="Report the outcome of up to 1,000 in-flight jobs in one statement",
+        description='JSON {"Jobs": [{"ID", "NextState": "DELIVERED"|"DEAD"|"QUEUED", "Delay": seconds}]}. '
+                    "QUEUED is a negative acknowledgement (retry + 1, redelivered after Delay, DEAD past the "
+                    'retry limit). Answered per job: {"Result": [{"ID", "Status", "RetryCount"} or '
+                    '{"ID", "Status", "Error": "not_found"|"conflict"}]}.',
+        parameters=TOKENS, request=OpenApiTypes.OBJECT, responses={200: OBJ, 413: ERROR, **AUTH_ERRORS},
+    )
+    def post(self, request, channel_id: str, consumer_id: str):
+        ctx = authenticate(request, channel_id, consumer_id)
+        items = pull.ack_request_parse(json_body(request))
+        return json_response({"Result": pull.jobs_ack(ctx=ctx, items=items)})
+
