@@ -66,6 +66,46 @@ class Message(models.Model):
         return self.message_id
 
 
+class ScheduledMessage(models.Model):
+    """A message to publish later (``X-Broker-Scheduled-For``). When due, the scheduler sweep
+    (jobs.scheduling) publishes it as a normal message with the same id, in the transaction that
+    marks it DISPATCHED; until then it can be deleted. FAILED: the id was taken meanwhile."""
+
+    class Status(models.IntegerChoices):
+        SCHEDULED = 101
+        DISPATCHED = 102
+        FAILED = 103
+
+    channel = models.ForeignKey(Channel, on_delete=models.PROTECT, related_name="scheduled_messages")
+    message_id = models.CharField(max_length=255)
+    producer = models.ForeignKey(Producer, on_delete=models.PROTECT, related_name="+")
+    payload = models.BinaryField()
+    content_type = models.CharField(max_length=255, default="application/octet-stream")
+    priority = models.IntegerField(default=0)
+    headers = models.JSONField(default=dict, blank=True)
+    status = models.PositiveSmallIntegerField(choices=Status.choices, default=Status.SCHEDULED)
+    dispatch_at = models.DateTimeField()
+    created_at = models.DateTimeField()
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    error = models.CharField(max_length=255, blank=True, default="")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["channel", "message_id"], name="scheduled_unique_per_channel"),
+        ]
+        indexes = [
+            models.Index(fields=["channel", "-id"], name="scheduled_by_channel"),
+            # The scheduler sweep and "next scheduled" only look at pending rows, by due time.
+            models.Index(fields=["dispatch_at"], name="scheduled_due",
+                         condition=models.Q(status=101)),
+            models.Index(fields=["channel", "dispatch_at"], name="scheduled_next_by_channel",
+                         condition=models.Q(status=101)),
+        ]
+
+    def __str__(self) -> str:
+        return self.message_id
+
+
 class Counter(models.Model):
     """Maintained counts (jobs per consumer and status, messages per channel and status).
 

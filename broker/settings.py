@@ -73,6 +73,12 @@ if BROKER_SEED_CONFIG and os.path.exists(BROKER_SEED_CONFIG):
     except configparser.Error:
         _ini = None
     if _ini is not None:
+        if _ini.has_section("gateway-auth") and _ini.get("gateway-auth", "mode", fallback="none").strip() == "hmac":
+            _INI_KEYS.update({
+                "BROKER_HMAC_SECRET": ("gateway-auth", "hmac-shared-secret"),
+                "BROKER_HMAC_TOLERANCE": ("gateway-auth", "hmac-timestamp-tolerance-seconds"),
+                "BROKER_HMAC_EXEMPT_PATHS": ("gateway-auth", "auth-exempt-paths"),
+            })
         for _name, (_section, _key) in _INI_KEYS.items():
             if _name not in os.environ and _ini.has_option(_section, _key):
                 _value = _ini.get(_section, _key).strip()
@@ -154,6 +160,7 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
+    "broker.middleware.HmacSignatureMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
@@ -239,17 +246,26 @@ BROKER_CONSUMER_TOKEN_HEADER = env_str("BROKER_CONSUMER_TOKEN_HEADER", "X-Broker
 BROKER_USER_AGENT = env_str("BROKER_USER_AGENT", "Webhook Message Broker")
 BROKER_MIN_SCHEDULE_DELAY = env_float("BROKER_MIN_SCHEDULE_DELAY", 120.0)
 BROKER_ADVISORY_CHANNEL = env_str("BROKER_ADVISORY_CHANNEL")
+# Optional HMAC signing of incoming requests (webhook-broker's [gateway-auth] mode=hmac).
+BROKER_HMAC_SECRET = env_str("BROKER_HMAC_SECRET")
+BROKER_HMAC_TOLERANCE = env_float("BROKER_HMAC_TOLERANCE", 300.0)
+BROKER_HMAC_EXEMPT_PATHS = [p.strip() for p in env_str(
+    "BROKER_HMAC_EXEMPT_PATHS", "/_status,/metrics,/admin/,/static/,/api/schema/,/api/docs/,/api/redoc/"
+).split(",") if p.strip()]
 
 # --- django-q2 ----------------------------------------------------------------------------------
 Q_CLUSTER = {
     "name": env_str("BROKER_Q_CLUSTER_NAME", "broker"),
     "orm": "default",
     "workers": env_int("BROKER_Q_WORKERS", 3),
-    "timeout": 90,
-    "retry": 120,
+    # A push dispatcher loop (jobs.push.dispatcher) runs as one long task: it claims for
+    # BROKER_PUSH_LOOP_SECONDS, then drains its in-flight callbacks; timeout bounds both and
+    # stays below retry so the ORM broker never hands a running task out twice.
+    "timeout": 150,
+    "retry": 180,
     "max_attempts": 1,
     "catch_up": False,
-    "poll": 0.5,
+    "poll": 0.2,
     "save_limit": 100,
     "ack_failures": True,
 }
@@ -272,3 +288,20 @@ BROKER_JDBC_JAR = env_str("BROKER_JDBC_JAR", "/usr/share/java/postgresql.jar")  
 BROKER_SPARK_JDBC_PARTITIONS = env_int("BROKER_SPARK_JDBC_PARTITIONS", 4)  # parallel JDBC reads per table
 BROKER_DEAD_RETENTION = env_str("BROKER_DEAD_RETENTION", "90d")  # dead jobs are archived only past this age
 BROKER_PIPELINE_DIR = Path(env_str("BROKER_PIPELINE_DIR", str(BROKER_DATA_DIR / "pipeline")))
+
+# --- push delivery (jobs/push/, see jobs/push/dispatcher.py) -----------------------------------
+# Dispatcher loops per qcluster (by cluster name); each occupies one django-q2 worker, so the
+# default leaves one worker free for scheduled tasks.
+BROKER_PUSH_DISPATCHERS = env_int("BROKER_PUSH_DISPATCHERS", max(1, Q_CLUSTER["workers"] - 1))
+BROKER_PUSH_CONCURRENCY = env_int("BROKER_PUSH_CONCURRENCY", 256)  # callbacks in flight per dispatcher
+BROKER_PUSH_BATCH = env_int("BROKER_PUSH_BATCH", 200)  # most jobs claimed by one statement
+BROKER_PUSH_POLL = env_float("BROKER_PUSH_POLL", 1.0)  # safety-net poll; wake-ups come by NOTIFY
+BROKER_PUSH_LOOP_SECONDS = env_float("BROKER_PUSH_LOOP_SECONDS", 60.0)  # < Q_CLUSTER timeout
+BROKER_PUSH_EXCERPT_BYTES = env_int("BROKER_PUSH_EXCERPT_BYTES", 1024)  # response body kept per attempt
+BROKER_SECRET_ROTATION_GRACE = env_float("BROKER_SECRET_ROTATION_GRACE", 24 * 3600.0)
+
+# --- admin (the operator's admin: broker/admin_site.py, broker/dashboard.py) --------------------
+# The admin site whose index is the dashboard replaces django.contrib.admin's default site.
+INSTALLED_APPS[INSTALLED_APPS.index("django.contrib.admin")] = "broker.admin_site.BrokerAdminConfig"
+BROKER_ADMIN_PAYLOAD_PREVIEW_BYTES = env_int("BROKER_ADMIN_PAYLOAD_PREVIEW_BYTES", 64 * 1024)  # shown per payload
+FORMAT_MODULE_PATH = ["broker.formats"]  # admin dates as 2026-11-22 19:25:54 (broker/formats/en/formats.py)

@@ -151,7 +151,7 @@ class ConsumerView(APIView):
         body = consumer_repr(consumer, show_secret=admin)
         if not admin:
             body.pop("Token", None)
-        body.update(consumer_stats(consumer_pk=consumer.pk))
+        body.update(consumer_stats(consumer_pk=consumer.pk, sweep=consumer.is_pull))
         return with_last_modified(body, consumer)
 
     @extend_schema(

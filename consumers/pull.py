@@ -67,18 +67,25 @@ SELECT ch.id, ch.token, c.id, c.token, c.type, c.max_retry,
   LEFT JOIN jobs_job j ON j.id = %(job)s AND j.consumer_id = c.id
  WHERE ch.channel_id = %(channel)s
 """
+_AUTH_SQL = state.typed_sql(_AUTH_SQL, {"consumer": "text", "job": "bigint", "channel": "text"})
 
 
 def pull_authenticate(*, channel_id: str, consumer_id: str, channel_token: str | None,
                       consumer_token: str | None, admin: bool = False, require_pull: bool = True,
                       job_id: str | None = None) -> PullContext:
-    """One query for channel, consumer (and job). Checks in the spec's order: channel 404, channel
+    """One query for channel, consumer (and job), then ``auth_check``."""
+    job_pk = job_id_parse(job_id) if job_id is not None else None
+    rows = state.prepared_fetchall(_AUTH_SQL, {"channel": channel_id, "consumer": consumer_id, "job": job_pk})
+    return auth_check(rows[0] if rows else None, channel_id=channel_id, consumer_id=consumer_id,
+                      channel_token=channel_token, consumer_token=consumer_token, admin=admin,
+                      require_pull=require_pull, with_job=job_id is not None)
+
+
+def auth_check(row, *, channel_id: str, consumer_id: str, channel_token: str | None, consumer_token: str | None,
+               admin: bool = False, require_pull: bool = True, with_job: bool = False) -> PullContext:
+    """Checks in the spec's order on an auth row (``_AUTH_SQL``'s columns): channel 404, channel
     token 401/403, consumer 404, consumer token 401/403, push consumer 412, job 404 (unknown, not
     an integer, or another consumer's). ``admin`` (already verified) skips the token checks."""
-    job_pk = job_id_parse(job_id) if job_id is not None else None
-    with connection.cursor() as cur:
-        cur.execute(_AUTH_SQL, {"channel": channel_id, "consumer": consumer_id, "job": job_pk})
-        row = cur.fetchone()
     if row is None:
         raise ApiError(404, "channel_not_found", "channel not found")
     if not admin:
@@ -97,7 +104,7 @@ def pull_authenticate(*, channel_id: str, consumer_id: str, channel_token: str |
         raise ApiError(412, "consumer_not_pull", "consumer not pull based")
     ctx = PullContext(channel_pk=row[0], channel_id=channel_id, consumer_pk=row[2], consumer_id=consumer_id,
                       consumer_type=row[4], max_retry=state.max_retry_for(row[5]))
-    if job_id is not None:
+    if with_job:
         if row[6] is None:
             raise ApiError(404, "job_not_found", "job not found")
         ctx.job = (row[6], row[7], row[8], row[9], bool(row[10]))
@@ -179,6 +186,7 @@ SELECT j.id, j.priority, j.incremental_timeout, m.message_id, m.payload, m.conte
   JOIN broker_message m ON m.id = j.message_id
  ORDER BY j.priority DESC, j.id
 """
+_QUEUED_SQL = state.typed_sql(_QUEUED_SQL, {"consumer": "bigint", "queued": "smallint", "limit": "int"})
 
 
 def queued_jobs_list(*, ctx: PullContext, limit: int) -> list[dict]:
@@ -187,9 +195,7 @@ def queued_jobs_list(*, ctx: PullContext, limit: int) -> list[dict]:
     if limit <= 0:
         return []
     consumer_sweep(consumer_pk=ctx.consumer_pk)
-    with connection.cursor() as cur:
-        cur.execute(_QUEUED_SQL, {"consumer": ctx.consumer_pk, "queued": QUEUED, "limit": limit})
-        rows = cur.fetchall()
+    rows = state.prepared_fetchall(_QUEUED_SQL, {"consumer": ctx.consumer_pk, "queued": QUEUED, "limit": limit})
     result = []
     for r in rows:
         result.append({"ID": str(r[0]), "Priority": r[1], "IncrementalTimeout": seconds_repr(r[2]),
@@ -209,31 +215,38 @@ def timeout_parse(value, name: str = "IncrementalTimeout") -> float | None:
     return float(value) if value else None
 
 
-def job_transition(*, ctx: PullContext, next_state: str, incremental_timeout: float | None) -> None:
+def job_transition(*, channel_id: str, consumer_id: str, job_id: str, channel_token: str | None,
+                   consumer_token: str | None, next_state: str, incremental_timeout: float | None) -> None:
     """The spec's state endpoint. Allowed: QUEUED->INFLIGHT, INFLIGHT->DELIVERED, INFLIGHT->DEAD,
     DEAD->INFLIGHT (retry + 1, no cap). The same state is a no-op (the caller answers 202; so a
     second claimer of an INFLIGHT job cannot tell it lost unless it sends an IncrementalTimeout,
     which is then a 400 - the ``pull`` endpoint is the safe way to claim). IncrementalTimeout only
-    with INFLIGHT from QUEUED or DEAD. Everything else, and a lost race, is a 400."""
-    target = SPEC_STATES.get(next_state)
-    if target is None:
-        raise ApiError(400, "invalid_next_state", "NextState must be INFLIGHT, DELIVERED or DEAD")
-    job_pk, current, _retry, stored_inc, _expired = ctx.job
+    with INFLIGHT from QUEUED or DEAD. Everything else, and a lost race, is a 400.
+
+    One round trip: ``state.job_move_pull_authenticated`` reads the auth row and attempts the
+    move (guarded by the tokens and the job's status) in one statement; the checks below then
+    decide the answer from the row as it was before the move."""
+    target = SPEC_STATES[next_state]
+    if incremental_timeout is not None and target != INFLIGHT:
+        from_states: list[int] = []  # never moves; the 400 comes after the auth checks
+    else:
+        from_states = [QUEUED, DEAD] if target == INFLIGHT else [INFLIGHT]
+    row, moved = state.job_move_pull_authenticated(
+        channel_id=channel_id, consumer_id=consumer_id, job_id=job_id_parse(job_id),
+        channel_token=channel_token, consumer_token=consumer_token, from_statuses=from_states,
+        to_status=target, incremental_timeout=incremental_timeout, reason="pull")
+    ctx = auth_check(row, channel_id=channel_id, consumer_id=consumer_id, channel_token=channel_token,
+                     consumer_token=consumer_token, with_job=True)
+    if moved:
+        return
+    current = ctx.job[1]
     if incremental_timeout is not None and (target != INFLIGHT or current == INFLIGHT):
         raise ApiError(400, "timeout_invalid_state", "timeout provided with invalid state")
     if current == target:
         return
-    fields: dict = {}
-    if target == INFLIGHT and current in (QUEUED, DEAD):
-        inc = stored_inc if incremental_timeout is None else incremental_timeout
-        fields = {"timeout": state.inflight_timeout(inc), "incremental_timeout": incremental_timeout,
-                  "retry_inc": 1 if current == DEAD else 0}
-    elif not (current == INFLIGHT and target in (DELIVERED, DEAD)):
-        raise ApiError(400, "invalid_transition", "invalid transition request")
-    moved = state.job_move(job_id=job_pk, from_status=current, to_status=target, reason="pull",
-                           consumer_pk=ctx.consumer_pk, **fields)
-    if moved is None:
+    if current in from_states:  # it was in a state we could move from, and someone else moved it first
         raise ApiError(400, "invalid_transition", "invalid transition request: the job changed state concurrently")
+    raise ApiError(400, "invalid_transition", "invalid transition request")
 
 
 _JOB_SQL = """
@@ -341,8 +354,8 @@ def _claim(ctx: PullContext, req: PullRequest) -> list[state.ClaimedJob]:
     if req.max_bytes is not None:
         return state.jobs_claim_within_bytes(consumer_pk=ctx.consumer_pk, limit=req.batch, max_bytes=req.max_bytes,
                                              incremental_timeout=req.incremental_timeout, reason="pull")
-    return state.jobs_claim(consumer_pk=ctx.consumer_pk, limit=req.batch,
-                            incremental_timeout=req.incremental_timeout, reason="pull")
+    return state.jobs_claim_prepared(consumer_pk=ctx.consumer_pk, limit=req.batch,
+                                     incremental_timeout=req.incremental_timeout, reason="pull")
 
 
 _WAITER_SQL = """
@@ -412,7 +425,8 @@ def jobs_pull(*, ctx: PullContext, req: PullRequest) -> list[state.ClaimedJob]:
                 return []
             sleep = _next_check(due_in, deadline_in, remaining)
             deadline_at = now + float(deadline_in) if deadline_in is not None else None
-            connection.close()  # never hold a connection (or transaction) while sleeping
+            if not connection.in_atomic_block:  # (inside a caller's transaction there is nothing to release)
+                connection.close()  # never hold a connection (or transaction) while sleeping
             wakeups.wait(ctx.consumer_pk, mark, sleep)
             mark = wakeups.mark(ctx.consumer_pk)
             consumer_sweep(consumer_pk=ctx.consumer_pk,
@@ -453,56 +467,48 @@ def ack_request_parse(data) -> list[AckItem]:
     for i, item in enumerate(jobs):
         if not isinstance(item, dict):
             raise ApiError(400, "invalid_jobs", f"Jobs[{i}] must be an object")
-        item = {str(k).lower(): v for k, v in item.items()}
-        raw = item.get("id")
+        if "ID" not in item or "NextState" not in item:  # Go-style case-insensitive keys (rare): normalise
+            item = {str(k).lower(): v for k, v in item.items()}
+            item = {"ID": item.get("id"), "NextState": item.get("nextstate"), "Delay": item.get("delay")}
+        raw = item["ID"]
         if isinstance(raw, bool) or not isinstance(raw, (str, int)):
             raise ApiError(400, "invalid_jobs", f"Jobs[{i}].ID must be a string")
         raw = str(raw)
-        if raw in seen:
+        job_id = job_id_parse(raw)
+        key = raw if job_id is None else job_id
+        if key in seen:
             raise ApiError(400, "duplicate_job", f"Jobs[{i}]: job {raw} appears twice")
-        seen.add(raw)
-        target = ACK_STATES.get(item.get("nextstate"))
+        seen.add(key)
+        target = ACK_STATES.get(item["NextState"]) if isinstance(item["NextState"], str) else None
         if target is None:
             raise ApiError(400, "invalid_next_state", f"Jobs[{i}].NextState must be DELIVERED, DEAD or QUEUED")
-        delay = item.get("delay")
+        delay = item.get("Delay")
         if delay is not None:
             if target != QUEUED:
                 raise ApiError(400, "invalid_delay", f"Jobs[{i}]: Delay is only valid with NextState QUEUED")
             delay = timeout_parse(delay, "Delay") or 0.0
-        items.append(AckItem(job_id=job_id_parse(raw), raw_id=raw, target=target, delay=delay))
+        items.append(AckItem(job_id=job_id, raw_id=raw, target=target, delay=delay))
     return items
 
 
 def jobs_ack(*, ctx: PullContext, items: list[AckItem]) -> list[dict]:
-    """All outcomes in one statement (``jobs_move``: UPDATE ... FROM unnest, guarded by INFLIGHT
-    and the consumer), answered per job. QUEUED is a negative acknowledgement: retry + 1, due after
-    ``Delay`` seconds, DEAD past the retry limit. A job that is not this consumer's is
-    ``not_found``; one that is not INFLIGHT is a ``conflict`` (with its current Status)."""
-    moves = [
-        state.Move(job_id=it.job_id, from_status=INFLIGHT, to_status=it.target,
-                   retry_inc=1 if it.target == QUEUED else 0,
-                   delay=(it.delay or 0.0) if it.target == QUEUED else None,
-                   max_retry=ctx.max_retry if it.target == QUEUED else None)
-        for it in items if it.job_id is not None
-    ]
-    moved = state.jobs_move(moves=moves, reason="pull-ack", consumer_pk=ctx.consumer_pk) if moves else {}
-    missing = [it.job_id for it in items if it.job_id is not None and it.job_id not in moved]
-    current: dict[int, int] = {}
-    if missing:
-        with connection.cursor() as cur:
-            cur.execute("SELECT id, status FROM jobs_job WHERE id = ANY(%s) AND consumer_id = %s",
-                        [missing, ctx.consumer_pk])
-            current = dict(cur.fetchall())
-    if any(m[0] == QUEUED for m in moved.values()):
-        with connection.cursor() as cur:  # wake waiting pulls for the redelivery
-            cur.execute("SELECT pg_notify('broker_jobs', %s)", [str(ctx.consumer_pk)])
+    """All outcomes in one statement (``state.jobs_ack_inflight``: UPDATE ... FROM unnest, guarded
+    by INFLIGHT and the consumer), answered per job. QUEUED is a negative acknowledgement: retry
+    + 1, due after ``Delay`` seconds, DEAD past the retry limit. A job that is not this consumer's
+    is ``not_found``; one that is not INFLIGHT is a ``conflict`` (with its current Status)."""
+    known = [it for it in items if it.job_id is not None]
+    outcome = state.jobs_ack_inflight(
+        consumer_pk=ctx.consumer_pk, job_ids=[it.job_id for it in known],
+        to_statuses=[it.target for it in known], delays=[it.delay for it in known],
+        max_retry=ctx.max_retry, reason="pull-ack",
+    ) if known else {}
     result = []
     for it in items:
-        if it.job_id in moved:
-            status, retry, _deadline = moved[it.job_id]
+        moved, status, retry = outcome.get(it.job_id, (False, None, None))
+        if moved:
             result.append({"ID": it.raw_id, "Status": STATUS_NAMES[status], "RetryCount": retry})
-        elif it.job_id in current:
-            result.append({"ID": it.raw_id, "Status": STATUS_NAMES.get(current[it.job_id]), "Error": "conflict",
+        elif status is not None:
+            result.append({"ID": it.raw_id, "Status": STATUS_NAMES.get(status), "Error": "conflict",
                            "Detail": "job is not INFLIGHT"})
         else:
             result.append({"ID": it.raw_id, "Status": None, "Error": "not_found", "Detail": "job not found"})
@@ -521,8 +527,12 @@ def job_progress(*, ctx: PullContext, incremental_timeout: float | None) -> dict
 
 # --- statistics --------------------------------------------------------------------------------------
 
-def consumer_stats(*, consumer_pk: int) -> dict:
-    """Maintained counters (never COUNT(*) over jobs) plus the live waiter rows."""
+def consumer_stats(*, consumer_pk: int, sweep: bool = False) -> dict:
+    """Maintained counters (never COUNT(*) over jobs) plus the live waiter rows. ``sweep`` (pull
+    consumers) first requeues expired leases, at most once a second per process, so the numbers
+    do not show a lease that has run out."""
+    if sweep:
+        consumer_sweep(consumer_pk=consumer_pk)
     counts = counts_for(scope=JOB, owner_ids=[consumer_pk]).get(consumer_pk, {})
     with connection.cursor() as cur:
         cur.execute("SELECT count(*) FROM consumers_pullwaiter WHERE consumer_id = %s AND expires_at > now()",

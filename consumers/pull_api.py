@@ -12,6 +12,8 @@ import json
 from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework.negotiation import BaseContentNegotiation
+from rest_framework.renderers import JSONRenderer
 from rest_framework.views import APIView
 
 from broker.api.errors import ApiError
@@ -22,8 +24,9 @@ from consumers import pull
 CONSUMER_TOKEN = OpenApiParameter("X-Broker-Consumer-Token", OpenApiTypes.STR, OpenApiParameter.HEADER)
 TOKENS = [CHANNEL_TOKEN, CONSUMER_TOKEN]
 ACCEPTED = OpenApiResponse(description="Accepted (empty body)")
-JOBS = OpenApiResponse(OpenApiTypes.OBJECT, description='{"Result": [{"ID", "Priority", "IncrementalTimeout", '
-                                                        '"Message": {"MessageID", "Payload", "ContentType", "Headers"}}]}')
+JOBS = OpenApiResponse(OpenApiTypes.OBJECT, description=(
+    '{"Result": [{"ID", "Priority", "IncrementalTimeout", '
+    '"Message": {"MessageID", "Payload", "ContentType", "Headers"}}]}'))
 AUTH_ERRORS = {400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 412: ERROR}
 
 
@@ -61,13 +64,26 @@ def authenticate(request, channel_id: str, consumer_id: str, *, allow_admin: boo
     )
 
 
+class JsonOnly(BaseContentNegotiation):
+    """Always JSON, without parsing the Accept header (our hot views answer JSON bytes anyway)."""
+
+    def select_parser(self, request, parsers):
+        return parsers[0] if parsers else None
+
+    def select_renderer(self, request, renderers, format_suffix=None):
+        return renderers[0], renderers[0].media_type
+
+
 class HotView(APIView):
-    """No DRF parsing, authentication or rendering: the pull endpoints authenticate with the
-    broker's tokens themselves and answer JSON bytes."""
+    """No DRF parsing, authentication, content negotiation or rendering: the pull endpoints
+    authenticate with the broker's tokens themselves and answer JSON bytes (the framework's
+    per-request work is a measurable share of a spec-path request)."""
 
     authentication_classes: list = []
     permission_classes: list = []
     parser_classes: list = []
+    renderer_classes = [JSONRenderer]
+    content_negotiation_class = JsonOnly
 
 
 class QueuedJobsView(HotView):
@@ -102,16 +118,24 @@ class JobView(HotView):
         parameters=TOKENS, request=OpenApiTypes.OBJECT, responses={202: ACCEPTED, **AUTH_ERRORS},
     )
     def post(self, request, channel_id: str, consumer_id: str, job_id: str):
-        ctx = authenticate(request, channel_id, consumer_id, job_id=job_id)
-        data = json_body(request)
-        if not isinstance(data, dict):
-            raise ApiError(400, "malformed_request", "body must be a JSON object")
-        fields = {str(k).lower(): v for k, v in data.items()}
-        next_state = fields.get("nextstate")
-        if not isinstance(next_state, str) or next_state not in pull.SPEC_STATES:
-            raise ApiError(400, "invalid_next_state", "NextState must be INFLIGHT, DELIVERED or DEAD")
-        incremental = pull.timeout_parse(fields.get("incrementaltimeout"))
-        pull.job_transition(ctx=ctx, next_state=next_state, incremental_timeout=incremental)
+        try:
+            data = json_body(request)
+            if not isinstance(data, dict):
+                raise ApiError(400, "malformed_request", "body must be a JSON object")
+            fields = {str(k).lower(): v for k, v in data.items()}
+            next_state = fields.get("nextstate")
+            if not isinstance(next_state, str) or next_state not in pull.SPEC_STATES:
+                raise ApiError(400, "invalid_next_state", "NextState must be INFLIGHT, DELIVERED or DEAD")
+            incremental = pull.timeout_parse(fields.get("incrementaltimeout"))
+        except ApiError:
+            authenticate(request, channel_id, consumer_id, job_id=job_id)  # auth errors come first
+            raise
+        pull.job_transition(
+            channel_id=channel_id, consumer_id=consumer_id, job_id=job_id,
+            channel_token=request.headers.get("X-Broker-Channel-Token"),
+            consumer_token=request.headers.get("X-Broker-Consumer-Token"),
+            next_state=next_state, incremental_timeout=incremental,
+        )
         return HttpResponse(status=202)
 
     @extend_schema(

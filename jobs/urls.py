@@ -1,1 +1,14 @@
-urlpatterns = []
+from django.urls import path
+
+from jobs import api
+
+_C = "channel/<str:channel_id>/consumer/<str:consumer_id>"
+
+urlpatterns = [
+    path(f"{_C}/dlq", api.DeadLetterQueueView.as_view()),
+    path(f"{_C}/rotate-secret", api.RotateSecretView.as_view()),
+    path("dlq-status", api.DlqStatusView.as_view()),
+    path("job-status", api.JobStatusView.as_view()),
+    path("channel/<str:channel_id>/scheduled-messages", api.ScheduledMessagesView.as_view()),
+    path("channel/<str:channel_id>/scheduled-message/<str:message_id>", api.ScheduledMessageView.as_view()),
+]

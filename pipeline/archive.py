@@ -82,6 +82,7 @@ class ArchiveResult:
     changed: list = field(default_factory=list)
     recovered: list = field(default_factory=list)
     seconds: float = 0.0
+    timings: dict = field(default_factory=dict)
 
 
 def archive_eligible_sql(*, cutoff: datetime, dead_cutoff: datetime, alias: str = "m") -> str:
@@ -182,13 +183,17 @@ def archive_verify(*, spark, out: Path, run_id: str, sources: dict, say: Callabl
     counts, staged = {}, {}
     for table, source in sources.items():
         frame = spark.read.parquet(str(stage / table))
-        n_source, n_staged = source.count(), frame.count()
-        distinct = frame.select("id").distinct().count()
-        missing = source.select("id").exceptAll(frame.select("id")).count()
-        if not (n_source == n_staged == distinct) or missing:
+        # One pass: every id must appear exactly once on each side (same count, same ids, no duplicates).
+        sides = (source.select("id", F.lit(1).alias("s"), F.lit(0).alias("t"))
+                 .unionByName(frame.select("id", F.lit(0).alias("s"), F.lit(1).alias("t")))
+                 .groupBy("id").agg(F.sum("s").alias("s"), F.sum("t").alias("t")))
+        check = sides.agg(F.sum("s").alias("source"), F.sum("t").alias("archive"),
+                          F.sum(F.when((F.col("s") != 1) | (F.col("t") != 1), 1).otherwise(0)).alias("bad")).first()
+        n_source, n_staged, bad = (int(check[k] or 0) for k in ("source", "archive", "bad"))
+        if n_source != n_staged or bad:
             raise ArchiveVerificationError(
-                f"{table}: source {n_source} rows, archive {n_staged} rows ({distinct} distinct ids, "
-                f"{missing} source ids missing); nothing was deleted")
+                f"{table}: source {n_source} rows, archive {n_staged} rows, {bad} ids missing, extra or "
+                "duplicated; nothing was deleted")
         counts[table] = n_staged
         staged[table] = frame
         say(f"verified {table}: {n_staged} rows")
@@ -298,18 +303,28 @@ def messages_archive(*, spark, out_dir: str | Path, older_than: timedelta | str,
     cutoff, dead_cutoff = now - older_than, now - dead_older_than
     result = ArchiveResult(out_dir=out)
     with _locked(out):
+        t = time.monotonic()
         result.recovered, pruned = archive_recover(spark=spark, out=out, batch_size=batch_size, say=say)
+        result.timings["recover"] = time.monotonic() - t
         run_id = now.strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:8]
         say(f"run {run_id}: messages received before {cutoff.isoformat()} with every job delivered "
             f"(or dead since before {dead_cutoff.isoformat()})")
         (out / RUNS / run_id).mkdir(parents=True)
+        t = time.monotonic()
         sources = archive_export(spark=spark, out=out, run_id=run_id, cutoff=cutoff, dead_cutoff=dead_cutoff,
                                  say=say)
+        result.timings["export"] = time.monotonic() - t
         if sources:
             result.run_id = run_id
+            t = time.monotonic()
             result.exported = archive_verify(spark=spark, out=out, run_id=run_id, sources=sources, say=say)
+            result.timings["verify"] = time.monotonic() - t
+            t = time.monotonic()
             archive_publish(out=out, run_id=run_id)
+            result.timings["publish"] = time.monotonic() - t
+            t = time.monotonic()
             pruned.add(archive_prune(spark=spark, out=out, run_id=run_id, batch_size=batch_size, say=say))
+            result.timings["prune"] = time.monotonic() - t
         else:
             shutil.rmtree(out / RUNS / run_id)
             say("nothing (more) to archive")

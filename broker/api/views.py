@@ -22,7 +22,7 @@ from broker.api.representations import (
 )
 from broker.auth import ADMIN_HEADER, is_admin, require_admin, tokens_equal
 from broker.counters import JOB, MESSAGE, counts_for
-from broker.models import Channel, Message, Producer, SeedState
+from broker.models import Channel, Message, Producer, ScheduledMessage, SeedState
 from broker.services import publishing
 from broker.services.registry import Precondition, channel_upsert, producer_upsert
 
@@ -217,10 +217,13 @@ class BroadcastView(APIView):
             OpenApiParameter("X-Broker-Message-ID", OpenApiTypes.STR, OpenApiParameter.HEADER),
             OpenApiParameter("X-Broker-Message-Priority", OpenApiTypes.INT, OpenApiParameter.HEADER),
             OpenApiParameter("X-Broker-Metadata-Headers", OpenApiTypes.STR, OpenApiParameter.HEADER),
+            OpenApiParameter("X-Broker-Scheduled-For", OpenApiTypes.DATETIME, OpenApiParameter.HEADER,
+                             description="RFC 3339; publish then instead of now (201 with the "
+                                         "scheduled-message Location; 400 bad date, 412 too soon)"),
         ],
         request={"*/*": OpenApiTypes.BINARY},
         responses={201: OpenApiResponse(description="Created; Location header"), 400: ERROR, 401: ERROR,
-                   403: ERROR, 404: ERROR, 409: ERROR, 413: ERROR, 429: ERROR},
+                   403: ERROR, 404: ERROR, 409: ERROR, 412: ERROR, 413: ERROR, 429: ERROR},
     )
     def post(self, request, channel_id: str):
         ctx = publish_context(request, channel_id)
@@ -234,6 +237,14 @@ class BroadcastView(APIView):
             message_id=parse_message_id(request.headers.get("X-Broker-Message-ID")),
             headers=metadata_headers(request),
         )
+        scheduled_for = (request.headers.get("X-Broker-Scheduled-For") or "").strip()
+        if scheduled_for:  # publish later (jobs.scheduling): 400 bad date, 412 too soon
+            from jobs.scheduling import scheduled_for_parse, scheduled_message_create
+
+            mid = scheduled_message_create(ctx=ctx, message=message, dispatch_at=scheduled_for_parse(scheduled_for))
+            response = Response(status=201)
+            response["Location"] = f"/channel/{channel_id}/scheduled-message/{quote(mid, safe='-_.~')}"
+            return response
         mid = publishing.message_publish(ctx=ctx, message=message)
         response = Response(status=201)
         response["Location"] = message_url(channel_id, quote(mid, safe="-_.~"))
@@ -394,7 +405,18 @@ class MessagesStatusView(APIView):
             }
             for status in Message.Status
         }
+        from jobs import scheduling
+
+        scheduled_counts = counts_for(scope=scheduling.SCOPE, owner_ids=[channel.pk]).get(channel.pk, {})
+        for status in (scheduling.SCHEDULED, scheduling.DISPATCHED):
+            counts[f"SCHEDULED_{ScheduledMessage.Status(status).name}"] = {
+                "Count": scheduled_counts.get(status, 0),
+                "Links": {"messages": f"/channel/{channel_id}/scheduled-messages?status={status}"},
+            }
         body = {"counts": counts}
+        next_at = scheduling.scheduled_next_at(channel_pk=channel.pk)
+        if next_at is not None:
+            body["next_scheduled_message_at"] = rfc3339(next_at)
         from consumers.models import Consumer
         from jobs.models import JobStatus
 

@@ -54,6 +54,17 @@ class PullClient:
         return r.json()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _stop_wakeup_listener(django_db_setup, django_db_blocker):
+    """Long-polls start this process's LISTEN thread; stop it before the test database is dropped."""
+    yield
+    from jobs.wakeup import wakeups
+
+    wakeups.stop()
+    if wakeups._thread is not None:
+        wakeups._thread.join(5)
+
+
 @pytest.fixture
 def pc(world, client_anon):
     return PullClient(client_anon)

@@ -186,7 +186,7 @@ def test_admin_link_serves_the_latest_report(spark, tmp_path, pipeline_dir, admi
 
 
 def test_partition_completion_times_when_the_table_exists(spark):
-    from pipeline.report import _partitions_figures, report_partitions_build
+    from pipeline.report import report_partitions_figures, report_partitions_build
 
     if "jobs_partition" in connection.introspection.table_names():
         pytest.skip("a real jobs_partition model exists now")
@@ -198,7 +198,7 @@ def test_partition_completion_times_when_the_table_exists(spark):
     try:
         frame, why = report_partitions_build(spark=spark)
         assert why == ""
-        figures = _partitions_figures(frame)
+        figures = report_partitions_figures(frame)
         assert figures["partitions"] == 3 and figures["completed"] == 2
         assert figures["completion_p50_s"] == pytest.approx(55.0)
         assert figures["completion_max_s"] == pytest.approx(100.0)

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 
 from broker.models import Channel, Message, Producer
 from consumers.models import Consumer
-from jobs.models import DeliveryAttempt, Job, JobStatus, JobTransition
+from jobs.models import DeliveryAttempt, Job, JobTransition
 
 SECRET_MARK = "S3CRET"
 QUEUED, INFLIGHT, DELIVERED, DEAD = 1001, 1002, 1003, 1004

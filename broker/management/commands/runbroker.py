@@ -39,6 +39,7 @@ class Command(BaseCommand):
         call_command("migrate", interactive=False, verbosity=0)
         seed = settings.BROKER_SEED_CONFIG or str(Path(settings.BASE_DIR) / "broker.example.cfg")
         call_command("seed", config=seed)
+        call_command("setup_schedules", verbosity=0)  # django-q2 schedules (jobs/management/commands)
 
         admin_token = settings.BROKER_ADMIN_TOKEN or _read_or_create(data / "admin_token",
                                                                        lambda: secrets.token_urlsafe(24))

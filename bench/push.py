@@ -1,0 +1,363 @@
+"""Push delivery benchmark: gunicorn + qcluster + a fast loopback receiver, all real processes.
+
+    .venv/bin/python bench/push.py                       # throw-away embedded PostgreSQL
+    .venv/bin/python bench/push.py --messages 20000 --rate 200 --seconds 20
+    DATABASE_URL=postgres://... .venv/bin/python bench/push.py   # an existing (migrated here) database
+
+Prints, for a channel with 1 and with 5 push consumers, the deliveries per second of N messages
+published in batches (first publish to last callback), then the publish-to-callback latency
+p50/p95/p99 at a steady single-message publish rate (one consumer). The receiver is a raw
+asyncio HTTP/1.1 server in its own process answering 204; latency is measured from the moment
+the publisher sends the request (``X-Sent-At`` metadata header) to the callback's arrival.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+ADMIN = "bench-admin-token"
+
+
+# --- receiver (own process) ---------------------------------------------------------------------
+
+def _receiver_main(port: int, conn) -> None:
+    arrivals: list[float] = []
+    latencies: list[float] = []
+
+    class Protocol(asyncio.Protocol):
+        def connection_made(self, transport):
+            self.transport = transport
+            self.buf = b""
+
+        def data_received(self, data):
+            self.buf += data
+            while True:
+                end = self.buf.find(b"\r\n\r\n")
+                if end < 0:
+                    return
+                head = self.buf[:end].lower()
+                i = head.find(b"\r\ncontent-length:")
+                length = int(head[i + 17:head.find(b"\r\n", i + 2) if head.find(b"\r\n", i + 2) > 0 else None]) if i >= 0 else 0
+                if len(self.buf) < end + 4 + length:
+                    return
+                self.buf = self.buf[end + 4 + length:]
+                now = time.time()
+                arrivals.append(now)
+                j = head.find(b"\r\nx-sent-at:")
+                if j >= 0:
+                    k = head.find(b"\r\n", j + 2)
+                    latencies.append(now - float(head[j + 12:k if k > 0 else None]))
+                self.transport.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+
+    def control():
+        while True:
+            cmd = conn.recv()
+            if cmd == "reset":
+                arrivals.clear()
+                latencies.clear()
+                conn.send(True)
+            elif cmd == "stats":
+                conn.send((len(arrivals), arrivals[0] if arrivals else None, arrivals[-1] if arrivals else None,
+                           list(latencies)))
+            elif cmd == "count":
+                conn.send(len(arrivals))
+
+    async def main():
+        server = await asyncio.get_running_loop().create_server(Protocol, "127.0.0.1", port, backlog=1024)
+        threading.Thread(target=control, daemon=True).start()
+        conn.send("ready")
+        await server.serve_forever()
+
+    asyncio.run(main())
+
+
+class Receiver:
+    def __init__(self) -> None:
+        self.port = _free_port()
+        self.conn, child = multiprocessing.Pipe()
+        self.proc = multiprocessing.Process(target=_receiver_main, args=(self.port, child), daemon=True)
+        self.proc.start()
+        assert self.conn.recv() == "ready"
+
+    def ask(self, cmd: str):
+        self.conn.send(cmd)
+        return self.conn.recv()
+
+    def stop(self) -> None:
+        self.proc.kill()
+
+
+# --- CPU accounting (Linux /proc): less sensitive to a busy machine than wall-clock rates ---------
+
+def _stat(pid: str):
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return int(fields[1]), int(fields[2]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None  # ppid, pgrp, cpu seconds
+
+
+def cpu_by_group(groups: dict) -> dict:
+    """CPU seconds used so far by each named group: {"name": ("pgrp", pid) or ("children", pid)}."""
+    stats = {pid: _stat(pid) for pid in os.listdir("/proc") if pid.isdigit()}
+    result = {}
+    for name, (kind, root) in groups.items():
+        total = 0.0
+        for pid, st in stats.items():
+            if st is None:
+                continue
+            ppid, pgrp, cpu = st
+            if (kind == "pgrp" and pgrp == root) or (kind == "children" and (ppid == root or int(pid) == root)):
+                total += cpu
+        result[name] = total
+    return result
+
+
+# --- broker processes -----------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn(args, env, log: Path) -> subprocess.Popen:
+    return subprocess.Popen(args, cwd=ROOT, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def _kill(proc: subprocess.Popen, grace: float = 3.0) -> None:
+    """SIGTERM, then SIGKILL the process group (qcluster can hang on SIGTERM: django-q2 #346)."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=grace)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+class Broker:
+    def __init__(self, args, workdir: Path) -> None:
+        self.workdir = workdir
+        self.server_dir = None
+        url = os.environ.get("DATABASE_URL")
+        if not url:
+            from broker.embedded_db import server_ensure
+
+            self.server_dir = workdir / "pg"
+            url = server_ensure(self.server_dir, fsync=not args.no_fsync).url
+        self.env = {**os.environ, "DATABASE_URL": url, "DJANGO_SECRET_KEY": "bench-secret-key",
+                    "BROKER_ADMIN_TOKEN": ADMIN, "DJANGO_DEBUG": "0", "BROKER_LOG_LEVEL": "WARNING",
+                    "BROKER_WEB_WORKERS": str(args.web_workers), "PYTHONUNBUFFERED": "1"}
+        subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=self.env, check=True)
+        port = _free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.web = _spawn([sys.executable, "-m", "gunicorn", "broker.wsgi:application"],
+                          {**self.env, "BROKER_BIND": f"127.0.0.1:{port}"}, workdir / "web.log")
+        self.workers = _spawn([sys.executable, "manage.py", "qcluster"], self.env, workdir / "qcluster.log")
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                requests.get(f"{self.url}/_status", timeout=1)
+                break
+            except requests.RequestException:
+                if time.monotonic() > deadline or self.web.poll() is not None:
+                    raise RuntimeError((workdir / "web.log").read_text()[-2000:])
+                time.sleep(0.2)
+        self.session = requests.Session()
+        self.session.headers["X-Broker-Admin-Token"] = ADMIN
+        if self.session.get(f"{self.url}/producer/bench-producer").status_code == 404:
+            r = self.session.put(f"{self.url}/producer/bench-producer", data={"token": "bench-p"})
+            assert r.status_code == 201, r.text
+
+    def setup_channel(self, consumers: int, receiver_port: int, max_in_flight: int | None) -> tuple[str, list[str]]:
+        tag = uuid.uuid4().hex[:8]
+        channel = f"bench-{consumers}-{tag}"
+        s = self.session
+        assert s.put(f"{self.url}/channel/{channel}", data={"token": "bench-c"}).status_code == 201
+        ids = []
+        for i in range(consumers):
+            data = {"token": f"t{i}", "callbackUrl": f"http://127.0.0.1:{receiver_port}/{channel}/c{i}"}
+            if max_in_flight:
+                data["maxInFlight"] = str(max_in_flight)
+            r = s.put(f"{self.url}/channel/{channel}/consumer/c{i}", data=data)
+            assert r.status_code == 201, r.text
+            ids.append(f"c{i}")
+        return channel, ids
+
+    def cpu_groups(self, receiver: "Receiver") -> dict:
+        groups = {"dispatchers (qcluster)": ("pgrp", self.workers.pid), "web (gunicorn)": ("pgrp", self.web.pid),
+                  "receiver": ("children", receiver.proc.pid)}
+        if self.server_dir is not None:
+            try:
+                postmaster = int((self.server_dir / "pgdata" / "postmaster.pid").read_text().split()[0])
+                groups["postgres"] = ("children", postmaster)
+            except (OSError, ValueError, IndexError):
+                pass
+        return groups
+
+    def stop(self) -> None:
+        _kill(self.workers)
+        _kill(self.web)
+        if self.server_dir is not None:
+            import shutil
+
+            from broker.embedded_db import server_stop
+
+            server_stop(self.server_dir)
+            shutil.rmtree(self.server_dir, ignore_errors=True)  # keep only the logs
+
+
+PUBLISH_HEADERS = {"X-Broker-Channel-Token": "bench-c", "X-Broker-Producer-ID": "bench-producer",
+                   "X-Broker-Producer-Token": "bench-p"}
+
+
+def throughput(broker: Broker, receiver: Receiver, *, consumers: int, messages: int, max_in_flight) -> dict:
+    channel, _ = broker.setup_channel(consumers, receiver.port, max_in_flight)
+    receiver.ask("reset")
+    expected = messages * consumers
+    groups = broker.cpu_groups(receiver)
+    cpu_before = cpu_by_group(groups)
+    session = requests.Session()
+    start = time.time()
+    batch = 500
+    body = json.dumps({"n": 1, "pad": "x" * 200})
+    for offset in range(0, messages, batch):
+        items = [{"Payload": body, "ContentType": "application/json"} for _ in range(min(batch, messages - offset))]
+        r = session.post(f"{broker.url}/channel/{channel}/messages", json=items, headers=PUBLISH_HEADERS)
+        assert r.status_code == 201, r.text
+    published = time.time()
+    deadline = time.monotonic() + max(60.0, expected / 200.0)
+    while receiver.ask("count") < expected and time.monotonic() < deadline:
+        time.sleep(0.1)
+    count, first, last, _ = receiver.ask("stats")
+    cpu_after = cpu_by_group(groups)
+    cpu = {name: 1e6 * (cpu_after[name] - cpu_before[name]) / max(1, count) for name in groups}
+    return {"cpu_us": cpu, "consumers": consumers, "messages": messages, "deliveries": count, "expected": expected,
+            "publish_s": published - start, "elapsed_s": (last or start) - start,
+            "per_s": count / max(1e-9, (last or start) - start)}
+
+
+def latency(broker: Broker, receiver: Receiver, *, rate: float, seconds: float, consumers: int,
+            max_in_flight) -> dict:
+    channel, _ = broker.setup_channel(consumers, receiver.port, max_in_flight)
+    receiver.ask("reset")
+    total = int(rate * seconds)
+    groups = broker.cpu_groups(receiver)
+    cpu_before = cpu_by_group(groups)
+    wall_before = time.monotonic()
+    interval = 1.0 / rate
+    local = threading.local()
+    errors = []
+    publish_times: list[float] = []
+
+    def publish(i: int) -> None:
+        session = getattr(local, "session", None)
+        if session is None:
+            session = local.session = requests.Session()
+        headers = {**PUBLISH_HEADERS, "Content-Type": "application/json", "X-Broker-Metadata-Headers": "X-Sent-At",
+                   "X-Sent-At": repr(time.time())}
+        sent = time.perf_counter()
+        r = session.post(f"{broker.url}/channel/{channel}/broadcast", data=b'{"n": 1}', headers=headers)
+        publish_times.append(time.perf_counter() - sent)
+        if r.status_code != 201:
+            errors.append(r.status_code)
+
+    start = time.monotonic()
+    with ThreadPoolExecutor(8) as pool:
+        for i in range(total):
+            delay = start + i * interval - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            pool.submit(publish, i)
+    achieved = total / (time.monotonic() - start)
+    deadline = time.monotonic() + 30
+    while receiver.ask("count") < total * consumers and time.monotonic() < deadline:
+        time.sleep(0.1)
+    count, _, _, lat = receiver.ask("stats")
+    cpu_after = cpu_by_group(groups)
+    wall = time.monotonic() - wall_before
+    cpu_share = {name: 100.0 * (cpu_after[name] - cpu_before[name]) / wall for name in groups}
+    lat.sort()
+
+    def pct(p: float, values=lat) -> float:
+        return 1000 * values[min(len(values) - 1, int(p / 100 * len(values)))] if values else float("nan")
+
+    publish_times.sort()
+
+    return {"consumers": consumers, "rate": rate, "achieved_rate": achieved, "published": total,
+            "deliveries": count, "errors": len(errors), "p50_ms": pct(50), "p95_ms": pct(95), "p99_ms": pct(99),
+            "max_ms": 1000 * lat[-1] if lat else float("nan"),
+            "mean_ms": 1000 * statistics.fmean(lat) if lat else float("nan"),
+            "publish_p50_ms": pct(50, publish_times), "publish_p99_ms": pct(99, publish_times),
+            "cpu_share": cpu_share}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=10000, help="messages per throughput run")
+    parser.add_argument("--consumers", default="1,5", help="push consumers per channel, comma-separated")
+    parser.add_argument("--rate", type=float, default=200.0, help="steady publish rate for the latency run")
+    parser.add_argument("--seconds", type=float, default=15.0, help="length of the latency run")
+    parser.add_argument("--latency-consumers", type=int, default=1)
+    parser.add_argument("--max-in-flight", type=int, default=None, help="consumers' maxInFlight (default: broker's 10)")
+    parser.add_argument("--web-workers", type=int, default=2)
+    parser.add_argument("--no-fsync", action="store_true", help="embedded server with fsync off")
+    args = parser.parse_args()
+
+    workdir = Path(tempfile.mkdtemp(prefix="bench-push-"))
+    receiver = Receiver()
+    broker = Broker(args, workdir)
+    try:
+        time.sleep(2.0)  # let the dispatcher loops start
+        print(f"push benchmark: {os.cpu_count()} CPUs, maxInFlight={args.max_in_flight or 'default (10)'}, "
+              f"logs in {workdir}")
+        for consumers in [int(x) for x in args.consumers.split(",") if x.strip()]:
+            result = throughput(broker, receiver, consumers=consumers, messages=args.messages,
+                                max_in_flight=args.max_in_flight)
+            print(f"throughput  {consumers} consumer(s): {result['deliveries']}/{result['expected']} deliveries "
+                  f"in {result['elapsed_s']:.2f} s = {result['per_s']:,.0f} deliveries/s "
+                  f"(publishing took {result['publish_s']:.2f} s)")
+            print("            CPU per delivery: " + ", ".join(f"{name} {us:.0f} us" for name, us in result["cpu_us"].items()))
+        result = latency(broker, receiver, rate=args.rate, seconds=args.seconds, consumers=args.latency_consumers,
+                         max_in_flight=args.max_in_flight)
+        print(f"latency     {result['consumers']} consumer(s) at {result['rate']:.0f} msg/s "
+              f"(achieved {result['achieved_rate']:.0f}/s, {result['published']} messages, "
+              f"{result['deliveries']} callbacks, {result['errors']} publish errors): "
+              f"p50 {result['p50_ms']:.1f} ms, p95 {result['p95_ms']:.1f} ms, p99 {result['p99_ms']:.1f} ms, "
+              f"max {result['max_ms']:.1f} ms; the publish request alone: p50 {result['publish_p50_ms']:.1f} ms, "
+              f"p99 {result['publish_p99_ms']:.1f} ms")
+        print("            CPU use (% of one core): " + ", ".join(f"{name} {pct:.0f}%" for name, pct in result["cpu_share"].items())
+              + f"; load average {os.getloadavg()[0]:.1f}")
+    finally:
+        broker.stop()
+        receiver.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""``manage.py requeue_dead``: dead jobs back to QUEUED from a shell, in batches with progress.
+
+The same state-machine function as the DLQ endpoint and the admin action
+(``jobs.state.jobs_requeue_dead``), called per batch of ids found through the consumer/status
+index, so millions of dead jobs never hold one long lock and the operator sees it advance.
+"""
+
+from __future__ import annotations
+
+import time
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import connection
+
+from broker.counters import JOB, counts_for
+from jobs.state import DEAD, jobs_requeue_dead
+
+
+class Command(BaseCommand):
+    help = (
+        "Requeue dead jobs (DEAD -> QUEUED, retry count reset to 0) through the job state machine, as "
+        "POST .../dlq and the admin do. Select the consumers with --channel [--consumer] or --all; "
+        "--job limits it to given job ids. Works in batches and prints progress."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--channel", help="channel id (all its consumers unless --consumer is given)")
+        parser.add_argument("--consumer", help="consumer id within --channel")
+        parser.add_argument("--all", action="store_true", help="every consumer of every channel")
+        parser.add_argument("--job", type=int, action="append", dest="jobs", metavar="ID",
+                            help="only this job id (repeatable)")
+        parser.add_argument("--batch", type=int, default=5000, help="jobs per statement (default 5000)")
+        parser.add_argument("--dry-run", action="store_true", help="only show how many dead jobs there are")
+
+    def handle(self, *args, channel=None, consumer=None, all=False, jobs=None, batch=5000, dry_run=False,
+               **options):
+        from consumers.models import Consumer
+
+        if batch < 1:
+            raise CommandError("--batch must be at least 1")
+        if all == bool(channel):
+            raise CommandError("give --channel (optionally with --consumer) or --all")
+        if consumer and not channel:
+            raise CommandError("--consumer needs --channel")
+        consumers = Consumer.objects.select_related("channel").order_by("channel__channel_id", "consumer_id")
+        if channel:
+            consumers = consumers.filter(channel__channel_id=channel)
+            if consumer:
+                consumers = consumers.filter(consumer_id=consumer)
+        consumers = list(consumers)
+        if not consumers:
+            raise CommandError("no such consumer" if consumer else "no consumers found")
+
+        dead = counts_for(scope=JOB, owner_ids=[c.pk for c in consumers])
+        started = time.monotonic()
+        total = 0
+        for c in consumers:
+            name = f"{c.channel.channel_id}/{c.consumer_id}"
+            expected = dead.get(c.pk, {}).get(DEAD, 0) if not jobs else len(jobs)
+            if dry_run:
+                self.stdout.write(f"{name}: {dead.get(c.pk, {}).get(DEAD, 0):,} dead jobs")
+                continue
+            done = 0
+            for ids in _dead_id_batches(consumer_pk=c.pk, batch=batch, only=jobs):
+                done += jobs_requeue_dead(consumer_pk=c.pk, job_ids=ids, reason="cli-requeue")
+                if options.get("verbosity", 1) >= 1:
+                    self.stdout.write(f"{name}: {done:,} / {max(expected, done):,} requeued "
+                                      f"({time.monotonic() - started:.1f} s)")
+            total += done
+        if not dry_run:
+            self.stdout.write(self.style.SUCCESS(
+                f"Requeued {total:,} dead job{'s' if total != 1 else ''} of {len(consumers)} "
+                f"consumer{'s' if len(consumers) != 1 else ''} in {time.monotonic() - started:.1f} s."))
+
+
+def _dead_id_batches(*, consumer_pk: int, batch: int, only: list[int] | None):
+    """Ids of the consumer's dead jobs in ascending batches (index ``job_consumer_status``)."""
+    last = 0
+    while True:
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT id FROM jobs_job WHERE consumer_id = %s AND status = %s AND id > %s "
+                "AND (%s::bigint[] IS NULL OR id = ANY(%s::bigint[])) ORDER BY id LIMIT %s",
+                [consumer_pk, DEAD, last, only, only, batch],
+            )
+            ids = [row[0] for row in cur.fetchall()]
+        if not ids:
+            return
+        yield ids
+        last = ids[-1]
+        if len(ids) < batch:
+            return

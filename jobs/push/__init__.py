@@ -1,0 +1,1 @@
+"""Push delivery: dispatcher loops (``dispatcher``) POSTing jobs to callback URLs (``delivery``)."""

@@ -1,0 +1,439 @@
+"""The push dispatcher: claim due jobs, POST them, record the outcomes in batches.
+
+One loop runs per django-q2 worker that holds a dispatcher slot (``jobs.tasks.push_dispatch``).
+Two threads per process: this coordinator (all database work) and the HTTP client's event loop
+(``jobs.push.http``: every callback in flight, no thread per callback).
+
+    wait (select) for a NOTIFY on this loop's own LISTEN connection, a finished callback (wake
+    pipe), a retry or pacing timer, or the safety-net poll
+    -> one transaction: record the finished attempts (``jobs_push_record``, one statement), then
+       claim as many due jobs as there is room for (``jobs_claim_push``)
+    -> hand the claimed jobs to the event loop
+    -> every second: the in-flight timeout sweep and due scheduled messages; every 5 s the
+       counter compaction.
+
+Recording and claiming share a transaction so the room freed by finished callbacks is
+visible to the claim at once: with maxInFlight = 10 a consumer's throughput is 10 / (callback
+round trip + one transaction), not 10 / (round trip + two transactions + a poll). Everything is
+at-least-once: a job whose outcome cannot be recorded stays INFLIGHT until its deadline and
+the sweep queues it again.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+import select
+import ssl
+import threading
+import time
+from collections import deque
+from datetime import datetime
+
+from django.conf import settings
+from django.db import Error as DatabaseError
+from django.db import connection, transaction
+
+from jobs import state
+from jobs.push import delivery
+from jobs.push.delivery import Result, Target
+from jobs.push.http import Client as HttpClient
+from jobs.push.http import ProtocolError
+from jobs.wakeup import CHANNEL
+
+logger = logging.getLogger(__name__)
+
+SWEEP_EVERY = 1.0
+COMPACT_EVERY = 5.0
+
+_TARGETS_SQL = """
+SELECT c.id, c.consumer_id, ch.channel_id, c.callback_url, c.token, c.signing_secret,
+       c.previous_signing_secret, c.previous_secret_expires_at, c.connection_timeout, c.max_retry,
+       c.retry_backoff, c.max_deliveries_per_second, c.updated_at
+  FROM consumers_consumer c JOIN broker_channel ch ON ch.id = c.channel_id
+ WHERE c.id = ANY(%s)
+"""
+
+
+def _clean(text: str) -> str:
+    return text.replace("\x00", "\ufffd")  # PostgreSQL text cannot hold NUL
+
+
+def targets_load(pks) -> dict[int, Target]:
+    """Push consumers by pk, as the callbacks need them."""
+    with connection.cursor() as cur:
+        cur.execute(_TARGETS_SQL, [list(pks)])
+        rows = cur.fetchall()
+    targets = {}
+    for (pk, consumer_id, channel_id, url, token, secret, previous, previous_expires, timeout, max_retry,
+         backoff, rate, updated_at) in rows:
+        steps = None
+        if backoff:
+            try:
+                steps = [float(x) for x in backoff.split(",") if x.strip()] or None
+            except ValueError:
+                steps = None
+        targets[pk] = Target(
+            pk=pk, consumer_id=consumer_id, channel_id=channel_id, url=url, token=token,
+            secret=delivery.secret_bytes(secret), previous_secret=delivery.secret_bytes(previous),
+            previous_expires=previous_expires.timestamp() if isinstance(previous_expires, datetime) else None,
+            timeout=float(timeout if timeout is not None else settings.BROKER_CONNECTION_TIMEOUT),
+            max_retry=max_retry, backoff=steps, rate=rate, updated_at=updated_at,
+        )
+    return targets
+
+
+def outcomes_record(items: list[tuple], *, now: float | None = None) -> list[float]:
+    """Record finished attempts (``jobs_push_record``: one statement). ``items`` are
+    (PushJob, Target, Result). Returns the retry delays (seconds) so the caller can wake up
+    when those jobs are due.
+
+    2xx -> DELIVERED; 410 Gone -> DEAD; anything else -> QUEUED with retry + 1 after the
+    backoff (at least the Retry-After of a 429/503), or DEAD past the consumer's max retry.
+    """
+    if not items:
+        return []
+    now = time.monotonic() if now is None else now
+    outcomes = []
+    for job, target, result in items:
+        outcome = result.outcome
+        record = state.PushOutcome(
+            job_id=job.id, to_status=state.DELIVERED, attempt=job.retry_count + 1,
+            age=max(0.0, now - (result.finished - result.duration)), duration_ms=round(result.duration * 1000.0, 3),
+            status_code=result.status_code, excerpt=_clean(result.excerpt), error=_clean(result.error),
+            request_id=result.request_id, outcome=outcome,
+        )
+        if outcome == "gone":
+            record.to_status = state.DEAD
+        elif outcome != "delivered":
+            delay = state.backoff_delay(job.retry_count + 1, target.backoff)
+            if result.retry_after is not None:
+                delay = max(delay, result.retry_after)
+            record.to_status, record.delay = state.QUEUED, delay
+            record.max_retry = state.max_retry_for(target.max_retry)
+        outcomes.append(record)
+    state.jobs_push_record(outcomes=outcomes)
+    return [o.delay for o in outcomes if o.delay is not None]
+
+
+class Listener:
+    """This loop's own ``LISTEN broker_jobs`` connection, waited on with select() together with
+    the wake pipe, so a publish reaches the claim with no thread hand-off (jobs.wakeup's shared
+    listener wakes waiters through two threads). Reconnects quietly; the poll covers the gap."""
+
+    def __init__(self) -> None:
+        self.conn = None
+        self.retry_at = 0.0
+
+    def fileno(self) -> int | None:
+        if self.conn is None and time.monotonic() >= self.retry_at:
+            self._connect()
+        return self.conn.fileno() if self.conn is not None else None
+
+    def _connect(self) -> None:
+        import psycopg
+
+        s = connection.settings_dict
+        params = {"dbname": s["NAME"], "user": s.get("USER") or None, "password": s.get("PASSWORD") or None,
+                  "host": s.get("HOST") or None, "port": s.get("PORT") or None}
+        try:
+            self.conn = psycopg.connect(**{k: v for k, v in params.items() if v}, autocommit=True,
+                                        application_name="broker-push-listen")
+            self.conn.execute(f"LISTEN {CHANNEL}")
+        except Exception as exc:  # noqa: BLE001 - poll until the database is back
+            logger.warning("push dispatcher cannot LISTEN (%s); polling", type(exc).__name__)
+            self.conn = None
+            self.retry_at = time.monotonic() + 1.0
+
+    def drain(self) -> set[int] | None:
+        """Consumer pks notified since the last call (None: unknown, e.g. after a reconnect)."""
+        if self.conn is None:
+            return None
+        pks: set[int] = set()
+        try:
+            pgconn = self.conn.pgconn
+            pgconn.consume_input()
+            while (note := pgconn.notifies()) is not None:
+                for part in note.extra.split(b","):
+                    if part.strip().isdigit():
+                        pks.add(int(part))
+        except Exception:  # noqa: BLE001
+            self.close()
+            self.retry_at = time.monotonic() + 1.0
+            return None
+        return pks
+
+    def close(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except Exception:  # noqa: BLE001
+                pass
+            self.conn = None
+
+
+class Engine:
+    """Per-process delivery machinery, reused by successive loop tasks in one worker process:
+    the HTTP client's event loop thread, the consumer cache and the finished-attempt queue."""
+
+    def __init__(self, concurrency: int | None = None) -> None:
+        self.size = max(1, int(concurrency or settings.BROKER_PUSH_CONCURRENCY))
+        self.client = HttpClient()
+        self.done: deque = deque()
+        self.targets: dict[int, Target] = {}
+        self.pull_pks: set[int] = set()
+        self._pull_loaded = 0.0
+        self._running = 0  # handed to the client, outcome not yet collected (coordinator thread only)
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._signalled = False
+        self.listener = Listener()
+        self.wake_share: tuple[int, int] | None = None  # (slot, slots): see _worth_claiming
+
+    # --- the HTTP side (event loop thread) ---------------------------------------------------
+    async def _deliver(self, item) -> None:
+        job, target = item
+        started = time.monotonic()
+        headers = {}
+        try:
+            headers = delivery.request_headers(job, target)
+            answer = await self.client.post(scheme=target.scheme, host=target.host, port=target.port,
+                                            path=target.path, headers=headers, body=job.payload,
+                                            timeout=target.timeout)
+            code = answer.status
+            retry_after = (delivery.parse_retry_after(answer.headers.get("retry-after"))
+                           if code in (429, 503) else None)
+            location = answer.headers.get("location") if 300 <= code < 400 else None
+            error = f"redirect to {location} not followed" if location else ""
+            excerpt = answer.body[:settings.BROKER_PUSH_EXCERPT_BYTES].decode("utf-8", "replace")
+            result = Result(status_code=code, duration=0.0, excerpt=excerpt, error=error, retry_after=retry_after)
+        except TimeoutError:
+            result = Result(status_code=None, duration=0.0, error=f"timeout after {target.timeout:g}s")
+        except (OSError, ssl.SSLError, ProtocolError, ValueError) as exc:
+            result = Result(status_code=None, duration=0.0, error=f"{type(exc).__name__}: {exc}"[:500])
+        except Exception as exc:  # noqa: BLE001 - a bug must not lose the job's outcome
+            logger.exception("push delivery of job %s failed unexpectedly", job.id)
+            result = Result(status_code=None, duration=0.0, error=f"internal error: {type(exc).__name__}")
+        end = time.monotonic()
+        result.duration, result.finished, result.request_id = end - started, end, headers.get("X-Request-ID", "")
+        self.done.append((job, target, result))
+        if not self._signalled:  # one byte per batch of finished attempts
+            self._signalled = True
+            os.write(self._wake_w, b"x")
+
+    def idle_capacity(self) -> int:
+        return max(0, self.size - self._running)
+
+    @property
+    def running(self) -> int:
+        return self._running
+
+    def close(self) -> None:
+        self.client.stop()
+        self.listener.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    # --- the loop (coordinator thread) ---------------------------------------------------------
+    def _collect(self) -> list[tuple]:
+        self._signalled = False
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        items = []
+        while self.done:
+            items.append(self.done.popleft())
+        self._running -= len(items)
+        return items
+
+    def _wait(self, timeout: float) -> bool:
+        """Sleep until a NOTIFY worth a claim, a finished attempt (its room may be reusable at
+        once) or ``timeout``. True when there is reason to claim."""
+        poller = select.poll()  # not select(): this process may hold more than 1024 sockets
+        poller.register(self._wake_r, select.POLLIN)
+        listen_fd = self.listener.fileno()
+        if listen_fd is not None:
+            poller.register(listen_fd, select.POLLIN)
+        try:
+            ready = {fd for fd, _ in poller.poll(max(0.0, timeout) * 1000.0)}
+        except OSError:
+            self.listener.close()
+            return True
+        claim = self._wake_r in ready
+        if listen_fd is not None and listen_fd in ready:
+            claim = self._worth_claiming(self.listener.drain()) or claim
+        return claim
+
+    def _worth_claiming(self, notified) -> bool:
+        """Whether a NOTIFY calls for a claim by this loop: not when every notified consumer is a
+        pull consumer (their jobs are never pushed), nor when the notified consumers are another
+        loop's share (``wake_share``: with several loops, one claim per publish is enough; every
+        claim still covers all consumers, and the poll stays as the safety net)."""
+        if notified is None:
+            return True
+        if time.monotonic() - self._pull_loaded > 5.0:
+            with connection.cursor() as cur:
+                cur.execute("SELECT id FROM consumers_consumer WHERE type = 'pull'")
+                self.pull_pks = {row[0] for row in cur.fetchall()}
+            self._pull_loaded = time.monotonic()
+        share = self.wake_share
+        return any(pk not in self.pull_pks and (share is None or pk % share[1] == share[0]) for pk in notified)
+
+    def _submit(self, jobs: list) -> None:
+        stale = {j.consumer_pk for j in jobs
+                 if j.consumer_pk not in self.targets
+                 or self.targets[j.consumer_pk].updated_at != j.consumer_updated_at}
+        if stale:
+            self.targets.update(targets_load(stale))
+        items = []
+        for job in jobs:
+            target = self.targets.get(job.consumer_pk)
+            if target is not None:  # else: consumer deleted since the claim, and its jobs with it
+                items.append((job, target))
+        self._running += len(items)
+        self.client.submit(items, self._deliver)
+
+    def run(self, *, claim_for: float, drain_for: float = 30.0, stop: threading.Event | None = None,
+            events: list | None = None, housekeeping: bool = True, wake_share: tuple[int, int] | None = None) -> dict:
+        """Claim and deliver for ``claim_for`` seconds (or until ``stop`` is set), then stop claiming
+        and wait up to ``drain_for`` seconds for the callbacks in flight, recording them.
+
+        ``events``: [(seconds from start, callable)] run once from the loop (the task uses it to
+        hand its slot over). ``wake_share``: (slot, slots) of this loop. Returns counters for the log.
+        """
+        self.wake_share = wake_share
+        self.listener.fileno()  # LISTEN before the first claim, so no publish falls in between
+        start = time.monotonic()
+        claim_until = start + claim_for
+        drain_until = claim_until + drain_for
+        batch = max(1, int(settings.BROKER_PUSH_BATCH))
+        poll = max(0.05, float(settings.BROKER_PUSH_POLL))
+        events = sorted(((start + at, fn) for at, fn in (events or [])), key=lambda e: e[0])
+        timers: list[float] = []  # monotonic times when our own retries / paced consumers are due
+        stats = {"claimed": 0, "recorded": 0, "transactions": 0, "errors": 0}
+        next_poll = start
+        next_sweep = start
+        next_compact = start + COMPACT_EVERY
+        claiming = True
+        kicked = True
+        pending: list[tuple] = []  # finished attempts not yet recorded (kept across a DB error)
+        while True:
+            now = time.monotonic()
+            while events and events[0][0] <= now:
+                _, fn = events.pop(0)
+                try:
+                    fn()
+                except Exception:  # noqa: BLE001
+                    logger.exception("push dispatcher event failed")
+            if claiming and (now >= claim_until or (stop is not None and stop.is_set())):
+                claiming = False
+                drain_until = min(drain_until, now + drain_for)
+            while timers and timers[0] <= now:
+                heapq.heappop(timers)
+                kicked = True
+            pending.extend(self._collect())
+            capacity = min(batch, self.idle_capacity()) if claiming else 0
+            want_claim = capacity > 0 and (kicked or now >= next_poll)
+            jobs = []
+            if pending or want_claim:
+                retry_delays = []
+                try:
+                    with transaction.atomic():
+                        with connection.cursor() as cur:
+                            # Claims and outcomes need no WAL flush before we go on: if a crash
+                            # loses the last few milliseconds of them, those jobs are QUEUED or
+                            # INFLIGHT again and get delivered (again): at-least-once still
+                            # holds, and no message is lost (publishing commits synchronously).
+                            cur.execute("SET LOCAL synchronous_commit = off")
+                        if pending:
+                            retry_delays = outcomes_record(pending, now=now)
+                        if want_claim:
+                            jobs = state.jobs_claim_push(limit=capacity)
+                except DatabaseError:
+                    stats["errors"] += 1
+                    logger.exception("push dispatcher: database error; retrying in 1 s")
+                    connection.close()
+                    time.sleep(1.0)
+                    continue
+                stats["transactions"] += 1
+                stats["recorded"] += len(pending)
+                for delay in retry_delays:
+                    self._timer(timers, now + delay + 0.01)
+                pending = []
+                if want_claim:
+                    next_poll = now + poll
+                    kicked = len(jobs) >= capacity  # a full batch: more may be due right away
+                if jobs:
+                    stats["claimed"] += len(jobs)
+                    self._submit(jobs)
+                    for pk in {j.consumer_pk for j in jobs}:
+                        target = self.targets.get(pk)
+                        if target is not None and target.rate:
+                            # paced consumer: look again when its next burst is allowed
+                            self._timer(timers, now + max(0.005, max(1.0, target.rate / 20.0) / target.rate))
+            if housekeeping and now >= next_sweep:
+                next_sweep = now + SWEEP_EVERY
+                self._sweep()
+                if now >= next_compact:
+                    next_compact = now + COMPACT_EVERY
+                    self._compact()
+            if not claiming and (self._running == 0 or now >= drain_until):
+                if self._running:
+                    logger.warning("push dispatcher: %d callbacks still running at hand-over; their jobs "
+                                   "are redelivered after their deadline", self._running)
+                break
+            if kicked and self.idle_capacity() > 0 and claiming:
+                continue
+            wait_until = min(next_poll if claiming else drain_until, next_sweep if housekeeping else drain_until)
+            if timers:
+                wait_until = min(wait_until, timers[0])
+            if events:
+                wait_until = min(wait_until, events[0][0])
+            if claiming:
+                wait_until = min(wait_until, claim_until)
+            if self._wait(wait_until - time.monotonic()):
+                kicked = True
+        stats["seconds"] = round(time.monotonic() - start, 1)
+        return stats
+
+    @staticmethod
+    def _timer(timers: list, at: float) -> None:
+        """Add a wake-up time, at most one per 50 ms (a burst of failures needs one wake-up)."""
+        at = round(at * 20) / 20 + 0.05
+        if at not in timers:
+            heapq.heappush(timers, at)
+
+    def _sweep(self) -> None:
+        from jobs.scheduling import scheduled_dispatch_due
+
+        for name, fn in (("timeout sweep", state.jobs_expire_inflight), ("scheduled messages", scheduled_dispatch_due)):
+            try:
+                fn()
+            except DatabaseError:
+                logger.exception("push dispatcher: %s failed", name)
+                connection.close()
+
+    def _compact(self) -> None:
+        from broker.counters import counters_compact
+
+        try:
+            counters_compact()
+        except DatabaseError:
+            logger.exception("push dispatcher: counter compaction failed")
+            connection.close()
+
+
+_engine: Engine | None = None
+_engine_lock = threading.Lock()
+
+
+def engine_get() -> Engine:
+    """The process's engine (created on first use; threads and connections outlive one task)."""
+    global _engine
+    with _engine_lock:
+        if _engine is None:
+            _engine = Engine()
+        return _engine

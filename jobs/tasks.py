@@ -1,0 +1,133 @@
+"""django-q2 entry points for push delivery and the sweeps. Thin: the work is in jobs.push and
+jobs.state. Tasks carry no payloads, only wake-ups (and at most an id).
+
+How dispatcher loops stay running (``BROKER_PUSH_DISPATCHERS`` per cluster name):
+- ``push_dispatch`` takes a *slot*: a session advisory lock (cluster name, slot number) on a
+  connection of its own. A task that finds every slot taken returns at once, so surplus
+  starts are harmless, and a worker killed with SIGKILL frees its slot with its connection.
+- It then claims and delivers for ``BROKER_PUSH_LOOP_SECONDS`` (below the Q_CLUSTER timeout,
+  which stays below retry). Two seconds before the end it enqueues its successor, which waits
+  for the slot; at the end it releases the slot, so the successor takes over within ~25 ms
+  while the old loop drains its callbacks in flight.
+- Starts come from every django-q2 worker as it spawns (``on_worker_spawn``, connected in
+  jobs/apps.py: a fresh or restarted cluster delivers within a second) and from the
+  ``broker-push-ensure`` schedule every minute (``setup_schedules``) as the safety net.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from django.conf import settings
+from django.db import connection
+
+logger = logging.getLogger(__name__)
+
+SLOT_POLL = 0.025
+
+
+class Slot:
+    """A dispatcher slot: ``pg_try_advisory_lock(hashtext('broker-push:<cluster>'), n)`` held on a
+    dedicated connection (Django's own may be closed and reopened by django-q2 between tasks)."""
+
+    def __init__(self) -> None:
+        import psycopg
+
+        s = connection.settings_dict
+        params = {"dbname": s["NAME"], "user": s.get("USER") or None, "password": s.get("PASSWORD") or None,
+                  "host": s.get("HOST") or None, "port": s.get("PORT") or None}
+        self.conn = psycopg.connect(**{k: v for k, v in params.items() if v}, autocommit=True,
+                                    application_name="broker-push-slot")
+        self.key = f"broker-push:{settings.Q_CLUSTER.get('name', 'broker')}"
+        self.number: int | None = None
+
+    def acquire(self, slots: int, wait: float) -> int | None:
+        deadline = time.monotonic() + max(0.0, wait)
+        while True:
+            for n in range(slots):
+                row = self.conn.execute("SELECT pg_try_advisory_lock(hashtext(%s), %s)", [self.key, n]).fetchone()
+                if row[0]:
+                    self.number = n
+                    return n
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(SLOT_POLL)
+
+    def alive(self) -> bool:
+        try:
+            self.conn.execute("SELECT 1")
+            return True
+        except Exception:  # noqa: BLE001
+            return False
+
+    def release(self) -> None:
+        """Closing the connection frees the lock (idempotent)."""
+        if not self.conn.closed:
+            self.conn.close()
+
+
+def push_dispatch(wait: float = 0.0) -> str:
+    """Run one dispatcher loop if a slot is free (see module docstring)."""
+    from jobs.push.dispatcher import engine_get
+
+    slots = int(settings.BROKER_PUSH_DISPATCHERS or 0)
+    if slots <= 0:
+        return "push dispatch disabled (BROKER_PUSH_DISPATCHERS=0)"
+    slot = Slot()
+    try:
+        number = slot.acquire(slots, wait)
+        if number is None:
+            return "every dispatcher slot is taken"
+        claim_for = float(settings.BROKER_PUSH_LOOP_SECONDS)
+        # Whatever stays running past the task budget is abandoned (redelivered after its deadline).
+        drain_for = max(5.0, float(settings.Q_CLUSTER.get("timeout") or 150) - claim_for - 10.0)
+        stats = engine_get().run(claim_for=claim_for, drain_for=drain_for, wake_share=(number, slots), events=[
+            (max(0.0, claim_for - 2.0), _enqueue_successor),
+            (claim_for, slot.release),
+        ])
+        logger.info("push dispatcher slot %s: %s", number, stats)
+        return f"slot {number}: {stats}"
+    finally:
+        slot.release()
+
+
+def _enqueue_successor() -> None:
+    from django_q.tasks import async_task
+
+    async_task("jobs.tasks.push_dispatch", 30.0, task_name="push-dispatch", save=False)
+
+
+def push_dispatch_ensure() -> int:
+    """Enqueue one dispatcher start per slot; those finding their slot taken return at once."""
+    from django_q.tasks import async_task
+
+    slots = int(settings.BROKER_PUSH_DISPATCHERS or 0)
+    for _ in range(slots):
+        async_task("jobs.tasks.push_dispatch", 0.0, task_name="push-dispatch", save=False)
+    return slots
+
+
+def maintenance() -> dict:
+    """Safety net when no dispatcher loop runs (they do all this every second): the in-flight
+    timeout sweep, due scheduled messages, and the counter compaction."""
+    from broker.counters import counters_compact
+    from jobs.scheduling import scheduled_dispatch_due
+    from jobs.state import jobs_expire_inflight
+
+    return {"expired": jobs_expire_inflight(), "scheduled": scheduled_dispatch_due(),
+            "compacted": counters_compact()}
+
+
+def on_worker_spawn(sender=None, proc_name=None, **kwargs) -> None:
+    """django-q2 ``post_spawn``: each new worker asks for a dispatcher loop (surplus ones exit)."""
+    if int(settings.BROKER_PUSH_DISPATCHERS or 0) <= 0 or settings.Q_CLUSTER.get("sync"):
+        return
+    try:
+        from django_q.tasks import async_task
+
+        async_task("jobs.tasks.push_dispatch", 0.0, task_name="push-dispatch", save=False)
+    except Exception:  # noqa: BLE001 - the minute schedule starts it otherwise
+        logger.exception("could not enqueue a push dispatcher at worker start")
+    finally:
+        connection.close()  # do not carry this connection into the worker's first task
