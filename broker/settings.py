@@ -128,7 +128,9 @@ DATABASES = {
     "default": dj_database_url.parse(
         DATABASE_URL,
         conn_max_age=env_int("BROKER_DB_CONN_MAX_AGE", 300),
-        conn_health_checks=True,
+        # No per-request "SELECT 1": a connection broken by a database restart fails one request
+        # with 503 and is then replaced (Django drops unusable connections after errors).
+        conn_health_checks=env_bool("BROKER_DB_HEALTH_CHECKS", False),
     )
 }
 if not DATABASES["default"]["ENGINE"].endswith("postgresql"):
@@ -275,10 +277,18 @@ if TESTING:
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "broker.logs.JsonFormatter"},
+    },
+    "handlers": {"stderr": {"class": "logging.StreamHandler",
+                            "formatter": env_str("BROKER_LOG_FORMAT", "plain" if DEBUG or TESTING else "json")}},
     "root": {"handlers": ["stderr"], "level": env_str("BROKER_LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        # 4xx answers are normal traffic for a broker (lost claim races, duplicates): not warnings.
+        "django.request": {"level": "ERROR"},
+    },
 }
 
 # --- Spark pipeline (pipeline/: analytics report, archive-and-prune; see pipeline/__init__.py) ---

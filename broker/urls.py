@@ -10,6 +10,7 @@ urlpatterns = [
     path("", include("broker.api.urls")),
     path("", include("consumers.urls")),
     path("", include("jobs.urls")),
+    path("", include("pipeline.urls")),
 ]
 
 handler400 = "broker.api.errors.bad_request_view"

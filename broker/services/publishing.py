@@ -12,7 +12,6 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
-from django.db import connection
 
 from broker.api.errors import ApiError
 from broker.auth import tokens_equal
@@ -36,19 +35,18 @@ def message_id_generate() -> str:
     return f"{int(time.time() * 1000):011x}{secrets.token_hex(5)}"
 
 
+_AUTH_SQL = """
+SELECT c.id, c.token, p.id, p.token
+  FROM broker_channel c LEFT JOIN broker_producer p ON p.producer_id = %(producer)s::text
+ WHERE c.channel_id = %(channel)s::text
+"""
+
+
 def publish_authenticate(*, channel_id: str, channel_token: str | None, producer_id: str | None,
                          producer_token: str | None) -> PublishContext:
     """webhook-broker's order of checks: channel 404, channel token 403, producer 401, token 403."""
-    with connection.cursor() as cur:
-        cur.execute(
-            """
-            SELECT c.id, c.token, p.id, p.token
-              FROM broker_channel c LEFT JOIN broker_producer p ON p.producer_id = %s
-             WHERE c.channel_id = %s
-            """,
-            [producer_id or "", channel_id],
-        )
-        row = cur.fetchone()
+    rows = state.prepared_fetchall(_AUTH_SQL, {"producer": producer_id or "", "channel": channel_id})
+    row = rows[0] if rows else None
     if row is None:
         raise ApiError(404, "channel_not_found", "channel not found")
     if not tokens_equal(channel_token, row[1]):
@@ -73,7 +71,7 @@ _INSERT_MANY_SQL = f"""
 WITH m AS (
     INSERT INTO broker_message (channel_id, message_id, producer_id, payload, content_type, priority,
                                 headers, status, received_at, dispatched_at)
-    SELECT %(channel)s, t.mid, %(producer)s, t.payload, t.ctype, t.prio, t.headers, {DISPATCHED}, now(), now()
+    SELECT %(channel)s::bigint, t.mid, %(producer)s::bigint, t.payload, t.ctype, t.prio, t.headers, {DISPATCHED}, now(), now()
       FROM unnest(%(mids)s::text[], %(payloads)s::bytea[], %(ctypes)s::text[], %(prios)s::int[],
                   %(headers)s::jsonb[]) WITH ORDINALITY AS t(mid, payload, ctype, prio, headers, ord)
      ORDER BY t.ord
@@ -87,8 +85,8 @@ _INSERT_ONE_SQL = f"""
 WITH m AS (
     INSERT INTO broker_message (channel_id, message_id, producer_id, payload, content_type, priority,
                                 headers, status, received_at, dispatched_at)
-    VALUES (%(channel)s, %(mid)s, %(producer)s, %(payload)s, %(ctype)s, %(prio)s, %(headers)s,
-            {DISPATCHED}, now(), now())
+    VALUES (%(channel)s::bigint, %(mid)s::text, %(producer)s::bigint, %(payload)s::bytea, %(ctype)s::text,
+            %(prio)s::int, %(headers)s::jsonb, {DISPATCHED}, now(), now())
     ON CONFLICT (channel_id, message_id) DO NOTHING
     RETURNING id, message_id, priority, channel_id
 ), {state.jobs_fanout_sql("m")}
@@ -105,24 +103,24 @@ def messages_publish(*, ctx: PublishContext, messages: list[NewMessage]) -> list
     from psycopg.types.json import Jsonb
 
     ids = [m.message_id or message_id_generate() for m in messages]
-    with connection.cursor() as cur:
-        if len(messages) == 1:
-            m = messages[0]
-            cur.execute(_INSERT_ONE_SQL, {
-                "channel": ctx.channel_pk, "producer": ctx.producer_pk, "mid": ids[0], "payload": m.payload,
-                "ctype": m.content_type, "prio": m.priority, "headers": Jsonb(m.headers or {}),
-            })
-        else:
-            cur.execute(_INSERT_MANY_SQL, {
-                "channel": ctx.channel_pk,
-                "producer": ctx.producer_pk,
-                "mids": ids,
-                "payloads": [m.payload for m in messages],
-                "ctypes": [m.content_type for m in messages],
-                "prios": [m.priority for m in messages],
-                "headers": [Jsonb(m.headers or {}) for m in messages],
-            })
-        created = {r[0] for r in cur.fetchall()}
+    # Prepared statements: planning these multi-CTE statements costs more than running them.
+    if len(messages) == 1:
+        m = messages[0]
+        rows = state.prepared_fetchall(_INSERT_ONE_SQL, {
+            "channel": ctx.channel_pk, "producer": ctx.producer_pk, "mid": ids[0], "payload": m.payload,
+            "ctype": m.content_type, "prio": m.priority, "headers": Jsonb(m.headers or {}),
+        })
+    else:
+        rows = state.prepared_fetchall(_INSERT_MANY_SQL, {
+            "channel": ctx.channel_pk,
+            "producer": ctx.producer_pk,
+            "mids": ids,
+            "payloads": [m.payload for m in messages],
+            "ctypes": [m.content_type for m in messages],
+            "prios": [m.priority for m in messages],
+            "headers": [Jsonb(m.headers or {}) for m in messages],
+        })
+    created = {r[0] for r in rows}
     result = []
     for mid in ids:
         if mid in created:
