@@ -62,6 +62,8 @@ def exception_handler(exc, context):
         logger.warning("database unavailable: %s", type(exc).__name__)
         return error_response(503, "database_unavailable", "the database is unavailable, retry shortly",
                               {"Retry-After": "1"})
+    if isinstance(exc, RecursionError):
+        return error_response(status.HTTP_400_BAD_REQUEST, "malformed_request", "input is nested too deeply")
     if isinstance(exc, UnicodeDecodeError):
         return error_response(status.HTTP_400_BAD_REQUEST, "malformed_request", "request is not valid UTF-8")
     return None

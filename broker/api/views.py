@@ -254,7 +254,7 @@ class BroadcastView(APIView):
 def batch_parse(raw: bytes) -> list[publishing.NewMessage]:
     try:
         items = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise ApiError(400, "malformed_json", "body must be a JSON list of messages") from None
     if isinstance(items, dict) and isinstance(items.get("Messages"), list):
         items = items["Messages"]
