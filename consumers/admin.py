@@ -28,7 +28,7 @@ from broker.api.errors import ApiError
 from broker.counters import JOB, REDELIVERED
 from broker.services.registry import Precondition
 from consumers import services
-from consumers.models import Consumer
+from consumers.models import Advisory, Consumer
 from jobs.state import DEAD, DELIVERED, INFLIGHT, QUEUED
 
 logger = logging.getLogger("broker.admin")
@@ -113,9 +113,9 @@ class ConsumerAdmin(ServiceFormAdmin):
     list_select_related = ("channel",)
     search_fields = ("consumer_id", "name", "channel__channel_id", "callback_url")
     ordering = ("channel__channel_id", "consumer_id")
-    actions = ("requeue_dead", "delete_all_dead", "rotate_secret")
+    actions = ("requeue_dead", "delete_all_dead", "rotate_secret", "unpin")
     readonly_fields = ("token_col", "signing_secret_col", "previous_secret_col", "statistics", "recent_chart",
-                       "created_at", "updated_at")
+                       "priority_groups_col", "created_at", "updated_at")
     show_facets = admin.ShowFacets.NEVER
 
     def get_fieldsets(self, request, obj=None):
@@ -127,6 +127,8 @@ class ConsumerAdmin(ServiceFormAdmin):
         return (
             (None, {"fields": (*identity, "created_at", "updated_at")}),
             ("Statistics", {"fields": ("statistics", "recent_chart")}),
+            *((("Priority groups", {"fields": ("priority_groups_col",)}),)
+              if obj.priority_policy != "none" else ()),
             ("Delivery", {"fields": delivery}),
             ("Credentials", {"fields": ("token_col", "new_token", "signing_secret_col", "previous_secret_col",
                                         "loaded_at")}),
@@ -207,6 +209,22 @@ class ConsumerAdmin(ServiceFormAdmin):
         ]
         return table(["queued", "in flight", "delivered", "dead", "being redelivered", "pulls waiting now",
                       "oldest queued"], [cells])
+
+    @admin.display(description="priority groups")
+    def priority_groups_col(self, obj):
+        """Policy, pins (what GET consumer reports) and the latest advisories."""
+        from consumers.advisories import advisories_list
+        from consumers.groups import groups_state, target_for
+
+        rows = [[g["group"], obj.priority_policy, g.get("pinned_client_id", "-"), g.get("pinned_ts", "-")]
+                for g in groups_state(target=target_for(obj))]
+        pins = table(["group", "policy", "pinned client id", "pinned since"], rows)
+        recent = advisories_list(consumer_pk=obj.pk, limit=10)
+        events = table(["when", "advisory", "group", "detail"],
+                       [[a["timestamp"], a["type"], a["group"], a.get("pinned_id") or a.get("reason") or ""]
+                        for a in reversed(recent)]) if recent else "No advisories yet."
+        return format_html("{}<p>Latest advisories (timeout {}s):</p>{}", pins,
+                           f"{obj.priority_timeout:g}" if obj.priority_timeout else "-", events)
 
     @admin.display(description="last hour")
     def recent_chart(self, obj):
@@ -326,6 +344,24 @@ class ConsumerAdmin(ServiceFormAdmin):
         response["Cache-Control"] = "no-store"
         return response
 
+    @admin.action(description="Unpin the priority groups of the selected consumers", permissions=["change"])
+    def unpin(self, request, queryset):
+        """Same service as POST .../unpin: UNPINNED advisory (reason admin), the next job pins another pull."""
+        from consumers.groups import group_unpin, target_for
+
+        released = []
+        for consumer in queryset.select_related("channel"):
+            for group in consumer.priority_groups or []:
+                if consumer.priority_policy == "none":
+                    continue
+                if group_unpin(target=target_for(consumer), group=group, reason="admin")["Unpinned"]:
+                    released.append(f"{consumer.channel.channel_id}/{consumer.consumer_id} group {group}")
+        logger.info("admin user %s: unpinned %s", request.user.get_username(), ", ".join(released) or "nothing")
+        if released:
+            self.message_user(request, f"Unpinned {', '.join(released)}.", messages.SUCCESS)
+        else:
+            self.message_user(request, "No pinned priority group among the selected consumers.", messages.WARNING)
+
     # one-consumer buttons on its page
 
     def get_urls(self):
@@ -363,3 +399,24 @@ class ConsumerAdmin(ServiceFormAdmin):
     def change_view(self, request, object_id, form_url="", extra_context=None):
         extra = {"can_act": self.has_change_permission(request), **(extra_context or {})}
         return super().change_view(request, object_id, form_url, extra)
+
+
+@admin.register(Advisory)
+class AdvisoryAdmin(admin.ModelAdmin):
+    """Recorded advisories (pins, unpins, ...): read-only, they are a log."""
+
+    list_display = ("created_at", "type", "channel_id", "consumer_id", "group", "detail")
+    list_filter = ("type",)
+    search_fields = ("channel_id", "consumer_id", "group")
+    ordering = ("-id",)
+    show_facets = admin.ShowFacets.NEVER
+
+    @admin.display(description="detail")
+    def detail(self, obj):
+        return ", ".join(f"{k}={v}" for k, v in (obj.data or {}).items())
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False

@@ -16,7 +16,7 @@ from broker.api.views import (
 )
 from broker.auth import is_admin, require_admin, tokens_equal
 from broker.services.registry import Precondition
-from consumers import services
+from consumers import groups, services
 from consumers.models import Consumer
 from consumers.pull import consumer_stats
 
@@ -49,6 +49,9 @@ def consumer_repr(consumer: Consumer, *, show_secret: bool) -> dict:
         "ConnectionTimeout": consumer.connection_timeout,
         "MaxRetry": consumer.max_retry,
         "RetryBackoff": consumer.retry_backoff,
+        "PriorityPolicy": consumer.priority_policy,
+        "PriorityTimeout": consumer.priority_timeout,
+        "PriorityGroups": groups.groups_state(target=groups.target_for(consumer)),
     }
     if show_secret:
         body["SigningSecret"] = consumer.signing_secret
@@ -157,7 +160,10 @@ class ConsumerView(APIView):
     @extend_schema(
         summary="Create or update a consumer",
         description="Form fields (or JSON): token, name, callbackUrl, type (push|pull), maxInFlight, "
-                    "maxDeliveriesPerSecond, connectionTimeout, maxRetry, retryBackoff, signingSecret.",
+                    "maxDeliveriesPerSecond, connectionTimeout, maxRetry, retryBackoff, signingSecret; pull consumers: "
+                    "priorityPolicy (none|overflow|pinned_client|prioritized), priorityGroups (one group name), "
+                    "priorityTimeout (seconds, pinned_client default 120; the only priority field that may "
+                    "change later).",
         parameters=[ADMIN_PARAM, PRECONDITION], request=OpenApiTypes.OBJECT,
         responses={200: OBJ, 201: OBJ, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 412: ERROR, 415: ERROR},
     )
@@ -166,6 +172,10 @@ class ConsumerView(APIView):
         channel = channel_or_404(channel_id)
         consumer_type = services.consumer_type_parse(form_value(request, "type"))
         fields = consumer_settings_parse(request)
+        existing = Consumer.objects.filter(channel=channel, consumer_id=consumer_id).first()
+        fields.update(groups.priority_config_parse(
+            request.data, existing=existing,
+            consumer_type=consumer_type or (existing.type if existing else Consumer.Type.PUSH)))
         consumer, created = services.consumer_upsert(
             channel=channel, consumer_id=consumer_id, name=form_value(request, "name"),
             token=form_value(request, "token"), callback_url=form_value(request, "callbackUrl"),

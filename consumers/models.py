@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
+from django.db.models import Value
 
 from broker.models import Channel
 
@@ -28,6 +30,11 @@ class Consumer(models.Model):
     signing_secret = models.CharField(max_length=128, blank=True, default="")
     previous_signing_secret = models.CharField(max_length=128, blank=True, default="")
     previous_secret_expires_at = models.DateTimeField(null=True, blank=True)
+
+    # Priority groups (pull consumers only; consumers.groups). One group for now.
+    priority_policy = models.CharField(max_length=16, default="none")
+    priority_groups = models.JSONField(default=list, blank=True)
+    priority_timeout = models.FloatField(null=True, blank=True)
 
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField()
@@ -66,6 +73,13 @@ class PullWaiter(models.Model):
     min_ack_pending = models.PositiveIntegerField(null=True, blank=True)
     batch = models.PositiveIntegerField(default=1)
     max_bytes = models.BigIntegerField(null=True, blank=True)
+    # Priority-group delivery: the dispatcher (under the consumer's lock) claims jobs for a waiter
+    # and appends them here; ``state`` 0 waiting, 1 served (batch full), 2 wrong pin id.
+    job_ids = ArrayField(models.BigIntegerField(), default=list, blank=True,
+                         db_default=Value([], ArrayField(models.BigIntegerField())))
+    state = models.SmallIntegerField(default=0, db_default=0)
+    turn = models.BigIntegerField(default=0, db_default=0)  # round-robin order within a priority level
+    incremental_timeout = models.FloatField(null=True, blank=True)
     arrived_at = models.DateTimeField()
     expires_at = models.DateTimeField()
 
@@ -74,3 +88,48 @@ class PullWaiter(models.Model):
 
     def __str__(self) -> str:
         return f"waiter {self.pk} of consumer {self.consumer_id}"
+
+
+class PriorityGroupState(models.Model):
+    """Pin state of one priority group of a pull consumer, shared by every web process.
+
+    ``pinned_client_id``/``pinned_ts`` are empty while unpinned; ``renewed_at`` is the last pull
+    carrying the current pin id (or the pin time): the pin is released once ``priorityTimeout``
+    passes after it. Written only under the consumer's dispatch lock (``consumers.groups``).
+    """
+
+    consumer = models.ForeignKey(Consumer, on_delete=models.CASCADE, related_name="group_states",
+                                 db_constraint=False)
+    group = models.CharField(max_length=16)
+    pinned_client_id = models.CharField(max_length=64, blank=True, default="")
+    pinned_ts = models.DateTimeField(null=True, blank=True)
+    renewed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["consumer", "group"], name="group_state_unique")]
+
+    def __str__(self) -> str:
+        return f"group {self.group} of consumer {self.consumer_id}"
+
+
+class Advisory(models.Model):
+    """A recorded broker event about a consumer (pinned, unpinned, partition events, ...).
+
+    Generic on purpose: ``type`` names the event, ``data`` holds its own fields. Identified by
+    the channel and consumer ids as text (and the consumer's pk, no constraint) so the record
+    outlives a deleted consumer. See ``consumers.advisories.advisory_record``.
+    """
+
+    type = models.CharField(max_length=64)
+    channel_id = models.CharField(max_length=255)
+    consumer_id = models.CharField(max_length=255, blank=True, default="")
+    consumer_pk = models.BigIntegerField(null=True, blank=True)
+    group = models.CharField(max_length=64, blank=True, default="")
+    data = models.JSONField(default=dict)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["consumer_pk", "id"], name="advisory_consumer")]
+
+    def __str__(self) -> str:
+        return f"{self.type} {self.channel_id}/{self.consumer_id} {self.group}"

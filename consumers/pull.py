@@ -9,6 +9,7 @@ jobs/s against ~0.4k/s for a per-job ORM loop. Every state change goes through `
 from __future__ import annotations
 
 import base64
+import json
 import math
 import threading
 import time
@@ -50,6 +51,9 @@ class PullContext:
     consumer_type: str
     max_retry: int
     job: tuple | None = None  # (id, status, retry_count, incremental_timeout, expired)
+    policy: str = "none"  # priority groups (consumers.groups)
+    groups: list | None = None
+    priority_timeout: float | None = None
 
 
 def job_id_parse(raw: str) -> int | None:
@@ -61,7 +65,8 @@ def job_id_parse(raw: str) -> int | None:
 
 _AUTH_SQL = """
 SELECT ch.id, ch.token, c.id, c.token, c.type, c.max_retry,
-       j.id, j.status, j.retry_count, j.incremental_timeout, j.deadline < now()
+       j.id, j.status, j.retry_count, j.incremental_timeout, j.deadline < now(),
+       c.priority_policy, c.priority_groups, c.priority_timeout
   FROM broker_channel ch
   LEFT JOIN consumers_consumer c ON c.channel_id = ch.id AND c.consumer_id = %(consumer)s
   LEFT JOIN jobs_job j ON j.id = %(job)s AND j.consumer_id = c.id
@@ -104,6 +109,11 @@ def auth_check(row, *, channel_id: str, consumer_id: str, channel_token: str | N
         raise ApiError(412, "consumer_not_pull", "consumer not pull based")
     ctx = PullContext(channel_pk=row[0], channel_id=channel_id, consumer_pk=row[2], consumer_id=consumer_id,
                       consumer_type=row[4], max_retry=state.max_retry_for(row[5]))
+    if len(row) > 11 and row[11] is not None and row[11] != "none":
+        groups = row[12]
+        ctx.policy = row[11]
+        ctx.groups = json.loads(groups) if isinstance(groups, (str, bytes)) else list(groups or [])
+        ctx.priority_timeout = row[13]
     if with_job:
         if row[6] is None:
             raise ApiError(404, "job_not_found", "job not found")
@@ -231,7 +241,7 @@ def job_transition(*, channel_id: str, consumer_id: str, job_id: str, channel_to
         from_states: list[int] = []  # never moves; the 400 comes after the auth checks
     else:
         from_states = [QUEUED, DEAD] if target == INFLIGHT else [INFLIGHT]
-    row, moved = state.job_move_pull_authenticated(
+    row, moved, policy = state.job_move_pull_authenticated_grouped(
         channel_id=channel_id, consumer_id=consumer_id, job_id=job_id_parse(job_id),
         channel_token=channel_token, consumer_token=consumer_token, from_statuses=from_states,
         to_status=target, incremental_timeout=incremental_timeout, reason="pull")
@@ -239,6 +249,9 @@ def job_transition(*, channel_id: str, consumer_id: str, job_id: str, channel_to
                      consumer_token=consumer_token, with_job=True)
     if moved:
         return
+    if target == INFLIGHT and policy not in ("", "none"):  # claims go through the group dispatcher
+        raise ApiError(400, "group_missing", "Bad Request - Priority Group missing: claim jobs of a consumer "
+                                             "with a priority policy through .../pull with a group")
     current = ctx.job[1]
     if incremental_timeout is not None and (target != INFLIGHT or current == INFLIGHT):
         raise ApiError(400, "timeout_invalid_state", "timeout provided with invalid state")
@@ -317,6 +330,8 @@ class PullRequest:
     group: str = ""
     priority: int = 0
     pin_id: str = ""
+    min_pending: int = 0
+    min_ack_pending: int = 0
 
 
 def pull_request_parse(data: dict) -> PullRequest:
@@ -347,7 +362,41 @@ def pull_request_parse(data: dict) -> PullRequest:
             raise ApiError(400, "invalid_max_bytes", "max_bytes must be a positive integer")
         req.max_bytes = max_bytes
     req.incremental_timeout = timeout_parse(fields.get("incrementaltimeout"))
+    # priority-group fields (checked against the consumer's policy by ``pull_request_check``)
+    for name in ("min_pending", "min_ack_pending"):
+        value = fields.get(name)
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2**62:
+                raise ApiError(400, f"invalid_{name}", f"{name} must be a non-negative integer")
+            setattr(req, name, value)
+    priority = fields.get("priority")
+    if priority is not None:
+        if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 9:
+            raise ApiError(400, "invalid_priority", "Bad Request - Priority must be between 0 and 9")
+        req.priority = priority
+    group = fields.get("group")
+    if group is not None:
+        if not isinstance(group, str):
+            raise ApiError(400, "invalid_group", "Bad Request - Invalid Priority Group")
+        req.group = group
+    pin = fields.get("id")
+    if pin is not None:
+        if not isinstance(pin, str) or len(pin) > 64:
+            raise ApiError(400, "invalid_id", "id must be the pin id string the broker sent")
+        req.pin_id = pin
     return req
+
+
+def pull_request_check(*, ctx: PullContext, req: PullRequest) -> None:
+    """The priority-group checks of a pull, in ADR-42's order; a rejected pull is never queued."""
+    if (req.min_pending or req.min_ack_pending) and ctx.policy != "overflow":
+        raise ApiError(400, "not_overflow_consumer", "Bad Request - Not a Overflow Priority consumer")
+    if req.pin_id and ctx.policy != "pinned_client":
+        raise ApiError(400, "not_pinned_consumer", "Bad Request - Not a Pinned Client Priority consumer")
+    if ctx.policy != "none" and not req.group:
+        raise ApiError(400, "group_missing", "Bad Request - Priority Group missing")
+    if req.group and req.group not in (ctx.groups or []):
+        raise ApiError(400, "invalid_group", "Bad Request - Invalid Priority Group")
 
 
 def _claim(ctx: PullContext, req: PullRequest) -> list[state.ClaimedJob]:

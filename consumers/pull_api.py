@@ -183,14 +183,36 @@ class PullView(HotView):
         description='JSON {"batch": 1..1000 (default 1), "expires": seconds to wait (default 0, max 60), '
                     '"no_wait": bool (never wait), "max_bytes": payload budget (at least one job), '
                     '"IncrementalTimeout": seconds}. Claimed jobs are INFLIGHT; the answer is the queued-jobs '
-                    "shape plus Attempt and Deadline. An expired wait answers an empty Result.",
-        parameters=TOKENS, request=OpenApiTypes.OBJECT, responses={200: JOBS, **AUTH_ERRORS},
+                    "shape plus Attempt and Deadline. An expired wait answers an empty Result. "
+                    'Priority groups: "group", "min_pending", "min_ack_pending" (overflow), "id" (pin id, '
+                    'pinned_client), "priority" 0-9 (prioritized). On such a consumer a waiting pull collects '
+                    "jobs until its batch is full or it expires; pinned_client answers carry the pin id "
+                    "(X-Broker-Pin-Id header, PinId in the body); 423 pin_id_mismatch / wrong_pin_id.",
+        parameters=TOKENS, request=OpenApiTypes.OBJECT, responses={200: JOBS, 423: ERROR, **AUTH_ERRORS},
     )
     def post(self, request, channel_id: str, consumer_id: str):
         ctx = authenticate(request, channel_id, consumer_id)
         req = pull.pull_request_parse(json_body(request, empty={}))
-        jobs = pull.jobs_pull(ctx=ctx, req=req)
-        return json_response({"Result": [pull.claimed_repr(j) for j in jobs]})
+        pull.pull_request_check(ctx=ctx, req=req)
+        if ctx.policy == "none":
+            jobs = pull.jobs_pull(ctx=ctx, req=req)
+            return json_response({"Result": [pull.claimed_repr(j) for j in jobs]})
+        from consumers import groups
+
+        result = groups.jobs_pull_grouped(ctx=ctx, req=req)
+        if result.wrong_pin and not result.jobs:
+            raise ApiError(423, "wrong_pin_id", "Nats-Wrong-Pin-Id")
+        items = [pull.claimed_repr(j) for j in result.jobs]
+        body = {"Result": items}
+        pin = result.pin_id if result.jobs and ctx.policy == groups.PINNED else ""
+        if pin:
+            for item in items:
+                item["PinId"] = pin
+            body["PinId"] = pin
+        response = json_response(body)
+        if pin:
+            response["X-Broker-Pin-Id"] = pin
+        return response
 
 
 class AckView(HotView):
@@ -207,3 +229,45 @@ class AckView(HotView):
         items = pull.ack_request_parse(json_body(request))
         return json_response({"Result": pull.jobs_ack(ctx=ctx, items=items)})
 
+
+
+class UnpinView(HotView):
+    @extend_schema(
+        summary="Release the pin of a priority group (pinned_client consumers)",
+        description='JSON {"group": "A"}, with the channel and consumer tokens or the admin token. The pin is '
+                    "released (advisory consumer_group_unpinned, reason admin) and the next job pins another "
+                    "waiting pull. Group missing or invalid: 400; not a group of this consumer: 404.",
+        parameters=[*TOKENS, ADMIN_PARAM], request=OpenApiTypes.OBJECT, responses={200: OBJ, **AUTH_ERRORS},
+    )
+    def post(self, request, channel_id: str, consumer_id: str):
+        from consumers import groups
+
+        ctx = authenticate(request, channel_id, consumer_id, allow_admin=True, require_pull=False)
+        data = json_body(request, empty={})
+        if not isinstance(data, dict):
+            raise ApiError(400, "malformed_request", "body must be a JSON object")
+        fields = {str(k).lower(): v for k, v in data.items()}
+        target = groups.Target(consumer_pk=ctx.consumer_pk, channel_id=ctx.channel_id, consumer_id=ctx.consumer_id,
+                               policy=ctx.policy, groups=ctx.groups or [], timeout=ctx.priority_timeout)
+        return json_response(groups.group_unpin(target=target, group=fields.get("group"), reason="admin"))
+
+
+class AdvisoriesView(HotView):
+    @extend_schema(
+        summary="Recent advisories of a consumer (pins and unpins of its priority groups), oldest first",
+        description='{"Result": [{"type", "channel", "consumer", "group", "pinned_id" | "reason", "timestamp"}]}; '
+                    "limit defaults to 100 (max 1000).",
+        parameters=[*TOKENS, ADMIN_PARAM, OpenApiParameter("limit", OpenApiTypes.INT)],
+        responses={200: OBJ, **AUTH_ERRORS},
+    )
+    def get(self, request, channel_id: str, consumer_id: str):
+        from consumers.advisories import advisories_list
+
+        ctx = authenticate(request, channel_id, consumer_id, allow_admin=True, require_pull=False)
+        raw = request.GET.get("limit")
+        limit = 100
+        if raw not in (None, ""):
+            if not raw.isascii() or not raw.isdigit():
+                raise ApiError(400, "invalid_limit", "limit must be a non-negative integer")
+            limit = min(int(raw), 1000)
+        return json_response({"Result": advisories_list(consumer_pk=ctx.consumer_pk, limit=limit)})

@@ -15,4 +15,7 @@ urlpatterns = [
     path(f"{_C}/pull", pull_api.PullView.as_view()),
     path(f"{_C}/ack", pull_api.AckView.as_view()),
     path(f"{_C}/job/<str:job_id>/progress", pull_api.JobProgressView.as_view()),
+    # priority groups
+    path(f"{_C}/unpin", pull_api.UnpinView.as_view()),
+    path(f"{_C}/advisories", pull_api.AdvisoriesView.as_view()),
 ]

@@ -46,6 +46,9 @@ logger = logging.getLogger(__name__)
 
 SWEEP_EVERY = 1.0
 COMPACT_EVERY = 5.0
+# Finished callbacks are held up to this long while others of the same burst are still running,
+# so one transaction records (and refills) a burst instead of a fragment of it.
+COALESCE = 0.002
 
 _TARGETS_SQL = """
 SELECT c.id, c.consumer_id, ch.channel_id, c.callback_url, c.token, c.signing_secret,
@@ -249,9 +252,9 @@ class Engine:
         self._running -= len(items)
         return items
 
-    def _wait(self, timeout: float) -> bool:
-        """Sleep until a NOTIFY worth a claim, a finished attempt (its room may be reusable at
-        once) or ``timeout``. True when there is reason to claim."""
+    def _wait(self, timeout: float):
+        """Sleep until a NOTIFY worth a claim, a finished attempt or ``timeout``. Returns "notify",
+        "outcome" (finished attempts only: their room may be reusable at once) or False."""
         poller = select.poll()  # not select(): this process may hold more than 1024 sockets
         poller.register(self._wake_r, select.POLLIN)
         listen_fd = self.listener.fileno()
@@ -261,11 +264,10 @@ class Engine:
             ready = {fd for fd, _ in poller.poll(max(0.0, timeout) * 1000.0)}
         except OSError:
             self.listener.close()
-            return True
-        claim = self._wake_r in ready
-        if listen_fd is not None and listen_fd in ready:
-            claim = self._worth_claiming(self.listener.drain()) or claim
-        return claim
+            return "notify"
+        if listen_fd is not None and listen_fd in ready and self._worth_claiming(self.listener.drain()):
+            return "notify"
+        return "outcome" if self._wake_r in ready else False
 
     def _worth_claiming(self, notified) -> bool:
         """Whether a NOTIFY calls for a claim by this loop: not when every notified consumer is a
@@ -313,12 +315,13 @@ class Engine:
         poll = max(0.05, float(settings.BROKER_PUSH_POLL))
         events = sorted(((start + at, fn) for at, fn in (events or [])), key=lambda e: e[0])
         timers: list[float] = []  # monotonic times when our own retries / paced consumers are due
-        stats = {"claimed": 0, "recorded": 0, "transactions": 0, "errors": 0}
+        stats = {"claimed": 0, "recorded": 0, "transactions": 0, "errors": 0, "db_seconds": 0.0}
         next_poll = start
         next_sweep = start
         next_compact = start + COMPACT_EVERY
         claiming = True
         kicked = True
+        notified = False  # a NOTIFY or timer is waiting for a claim (no coalescing delay then)
         pending: list[tuple] = []  # finished attempts not yet recorded (kept across a DB error)
         while True:
             now = time.monotonic()
@@ -333,21 +336,24 @@ class Engine:
                 drain_until = min(drain_until, now + drain_for)
             while timers and timers[0] <= now:
                 heapq.heappop(timers)
-                kicked = True
+                kicked = notified = True
             pending.extend(self._collect())
+            if pending and self._running and not notified:
+                hold = min(r.finished for _, _, r in pending) + COALESCE - time.monotonic()
+                if hold > 0:
+                    notified = self._wait(hold) == "notify"
+                    continue
+            notified = False
             capacity = min(batch, self.idle_capacity()) if claiming else 0
             want_claim = capacity > 0 and (kicked or now >= next_poll)
             jobs = []
             if pending or want_claim:
                 retry_delays = []
+                db_start = time.perf_counter()
                 try:
                     with transaction.atomic():
                         with connection.cursor() as cur:
-                            # Claims and outcomes need no WAL flush before we go on: if a crash
-                            # loses the last few milliseconds of them, those jobs are QUEUED or
-                            # INFLIGHT again and get delivered (again): at-least-once still
-                            # holds, and no message is lost (publishing commits synchronously).
-                            cur.execute("SET LOCAL synchronous_commit = off")
+                            cur.execute(state.PUSH_TRANSACTION_SETUP)  # generic plans, async commit
                         if pending:
                             retry_delays = outcomes_record(pending, now=now)
                         if want_claim:
@@ -359,6 +365,7 @@ class Engine:
                     time.sleep(1.0)
                     continue
                 stats["transactions"] += 1
+                stats["db_seconds"] += time.perf_counter() - db_start
                 stats["recorded"] += len(pending)
                 for delay in retry_delays:
                     self._timer(timers, now + delay + 0.01)
@@ -394,9 +401,11 @@ class Engine:
                 wait_until = min(wait_until, events[0][0])
             if claiming:
                 wait_until = min(wait_until, claim_until)
-            if self._wait(wait_until - time.monotonic()):
-                kicked = True
+            woke = self._wait(wait_until - time.monotonic())
+            kicked = kicked or woke is not False
+            notified = woke == "notify"
         stats["seconds"] = round(time.monotonic() - start, 1)
+        stats["db_seconds"] = round(stats["db_seconds"], 2)
         return stats
 
     @staticmethod

@@ -6,6 +6,7 @@ database is checked after every step. Screenshots go to artifacts/ (git-ignored)
 from __future__ import annotations
 
 import pytest
+from rest_framework.test import APIClient
 
 from jobs.models import Job, JobStatus
 from tests.admin.conftest import chromium_missing, consumer_pk, dead_ids
@@ -76,5 +77,32 @@ def test_operator_finds_and_requeues_a_dead_job(page, live_server, admin_user, b
     page.wait_for_selector("#job-mark-dead")
     assert status_of(first) == JobStatus.QUEUED
 
-    # Pending: "unpin a group" lands with the priority-groups issue (consumer page: Unpin button,
-    # then check the group's pin state in the database), as does the "consumer paused" alert.
+    # unpin a group: a pinned_client consumer whose group A is pinned by a pull; the list action
+    # "Unpin" releases it (the same service as POST .../unpin), checked in the database
+    from consumers.models import Consumer, PriorityGroupState
+    from tests.conftest import ADMIN_TOKEN
+    from tests.consumers.conftest import PullClient
+
+    api = APIClient()
+    api.credentials(HTTP_X_BROKER_ADMIN_TOKEN=ADMIN_TOKEN)
+    r = api.put("/channel/ch1/consumer/pinned", {"token": "pnt", "type": "pull", "priorityPolicy": "pinned_client",
+                                                 "priorityGroups": ["A"]}, format="json")
+    assert r.status_code == 201, r.content
+    assert broker.publish(body=b'{"n": 99}', HTTP_X_BROKER_MESSAGE_ID="m99").status_code == 201
+    pin = PullClient(APIClient(), "/channel/ch1/consumer/pinned",
+                     {"HTTP_X_BROKER_CHANNEL_TOKEN": "ch-token", "HTTP_X_BROKER_CONSUMER_TOKEN": "pnt"}
+                     ).pull(group="A")["X-Broker-Pin-Id"]
+    pk = Consumer.objects.get(consumer_id="pinned").pk
+    assert PriorityGroupState.objects.get(consumer_id=pk, group="A").pinned_client_id == pin
+    page.goto(f"{live_server.url}/admin/consumers/consumer/{pk}/change/")
+    assert pin in page.locator("fieldset", has_text="Priority groups").inner_text()
+    page.goto(f"{live_server.url}/admin/consumers/consumer/")
+    page.locator(f"#result_list input.action-select[value='{pk}']").check()
+    page.select_option("select[name=action]", "unpin")
+    page.click("button[name=index]")
+    page.wait_for_selector("ul.messagelist li")
+    assert "Unpinned ch1/pinned group A" in page.locator("ul.messagelist").inner_text()
+    assert PriorityGroupState.objects.get(consumer_id=pk, group="A").pinned_client_id == ""
+    page.screenshot(path=str(artifacts / "unpinned.png"), full_page=True)
+
+    # Pending: the "consumer paused" alert lands with flow control.
