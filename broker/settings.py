@@ -97,6 +97,8 @@ if TESTING:
     ALLOWED_HOSTS += ["testserver"]
 
 BROKER_DATA_DIR = Path(env_str("BROKER_DATA_DIR", str(BASE_DIR / ".data")))
+# Server-side prepared statements on the hot paths (off behind poolers that cannot keep them).
+BROKER_PREPARED_STATEMENTS = env_bool("BROKER_PREPARED_STATEMENTS", True)
 
 # --- database -----------------------------------------------------------------------------------
 DATABASE_URL = env_str("DATABASE_URL")
