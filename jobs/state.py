@@ -603,8 +603,8 @@ WITH k AS MATERIALIZED (
                  CASE WHEN rate IS NULL OR rate <= 0 THEN %(limit)s
                       ELSE floor(GREATEST(1, ceil(rate / 20.0)) - COALESCE(lag, 0) * rate)::int END) AS room
       FROM k
-), cand AS (
-    SELECT x.id, x.priority, r.ttl
+), cand AS MATERIALIZED (
+    SELECT x.id, x.priority
       FROM r CROSS JOIN LATERAL (
           SELECT y.id, y.priority FROM (
               (SELECT j.id, j.priority FROM jobs_job j
@@ -621,14 +621,17 @@ WITH k AS MATERIALIZED (
      WHERE r.room > 0
      ORDER BY x.priority DESC, x.id
      LIMIT %(limit)s
-), pick AS (
-    SELECT j.id, cand.ttl FROM jobs_job j JOIN cand ON cand.id = j.id
-     WHERE j.status = {QUEUED}
-       FOR UPDATE OF j SKIP LOCKED
 ), u AS (
+    -- Lock and move by primary key (id = ANY(array)): the plan then never depends on the
+    -- table's statistics (a cached generic plan built on a fresh table once scanned every
+    -- queued job here).
     UPDATE jobs_job j SET status = {INFLIGHT}, status_changed_at = now(),
-                          deadline = now() + pick.ttl * interval '1 second'
-      FROM pick WHERE j.id = pick.id
+                          deadline = now() + r.ttl * interval '1 second'
+      FROM (SELECT p.id, p.consumer_id FROM jobs_job p
+             WHERE p.id = ANY(ARRAY(SELECT id FROM cand)) AND p.status = {QUEUED}
+               FOR UPDATE SKIP LOCKED) pick
+      JOIN r ON r.id = pick.consumer_id
+     WHERE j.id = pick.id
     RETURNING j.id, j.consumer_id, j.message_id, j.priority, j.retry_count
 ), h AS (
     INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)
@@ -866,7 +869,7 @@ WITH v AS (
                                ELSE j.next_attempt_at END,
         deadline = NULL
       FROM v
-     WHERE j.id = v.id AND j.status = {INFLIGHT}
+     WHERE j.id = v.id AND j.id = ANY(%(ids)s::bigint[]) AND j.status = {INFLIGHT}  -- by primary key
     RETURNING j.id, j.status, j.retry_count
 ), h AS (
     INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)
