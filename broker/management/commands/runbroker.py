@@ -61,11 +61,14 @@ class Command(BaseCommand):
         self.stdout.write(f"  database:    {'embedded PostgreSQL under ' + str(data) if settings.EMBEDDED_DB else 'DATABASE_URL'}")
         self.stdout.flush()
 
+        # Each child gets its own process group, so stopping it also stops the processes it spawned
+        # (qcluster's workers would otherwise outlive it).
         web = subprocess.Popen([sys.executable, "-m", "gunicorn", "broker.wsgi:application"],
-                               cwd=settings.BASE_DIR, env=env)
+                               cwd=settings.BASE_DIR, env=env, start_new_session=True)
         workers = None
         if not no_workers:
-            workers = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=settings.BASE_DIR, env=env)
+            workers = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=settings.BASE_DIR, env=env,
+                                       start_new_session=True)
         stopping = False
 
         def stop(*_):
@@ -78,22 +81,23 @@ class Command(BaseCommand):
             while not stopping and web.poll() is None and (workers is None or workers.poll() is None):
                 time.sleep(0.5)
         finally:
-            for proc in (web, workers):
-                if proc is not None and proc.poll() is None:
-                    proc.terminate()
+            procs = [p for p in (web, workers) if p is not None]
+            for proc in procs:
+                _signal_group(proc, signal.SIGTERM)
             deadline = time.monotonic() + QCLUSTER_GRACE
-            for proc in (web, workers):
-                if proc is None:
-                    continue
+            for proc in procs:
                 try:
                     proc.wait(timeout=max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+                    pass
+                _signal_group(proc, signal.SIGKILL)  # whatever is left of the group, qcluster's workers too
+                proc.wait()
             self.stdout.write("broker stopped")
 
 
-def _commands() -> set[str]:
-    from django.core.management import get_commands
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
-    return set(get_commands())
