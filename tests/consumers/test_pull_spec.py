@@ -367,8 +367,6 @@ def test_delete_dead_job_of_push_consumer_with_admin_token(world, pc):
 
 def test_jobs_of_pull_consumers_are_never_pushed(world, pc):
     """The push dispatcher's claim only takes push consumers' jobs."""
-    if not hasattr(state, "jobs_claim_push"):
-        pytest.skip("push dispatch not present")
     publish_n(world, 3)
     claimed = state.jobs_claim_push(limit=100)
     from jobs.models import Job
