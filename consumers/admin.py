@@ -113,7 +113,7 @@ class ConsumerAdmin(ServiceFormAdmin):
     list_select_related = ("channel",)
     search_fields = ("consumer_id", "name", "channel__channel_id", "callback_url")
     ordering = ("channel__channel_id", "consumer_id")
-    actions = ("requeue_dead", "delete_all_dead", "rotate_secret", "unpin")
+    actions = ("requeue_dead", "delete_all_dead", "rotate_secret", "unpin", "purge_queued")
     readonly_fields = ("token_col", "signing_secret_col", "previous_secret_col", "statistics", "recent_chart",
                        "priority_groups_col", "created_at", "updated_at")
     show_facets = admin.ShowFacets.NEVER
@@ -284,6 +284,18 @@ class ConsumerAdmin(ServiceFormAdmin):
             self.delete_model(request, obj)
 
     # actions
+
+    @admin.action(description="Purge all QUEUED jobs of the selected consumers", permissions=["delete_dead"])
+    def purge_queued(self, request, queryset):
+        """Flow control: drop a runaway backlog (in batches, history rows with reason "purged")."""
+        from jobs.state import jobs_purge_queued
+
+        done = [(c, jobs_purge_queued(consumer_pk=c.pk)) for c in queryset]
+        total = sum(n for _, n in done)
+        detail = ", ".join(f"{n:,} of {c.channel.channel_id}/{c.consumer_id}" for c, n in done if n)
+        logger.info("admin user %s: purged %d queued jobs (%s)", request.user.get_username(), total, detail or "-")
+        self.message_user(request, f"Purged {total:,} queued job{'s' if total != 1 else ''}"
+                          f"{': ' + detail if detail else ''}.", messages.SUCCESS if total else messages.WARNING)
 
     @admin.action(description="Requeue all dead jobs of the selected consumers", permissions=["change"])
     def requeue_dead(self, request, queryset):

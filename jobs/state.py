@@ -376,6 +376,48 @@ def jobs_delete_dead(*, consumer_pk: int, job_ids: Iterable[int] | None = None, 
             return total
 
 
+PURGED = 0  # to_status of the history row of a purged (deleted) QUEUED job: it has no status any more
+
+_PURGE_QUEUED_SQL = """
+WITH c AS (
+    SELECT id FROM jobs_job
+     WHERE consumer_id = %(consumer)s AND status = %(queued)s
+       AND (%(before)s::timestamptz IS NULL OR created_at < %(before)s::timestamptz)
+       AND (%(age)s::float8 IS NULL OR created_at < now() - %(age)s::float8 * interval '1 second')
+     ORDER BY id LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+), d AS (
+    DELETE FROM jobs_job j USING c WHERE j.id = c.id AND j.status = %(queued)s
+    RETURNING j.id, j.retry_count
+), h AS (
+    INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)
+    SELECT id, %(queued)s, %(purged)s, retry_count, 'purged', now() FROM d
+)
+SELECT count(*) FROM d
+"""
+
+
+def jobs_purge_queued(*, consumer_pk: int, older_than=None, older_than_seconds: float | None = None,
+                      batch: int = 5000, progress=None) -> int:
+    """Delete a consumer's QUEUED jobs (a runaway backlog), optionally only those created before
+    ``older_than`` (an aware datetime) or more than ``older_than_seconds`` ago (database time). Batches of ``batch`` rows, each its own statement and
+    transaction (SKIP LOCKED, so a claim in progress is never waited for), so millions of jobs never
+    hold one long lock. Every purged job gets a history row (QUEUED -> 0, reason ``purged``) in the
+    same statement. ``progress(batch_count, total)`` is called after each batch. Returns the total."""
+    total = 0
+    while True:
+        with connection.cursor() as cur:
+            cur.execute(_PURGE_QUEUED_SQL, {"consumer": consumer_pk, "queued": QUEUED, "purged": PURGED,
+                                            "before": older_than, "age": older_than_seconds,
+                                            "limit": int(batch)})
+            deleted = int(cur.fetchone()[0])
+        total += deleted
+        if progress is not None:
+            progress(deleted, total)
+        if deleted < batch:
+            return total
+
+
 _MARK_DEAD_SQL = """
 WITH c AS (
     SELECT id, status FROM jobs_job
