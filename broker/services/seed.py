@@ -6,7 +6,7 @@
     [initial-channel-tokens]  id=token
     [initial-producer-tokens] id=token
     [<consumerId>]            token=, channel=, type=push|pull (empty = push), name=,
-                              maxInFlight=, maxDeliveriesPerSecond=
+                              maxInFlight=, maxDeliveriesPerSecond=, maxAckPending=, maxQueued=
 
 A consumer with an invalid type, an unknown channel or a bad callback URL is skipped with a
 logged error (as the pull-consumer spec says); the rest of the file still applies.
@@ -98,8 +98,12 @@ def seed_parse(text: str) -> SeedPlan:
                 consumer["max_in_flight"] = max(1, int(options["maxInFlight"]))
             if options.get("maxDeliveriesPerSecond", "").strip():
                 consumer["max_deliveries_per_second"] = float(options["maxDeliveriesPerSecond"])
+            if options.get("maxAckPending", "").strip():
+                consumer["max_ack_pending"] = max(1, int(options["maxAckPending"]))
+            if options.get("maxQueued", "").strip():
+                consumer["max_queued"] = max(1, int(options["maxQueued"]))
         except ValueError:
-            plan.errors.append(f"consumer {cid}: maxInFlight/maxDeliveriesPerSecond must be numbers, skipped")
+            plan.errors.append(f"consumer {cid}: maxInFlight/maxDeliveriesPerSecond/maxAckPending/maxQueued must be numbers, skipped")
             continue
         if not consumer["token"]:
             plan.errors.append(f"consumer {cid}: no token, skipped")
