@@ -420,10 +420,16 @@ class MessagesStatusView(APIView):
         from consumers.models import Consumer
         from jobs.models import JobStatus
 
-        consumers = list(Consumer.objects.filter(channel=channel).only("id", "consumer_id"))
+        consumers = list(Consumer.objects.filter(channel=channel).only("id", "consumer_id", "max_queued"))
         job_counts = counts_for(scope=JOB, owner_ids=[c.pk for c in consumers])
         body["consumers"] = {
             c.consumer_id: {s.name: job_counts.get(c.pk, {}).get(s.value, 0) for s in JobStatus}
+            for c in consumers
+        }
+        # flow control: each consumer's backlog (QUEUED jobs) and its cap (null: unlimited)
+        body["backlog"] = {
+            c.consumer_id: {"Backlog": job_counts.get(c.pk, {}).get(JobStatus.QUEUED.value, 0),
+                            "MaxQueued": c.max_queued}
             for c in consumers
         }
         return Response(body)

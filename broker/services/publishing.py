@@ -18,6 +18,7 @@ from broker.auth import tokens_equal
 from jobs import state
 
 DISPATCHED = 102
+BACKLOG_RETRY_AFTER = 1  # seconds: a full backlog drains at the consumer's pace
 
 
 @dataclass
@@ -35,8 +36,20 @@ def message_id_generate() -> str:
     return f"{int(time.time() * 1000):011x}{secrets.token_hex(5)}"
 
 
+# The last column is flow control's backlog cap, in the auth statement (no extra round trip): the
+# first consumer of the channel whose QUEUED count (maintained counters, never COUNT(*) over jobs)
+# has reached its maxQueued. Channels without caps pay one probe of the consumer index by channel.
 _AUTH_SQL = """
-SELECT c.id, c.token, p.id, p.token
+SELECT c.id, c.token, p.id, p.token,
+       (SELECT k.consumer_id FROM consumers_consumer k
+         WHERE k.channel_id = c.id AND k.max_queued IS NOT NULL
+           AND k.max_queued <= COALESCE((SELECT sum(x.n) FROM (
+                   SELECT count AS n FROM broker_counter
+                    WHERE scope = 1 AND owner_id = k.id AND status = 1001
+                   UNION ALL
+                   SELECT delta FROM broker_counterdelta
+                    WHERE scope = 1 AND owner_id = k.id AND status = 1001) x), 0)
+         ORDER BY k.consumer_id LIMIT 1)
   FROM broker_channel c LEFT JOIN broker_producer p ON p.producer_id = %(producer)s::text
  WHERE c.channel_id = %(channel)s::text
 """
@@ -55,6 +68,10 @@ def publish_authenticate(*, channel_id: str, channel_token: str | None, producer
         raise ApiError(401, "producer_not_found", "producer could not be found")
     if not tokens_equal(producer_token, row[3]):
         raise ApiError(403, "producer_token_mismatch", "producer token does not match")
+    if row[4] is not None:
+        # Checked before the write, so concurrent publishes can pass the cap by at most their own jobs.
+        raise ApiError(429, "backlog_full", f"consumer {row[4]} has reached its maxQueued backlog cap",
+                       headers={"Retry-After": str(BACKLOG_RETRY_AFTER)})
     return PublishContext(channel_pk=row[0], channel_id=channel_id, producer_pk=row[2], producer_id=producer_id)
 
 
