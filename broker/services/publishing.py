@@ -29,6 +29,8 @@ class PublishContext:
     channel_id: str
     producer_pk: int
     producer_id: str
+    rate: float | None = None  # flow control: the producer's rateLimitPerSecond (None: no limit)
+    burst: int | None = None
 
 
 def message_id_generate() -> str:
@@ -49,7 +51,8 @@ SELECT c.id, c.token, p.id, p.token,
                    UNION ALL
                    SELECT delta FROM broker_counterdelta
                     WHERE scope = 1 AND owner_id = k.id AND status = 1001) x), 0)
-         ORDER BY k.consumer_id LIMIT 1)
+         ORDER BY k.consumer_id LIMIT 1),
+       p.rate_limit_per_second, p.burst
   FROM broker_channel c LEFT JOIN broker_producer p ON p.producer_id = %(producer)s::text
  WHERE c.channel_id = %(channel)s::text
 """
@@ -72,7 +75,43 @@ def publish_authenticate(*, channel_id: str, channel_token: str | None, producer
         # Checked before the write, so concurrent publishes can pass the cap by at most their own jobs.
         raise ApiError(429, "backlog_full", f"consumer {row[4]} has reached its maxQueued backlog cap",
                        headers={"Retry-After": str(BACKLOG_RETRY_AFTER)})
-    return PublishContext(channel_pk=row[0], channel_id=channel_id, producer_pk=row[2], producer_id=producer_id)
+    return PublishContext(channel_pk=row[0], channel_id=channel_id, producer_pk=row[2], producer_id=producer_id,
+                          rate=row[5], burst=row[6])
+
+
+# Flow control: the producer's token bucket, in its row, taken in ONE conditional UPDATE so the limit
+# holds across every web process: the row lock serializes concurrent publishes and PostgreSQL
+# re-checks the WHERE on the newest row version, so two processes never spend the same tokens.
+# Elapsed time comes from the database clock. No row returned: not enough tokens.
+_RATE_TAKE_SQL = """
+UPDATE broker_producer SET
+    rate_tokens = LEAST(%(burst)s::float8,
+                        COALESCE(rate_tokens + extract(epoch FROM now() - rate_at) * %(rate)s::float8,
+                                 %(burst)s::float8)) - %(n)s::float8,
+    rate_at = now()
+ WHERE id = %(producer)s::bigint
+   AND LEAST(%(burst)s::float8,
+             COALESCE(rate_tokens + extract(epoch FROM now() - rate_at) * %(rate)s::float8,
+                      %(burst)s::float8)) >= %(n)s::float8
+RETURNING rate_tokens
+"""
+
+
+def producer_rate_take(*, ctx: PublishContext, n: int) -> None:
+    """Spend ``n`` tokens of the producer's bucket or answer 429 ``rate_limited`` with Retry-After
+    (seconds until ``n`` tokens could be there). Only called for producers with a limit: others
+    pay nothing."""
+    import math
+
+    rate = float(ctx.rate)
+    burst = float(ctx.burst or max(1, math.ceil(rate)))
+    rows = state.prepared_fetchall(_RATE_TAKE_SQL, {"producer": ctx.producer_pk, "rate": rate,
+                                                    "burst": burst, "n": n})
+    if not rows:
+        wait = max(1, math.ceil(min(n, burst) / rate))
+        raise ApiError(429, "rate_limited",
+                       f"producer {ctx.producer_id} is over its rate limit ({rate:g}/s, burst {burst:g})",
+                       headers={"Retry-After": str(wait)})
 
 
 @dataclass
@@ -119,6 +158,8 @@ def messages_publish(*, ctx: PublishContext, messages: list[NewMessage]) -> list
     """
     from psycopg.types.json import Jsonb
 
+    if ctx.rate:
+        producer_rate_take(ctx=ctx, n=len(messages))
     ids = [m.message_id or message_id_generate() for m in messages]
     # Prepared statements: planning these multi-CTE statements costs more than running them.
     if len(messages) == 1:
