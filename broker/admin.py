@@ -80,7 +80,9 @@ class ChannelForm(RegistryForm):
 class ProducerForm(RegistryForm):
     class Meta:
         model = Producer
-        fields = ("producer_id", "name")
+        fields = ("producer_id", "name", "rate_limit_per_second", "burst")
+        help_texts = {"rate_limit_per_second": "Flow control: messages per second (empty: no limit).",
+                      "burst": "Token bucket size (empty: max(1, rate))."}
 
 
 class RegistryAdmin(ServiceFormAdmin):
@@ -116,7 +118,8 @@ class RegistryAdmin(ServiceFormAdmin):
             precondition = Precondition(None)
         try:
             saved, _ = self.upsert(**{self.key_field: getattr(obj, self.key_field)}, name=data.get("name") or None,
-                                   token=data.get("new_token") or None, precondition=precondition)
+                                   token=data.get("new_token") or None, precondition=precondition,
+                                   **self.upsert_extra(data))
         except ApiError as exc:
             if exc.status_code == 412:
                 raise self.refused(ApiError(412, exc.code, f"the {self.model._meta.verbose_name} was changed by "
@@ -124,6 +127,10 @@ class RegistryAdmin(ServiceFormAdmin):
             raise self.refused(exc) from None
         obj.pk = saved.pk
         obj.updated_at = saved.updated_at
+
+    def upsert_extra(self, data) -> dict:
+        """Extra keyword arguments of ``upsert`` from the form (none by default)."""
+        return {}
 
     def save_related(self, request, form, formsets, change):
         """No related objects are edited here."""
@@ -188,7 +195,11 @@ class ProducerAdmin(RegistryAdmin):
     form = ProducerForm
     key_field = "producer_id"
     upsert = staticmethod(producer_upsert)
-    list_display = ("producer_id", "name", "token_col", "created_at")
+    list_display = ("producer_id", "name", "rate_limit_per_second", "burst", "token_col", "created_at")
+
+    def upsert_extra(self, data) -> dict:
+        rate = data.get("rate_limit_per_second")
+        return {"rate": {"rate_limit_per_second": rate or None, "burst": data.get("burst")}}
     search_fields = ("producer_id", "name")
     ordering = ("producer_id",)
 

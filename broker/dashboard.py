@@ -213,8 +213,22 @@ def failing(s: ConsumerStats):
                                       f"in {FAILURE_WINDOW} min")
 
 
+@alert_rule
+def consumer_paused(s: ConsumerStats):
+    """Flow control: a paused consumer gets nothing while its jobs accumulate."""
+    if getattr(s.consumer, "paused", False):
+        yield Alert("warning", "paused", f"consumer paused ({s.queued:,} queued)")
+
+
+@alert_rule
+def backlog_cap_reached(s: ConsumerStats):
+    """Flow control: publishing to the channel is refused (429 backlog_full) at the cap."""
+    cap = getattr(s.consumer, "max_queued", None)
+    if cap and s.queued >= cap:
+        yield Alert("error", "backlog-full", f"backlog cap reached ({s.queued:,} of {cap:,} queued)")
+
+
 # Pending features add their rules here:
-# - flow control: "consumer paused" (warning) when the consumer's pause state is set;
 # - priority groups: "pin changing often" when a group's pin id changed more than a few times
 #   in the window (from the group state's change history).
 

@@ -25,6 +25,12 @@ class Producer(models.Model):
     producer_id = models.CharField(max_length=255, unique=True)
     name = models.CharField(max_length=255)
     token = models.CharField(max_length=255)
+    # Flow control: a token bucket in the row (null rate: no limit). ``rate_tokens``/``rate_at`` are
+    # the bucket's state, updated atomically by each publish (``publishing.producer_rate_take``).
+    rate_limit_per_second = models.FloatField(null=True, blank=True)
+    burst = models.PositiveIntegerField(null=True, blank=True)
+    rate_tokens = models.FloatField(null=True, blank=True)
+    rate_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField()
 

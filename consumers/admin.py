@@ -54,11 +54,18 @@ class ConsumerForm(forms.ModelForm):
         required=False, strip=True, widget=forms.PasswordInput(render_value=False),
         help_text="Leave empty to keep the current token (a new consumer gets a generated one).")
     loaded_at = forms.IntegerField(required=False, widget=forms.HiddenInput)
+    max_ack_pending = forms.IntegerField(
+        required=False, min_value=1, max_value=2**31 - 1,
+        help_text="Flow control: at most this many jobs in flight (empty: 1000).")
+    max_queued = forms.IntegerField(
+        required=False, min_value=1,
+        help_text="Flow control: publishing answers 429 backlog_full at this many QUEUED jobs (empty: unlimited).")
 
     class Meta:
         model = Consumer
         fields = ("channel", "consumer_id", "name", "type", "callback_url", "max_in_flight",
-                  "max_deliveries_per_second", "connection_timeout", "max_retry", "retry_backoff")
+                  "max_deliveries_per_second", "connection_timeout", "max_retry", "retry_backoff",
+                  "max_ack_pending", "max_queued")
         help_texts = {
             "max_deliveries_per_second": "Empty: no rate limit.",
             "connection_timeout": f"Seconds. Empty: the broker default ({settings.BROKER_CONNECTION_TIMEOUT:g}).",
@@ -107,13 +114,13 @@ class ConsumerForm(forms.ModelForm):
 @admin.register(Consumer)
 class ConsumerAdmin(ServiceFormAdmin):
     form = ConsumerForm
-    list_display = ("consumer_col", "name", "type", "callback_col", "max_in_flight", "queued_col", "inflight_col",
+    list_display = ("consumer_col", "name", "type", "callback_col", "max_in_flight", "paused", "queued_col", "inflight_col",
                     "delivered_col", "dead_col", "token_col")
     list_filter = ("type", "channel")
     list_select_related = ("channel",)
     search_fields = ("consumer_id", "name", "channel__channel_id", "callback_url")
     ordering = ("channel__channel_id", "consumer_id")
-    actions = ("requeue_dead", "delete_all_dead", "rotate_secret", "unpin")
+    actions = ("requeue_dead", "delete_all_dead", "rotate_secret", "unpin", "purge_queued", "pause", "resume")
     readonly_fields = ("token_col", "signing_secret_col", "previous_secret_col", "statistics", "recent_chart",
                        "priority_groups_col", "created_at", "updated_at")
     show_facets = admin.ShowFacets.NEVER
@@ -121,7 +128,7 @@ class ConsumerAdmin(ServiceFormAdmin):
     def get_fieldsets(self, request, obj=None):
         identity = ("channel", "consumer_id", "name", "type")
         delivery = ("callback_url", "max_in_flight", "max_deliveries_per_second", "connection_timeout",
-                    "max_retry", "retry_backoff")
+                    "max_retry", "retry_backoff", "max_ack_pending", "max_queued")
         if obj is None:
             return ((None, {"fields": (*identity, "new_token")}), ("Delivery", {"fields": delivery}))
         return (
@@ -242,7 +249,10 @@ class ConsumerAdmin(ServiceFormAdmin):
     def save_model(self, request, obj, form, change):
         data = form.cleaned_data
         fields = {name: data.get(name) for name in ("max_in_flight", "max_deliveries_per_second",
-                                                    "connection_timeout", "max_retry", "retry_backoff")}
+                                                    "connection_timeout", "max_retry", "retry_backoff",
+                                                    "max_ack_pending", "max_queued")}
+        if fields["max_ack_pending"] is None:
+            fields["max_ack_pending"] = 1000
         fields["retry_backoff"] = fields["retry_backoff"] or ""
         if change:
             loaded = data.get("loaded_at") or int(form.instance.updated_at.timestamp())
@@ -284,6 +294,36 @@ class ConsumerAdmin(ServiceFormAdmin):
             self.delete_model(request, obj)
 
     # actions
+
+    @admin.action(description="Pause the selected consumers (jobs accumulate, nothing is delivered)",
+                  permissions=["change"])
+    def pause(self, request, queryset):
+        self._set_paused(request, queryset, True)
+
+    @admin.action(description="Resume the selected consumers", permissions=["change"])
+    def resume(self, request, queryset):
+        self._set_paused(request, queryset, False)
+
+    def _set_paused(self, request, queryset, paused: bool):
+        names = []
+        for c in queryset:
+            services.consumer_pause(consumer=c, paused=paused)
+            names.append(f"{c.channel.channel_id}/{c.consumer_id}")
+        verb = "Paused" if paused else "Resumed"
+        logger.info("admin user %s: %s %s", request.user.get_username(), verb.lower(), ", ".join(names) or "-")
+        self.message_user(request, f"{verb} {len(names)} consumer{'s' if len(names) != 1 else ''}.", messages.SUCCESS)
+
+    @admin.action(description="Purge all QUEUED jobs of the selected consumers", permissions=["delete_dead"])
+    def purge_queued(self, request, queryset):
+        """Flow control: drop a runaway backlog (in batches, history rows with reason "purged")."""
+        from jobs.state import jobs_purge_queued
+
+        done = [(c, jobs_purge_queued(consumer_pk=c.pk)) for c in queryset]
+        total = sum(n for _, n in done)
+        detail = ", ".join(f"{n:,} of {c.channel.channel_id}/{c.consumer_id}" for c, n in done if n)
+        logger.info("admin user %s: purged %d queued jobs (%s)", request.user.get_username(), total, detail or "-")
+        self.message_user(request, f"Purged {total:,} queued job{'s' if total != 1 else ''}"
+                          f"{': ' + detail if detail else ''}.", messages.SUCCESS if total else messages.WARNING)
 
     @admin.action(description="Requeue all dead jobs of the selected consumers", permissions=["change"])
     def requeue_dead(self, request, queryset):

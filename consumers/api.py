@@ -49,6 +49,9 @@ def consumer_repr(consumer: Consumer, *, show_secret: bool) -> dict:
         "ConnectionTimeout": consumer.connection_timeout,
         "MaxRetry": consumer.max_retry,
         "RetryBackoff": consumer.retry_backoff,
+        "Paused": consumer.paused,
+        "MaxAckPending": consumer.max_ack_pending,
+        "MaxQueued": consumer.max_queued,
         "PriorityPolicy": consumer.priority_policy,
         "PriorityTimeout": consumer.priority_timeout,
         "PriorityGroups": groups.groups_state(target=groups.target_for(consumer)),
@@ -96,6 +99,16 @@ def consumer_settings_parse(request) -> dict:
     value = _positive_float(request, "connectionTimeout")
     if value is not None:
         fields["connection_timeout"] = value
+    value = _positive_int(request, "maxAckPending")
+    if value is not None:
+        fields["max_ack_pending"] = value
+    raw = form_value(request, "maxQueued")
+    if raw is not None and raw.strip().lower() in ("unlimited", "none", "0"):
+        fields["max_queued"] = None  # back to unlimited
+    else:
+        value = _positive_int(request, "maxQueued")
+        if value is not None:
+            fields["max_queued"] = value
     value = _positive_int(request, "maxRetry", allow_zero=True)
     if value is not None:
         fields["max_retry"] = value
@@ -155,12 +168,14 @@ class ConsumerView(APIView):
         if not admin:
             body.pop("Token", None)
         body.update(consumer_stats(consumer_pk=consumer.pk, sweep=consumer.is_pull))
+        body["Backlog"] = body["NumPending"]  # flow control: QUEUED jobs, against MaxQueued
         return with_last_modified(body, consumer)
 
     @extend_schema(
         summary="Create or update a consumer",
         description="Form fields (or JSON): token, name, callbackUrl, type (push|pull), maxInFlight, "
-                    "maxDeliveriesPerSecond, connectionTimeout, maxRetry, retryBackoff, signingSecret; pull consumers: "
+                    "maxDeliveriesPerSecond, connectionTimeout, maxRetry, retryBackoff, signingSecret, maxAckPending "
+                    "(default 1000), maxQueued (default unlimited; 0 or 'unlimited' clears it); pull consumers: "
                     "priorityPolicy (none|overflow|pinned_client|prioritized), priorityGroups (one group name), "
                     "priorityTimeout (seconds, pinned_client default 120; the only priority field that may "
                     "change later).",
@@ -195,3 +210,25 @@ class ConsumerView(APIView):
                                  precondition=Precondition(request.headers.get("If-Unmodified-Since")))
         return Response(status=204)
 
+
+
+class ConsumerPauseView(APIView):
+    paused = True
+
+    @extend_schema(summary="Pause a consumer (admin): jobs keep accumulating, nothing is pushed or pulled",
+                   parameters=[ADMIN_PARAM], request=None, responses={200: OBJ, 401: ERROR, 403: ERROR, 404: ERROR})
+    def post(self, request, channel_id: str, consumer_id: str):
+        require_admin(request)
+        channel = channel_or_404(channel_id)
+        consumer = consumer_or_404(channel, consumer_id)
+        services.consumer_pause(consumer=consumer, paused=self.paused)
+        return with_last_modified(consumer_repr(consumer, show_secret=False), consumer)
+
+
+class ConsumerResumeView(ConsumerPauseView):
+    paused = False
+
+    @extend_schema(summary="Resume a paused consumer (admin): delivery starts again at once",
+                   parameters=[ADMIN_PARAM], request=None, responses={200: OBJ, 401: ERROR, 403: ERROR, 404: ERROR})
+    def post(self, request, channel_id: str, consumer_id: str):
+        return super().post(request, channel_id, consumer_id)

@@ -36,6 +36,13 @@ class Consumer(models.Model):
     priority_groups = models.JSONField(default=list, blank=True)
     priority_timeout = models.FloatField(null=True, blank=True)
 
+    # Flow control: paused consumers get nothing (jobs keep accumulating); at most
+    # ``max_ack_pending`` jobs in flight (pull and push); publishing is refused (429 backlog_full)
+    # while ``max_queued`` jobs are QUEUED (null: unlimited).
+    paused = models.BooleanField(default=False, db_default=False)
+    max_ack_pending = models.PositiveIntegerField(default=1000, db_default=1000)
+    max_queued = models.PositiveBigIntegerField(null=True, blank=True)
+
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField()
 

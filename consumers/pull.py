@@ -596,3 +596,35 @@ def consumer_stats(*, consumer_pk: int, sweep: bool = False) -> dict:
         "NumDelivered": counts.get(DELIVERED, 0),
     }
 
+
+
+# --- flow control: purge ------------------------------------------------------------------------------
+
+def older_than_parse(raw: str | None) -> dict:
+    """``olderThan``: an RFC 3339 time, or an age in seconds. Returns the keyword arguments of
+    ``state.jobs_purge_queued`` (empty: no filter); anything else is a 400."""
+    if raw is None or raw.strip() == "":
+        return {}
+    raw = raw.strip()
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = None
+    if seconds is not None:
+        if not 0 <= seconds < 1e10 or seconds != seconds:
+            raise ApiError(400, "invalid_olderThan", "olderThan must be RFC 3339 or non-negative seconds")
+        return {"older_than_seconds": seconds}
+    from datetime import datetime
+
+    try:
+        value = datetime.fromisoformat(raw.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise ApiError(400, "invalid_olderThan", "olderThan must be RFC 3339 or non-negative seconds") from None
+    if value.tzinfo is None:
+        raise ApiError(400, "invalid_olderThan", "olderThan needs a time zone offset (RFC 3339)")
+    return {"older_than": value}
+
+
+def queued_jobs_purge(*, ctx: PullContext, older_than: str | None = None) -> int:
+    """Drop the consumer's QUEUED jobs in batches (``state.jobs_purge_queued``); returns the count."""
+    return state.jobs_purge_queued(consumer_pk=ctx.consumer_pk, **older_than_parse(older_than))

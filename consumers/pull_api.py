@@ -99,6 +99,19 @@ class QueuedJobsView(HotView):
         limit = pull.limit_parse(request.GET.get("limit"))
         return json_response({"Result": pull.queued_jobs_list(ctx=ctx, limit=limit)})
 
+    @extend_schema(
+        summary="Purge a consumer's QUEUED jobs (push or pull consumer)",
+        description="Admin token, or the channel and consumer tokens. Deletes the consumer's QUEUED jobs in "
+                    "batches (in-flight, delivered and dead jobs stay); olderThan (RFC 3339 time, or an age in "
+                    "seconds) limits it to jobs created before then. Every purged job gets a history row "
+                    '(reason "purged"). Answers {"deletedCount": n}.',
+        parameters=[*TOKENS, ADMIN_PARAM, OpenApiParameter("olderThan", OpenApiTypes.STR)],
+        responses={200: OBJ, **AUTH_ERRORS},
+    )
+    def delete(self, request, channel_id: str, consumer_id: str):
+        ctx = authenticate(request, channel_id, consumer_id, allow_admin=True, require_pull=False)
+        return json_response({"deletedCount": pull.queued_jobs_purge(ctx=ctx, older_than=request.GET.get("olderThan"))})
+
 
 class JobView(HotView):
     @extend_schema(

@@ -110,3 +110,24 @@ def consumer_rotate_secret(*, consumer: Consumer, grace_seconds: float = 24 * 36
             [grace_seconds, new, consumer.pk],
         )
     return new
+
+
+def consumer_pause(*, consumer: Consumer, paused: bool) -> Consumer:
+    """Flow control: pause (nothing pushed or handed to pulls; jobs keep accumulating) or resume.
+    Resuming NOTIFYs the consumer's waiters and the push dispatchers, so delivery starts at once."""
+    with connection.cursor() as cur:
+        cur.execute(
+            """
+            UPDATE consumers_consumer SET paused = %s,
+                   updated_at = GREATEST(now(), date_trunc('second', updated_at) + interval '1 second')
+             WHERE id = %s RETURNING updated_at
+            """,
+            [paused, consumer.pk],
+        )
+        row = cur.fetchone()
+        if not paused:
+            cur.execute("SELECT pg_notify('broker_jobs', %s)", [str(consumer.pk)])
+    consumer.paused = paused
+    if row:
+        consumer.updated_at = row[0]
+    return consumer

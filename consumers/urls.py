@@ -7,6 +7,9 @@ _C = "channel/<str:channel_id>/consumer/<str:consumer_id>"
 urlpatterns = [
     path("channel/<str:channel_id>/consumers", api.ConsumerListView.as_view()),
     path(_C, api.ConsumerView.as_view()),
+    # flow control
+    path(f"{_C}/pause", api.ConsumerPauseView.as_view()),
+    path(f"{_C}/resume", api.ConsumerResumeView.as_view()),
     # pull consumers: the spec's endpoints
     path(f"{_C}/queued-jobs", pull_api.QueuedJobsView.as_view()),
     path(f"{_C}/job/<str:job_id>", pull_api.JobView.as_view()),

@@ -198,12 +198,25 @@ def job_move(*, job_id: int, from_status: int, to_status: int, reason: str,
 
 # --- claims ----------------------------------------------------------------------------------------
 
+# Flow control in every pull claim: nothing while the consumer is paused, and never more than
+# maxAckPending jobs in flight, counted from the maintained counters (folded count + pending deltas;
+# no COUNT(*) over jobs). Concurrent claims of one consumer may each see the same room, so the cap
+# can be passed by at most the other pulls' batches in progress.
+_PULL_ROOM = """SELECT CASE WHEN k.paused THEN 0 ELSE GREATEST(0, LEAST(%(limit)s::bigint,
+            k.max_ack_pending - COALESCE((SELECT sum(x.n) FROM (
+                SELECT count AS n FROM broker_counter
+                 WHERE scope = 1 AND owner_id = k.id AND status = %(inflight)s
+                UNION ALL
+                SELECT delta FROM broker_counterdelta
+                 WHERE scope = 1 AND owner_id = k.id AND status = %(inflight)s) x), 0)))::bigint END
+          FROM consumers_consumer k WHERE k.id = %(consumer)s"""
+
 _CLAIM_SQL = """
 WITH c AS (
     SELECT id FROM jobs_job
      WHERE consumer_id = %(consumer)s AND status = %(queued)s AND next_attempt_at <= now()
      ORDER BY priority DESC, id
-     LIMIT %(limit)s
+     LIMIT ({ROOM})
        FOR UPDATE SKIP LOCKED
 ), u AS (
     UPDATE jobs_job j SET
@@ -222,6 +235,7 @@ SELECT u.id, u.priority, u.retry_count, u.incremental_timeout, u.deadline,
   FROM u JOIN broker_message m ON m.id = u.message_id
  ORDER BY u.priority DESC, u.id
 """
+_CLAIM_SQL = _CLAIM_SQL.replace("{ROOM}", _PULL_ROOM)
 
 
 def _headers(value) -> dict:
@@ -376,6 +390,48 @@ def jobs_delete_dead(*, consumer_pk: int, job_ids: Iterable[int] | None = None, 
             return total
 
 
+PURGED = 0  # to_status of the history row of a purged (deleted) QUEUED job: it has no status any more
+
+_PURGE_QUEUED_SQL = """
+WITH c AS (
+    SELECT id FROM jobs_job
+     WHERE consumer_id = %(consumer)s AND status = %(queued)s
+       AND (%(before)s::timestamptz IS NULL OR created_at < %(before)s::timestamptz)
+       AND (%(age)s::float8 IS NULL OR created_at < now() - %(age)s::float8 * interval '1 second')
+     ORDER BY id LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+), d AS (
+    DELETE FROM jobs_job j USING c WHERE j.id = c.id AND j.status = %(queued)s
+    RETURNING j.id, j.retry_count
+), h AS (
+    INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)
+    SELECT id, %(queued)s, %(purged)s, retry_count, 'purged', now() FROM d
+)
+SELECT count(*) FROM d
+"""
+
+
+def jobs_purge_queued(*, consumer_pk: int, older_than=None, older_than_seconds: float | None = None,
+                      batch: int = 5000, progress=None) -> int:
+    """Delete a consumer's QUEUED jobs (a runaway backlog), optionally only those created before
+    ``older_than`` (an aware datetime) or more than ``older_than_seconds`` ago (database time). Batches of ``batch`` rows, each its own statement and
+    transaction (SKIP LOCKED, so a claim in progress is never waited for), so millions of jobs never
+    hold one long lock. Every purged job gets a history row (QUEUED -> 0, reason ``purged``) in the
+    same statement. ``progress(batch_count, total)`` is called after each batch. Returns the total."""
+    total = 0
+    while True:
+        with connection.cursor() as cur:
+            cur.execute(_PURGE_QUEUED_SQL, {"consumer": consumer_pk, "queued": QUEUED, "purged": PURGED,
+                                            "before": older_than, "age": older_than_seconds,
+                                            "limit": int(batch)})
+            deleted = int(cur.fetchone()[0])
+        total += deleted
+        if progress is not None:
+            progress(deleted, total)
+        if deleted < batch:
+            return total
+
+
 _MARK_DEAD_SQL = """
 WITH c AS (
     SELECT id, status FROM jobs_job
@@ -452,7 +508,7 @@ WITH c AS (
     SELECT id, priority, message_id FROM jobs_job
      WHERE consumer_id = %(consumer)s AND status = %(queued)s AND next_attempt_at <= now()
      ORDER BY priority DESC, id
-     LIMIT %(limit)s
+     LIMIT ({ROOM})
        FOR UPDATE SKIP LOCKED
 ), s AS (
     SELECT c.id,
@@ -479,6 +535,7 @@ SELECT u.id, u.priority, u.retry_count, u.incremental_timeout, u.deadline,
   FROM u JOIN broker_message m ON m.id = u.message_id
  ORDER BY u.priority DESC, u.id
 """
+_CLAIM_BYTES_SQL = _CLAIM_BYTES_SQL.replace("{ROOM}", _PULL_ROOM)
 _CLAIM_SQL_TYPED = typed_sql(_CLAIM_SQL, {
     "consumer": "bigint", "queued": "smallint", "limit": "int", "inflight": "smallint", "timeout": "float8",
     "inc": "float8", "reason": "text"})
@@ -587,14 +644,15 @@ def _bound_cursor():
 _CLAIM_PUSH_SQL = """
 WITH k AS MATERIALIZED (
     SELECT c.id, c.updated_at,
-           c.max_in_flight - (SELECT count(*) FROM jobs_job i
-                               WHERE i.consumer_id = c.id AND i.status = {INFLIGHT}) AS room,
+           LEAST(c.max_in_flight, c.max_ack_pending)
+             - (SELECT count(*) FROM jobs_job i
+                 WHERE i.consumer_id = c.id AND i.status = {INFLIGHT}) AS room,
            c.max_deliveries_per_second AS rate,
            COALESCE(c.connection_timeout, %(conn_timeout)s) + 0.25 + %(rational)s AS ttl,
            GREATEST(extract(epoch FROM p.tat - now()), 0) AS lag
       FROM consumers_consumer c
       LEFT JOIN jobs_pushpace p ON p.consumer_id = c.id
-     WHERE c.type = 'push'
+     WHERE c.type = 'push' AND NOT c.paused  -- flow control: a paused consumer gets nothing
 ), r AS MATERIALIZED (
     -- room: maxInFlight minus what is in flight now (any process), capped by the GCRA pacing
     -- of maxDeliveriesPerSecond (bursts of rate/20, at least 1)

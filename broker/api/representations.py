@@ -23,7 +23,8 @@ def last_modified(value: datetime) -> str:
 
 
 def producer_repr(p) -> dict:
-    return {"ID": p.producer_id, "Name": p.name, "Token": p.token, "ChangedAt": changed_at(p.updated_at)}
+    return {"ID": p.producer_id, "Name": p.name, "Token": p.token, "ChangedAt": changed_at(p.updated_at),
+            "RateLimitPerSecond": p.rate_limit_per_second, "Burst": p.burst}
 
 
 def channel_repr(c) -> dict:

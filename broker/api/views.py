@@ -95,7 +95,9 @@ class ProducerView(APIView):
 
     @extend_schema(
         summary="Create or update a producer",
-        description="Form fields (or JSON): token, name. Update needs If-Unmodified-Since.",
+        description="Form fields (or JSON): token, name, rateLimitPerSecond (messages per second, empty or 0: "
+                    "no limit), burst (bucket size, default max(1, rateLimitPerSecond)). Update needs "
+                    "If-Unmodified-Since.",
         parameters=[ADMIN_PARAM, PRECONDITION], request=OpenApiTypes.OBJECT,
         responses={200: OBJ, 201: OBJ, 400: ERROR, 401: ERROR, 403: ERROR, 412: ERROR, 415: ERROR},
     )
@@ -104,8 +106,33 @@ class ProducerView(APIView):
         producer, created = producer_upsert(
             producer_id=producer_id, name=form_value(request, "name"), token=form_value(request, "token"),
             precondition=Precondition(request.headers.get("If-Unmodified-Since")),
+            rate=producer_rate_parse(request),
         )
         return with_last_modified(producer_repr(producer), producer, 201 if created else 200)
+
+
+def producer_rate_parse(request) -> dict:
+    """Flow control fields of the producer PUT: rateLimitPerSecond (0 clears it) and burst."""
+    fields: dict = {}
+    raw = form_value(request, "rateLimitPerSecond")
+    if raw is not None and raw.strip() != "":
+        try:
+            rate = float(raw)
+        except ValueError:
+            raise ApiError(400, "invalid_rateLimitPerSecond", "rateLimitPerSecond must be a number") from None
+        if not 0 <= rate < 1e9:
+            raise ApiError(400, "invalid_rateLimitPerSecond", "rateLimitPerSecond is out of range")
+        fields["rate_limit_per_second"] = rate or None
+    raw = form_value(request, "burst")
+    if raw is not None and raw.strip() != "":
+        try:
+            burst = int(raw)
+        except ValueError:
+            raise ApiError(400, "invalid_burst", "burst must be an integer") from None
+        if not 1 <= burst <= 2**31 - 1:
+            raise ApiError(400, "invalid_burst", "burst is out of range")
+        fields["burst"] = burst
+    return fields
 
 
 # --- channels -------------------------------------------------------------------------------------
@@ -420,10 +447,16 @@ class MessagesStatusView(APIView):
         from consumers.models import Consumer
         from jobs.models import JobStatus
 
-        consumers = list(Consumer.objects.filter(channel=channel).only("id", "consumer_id"))
+        consumers = list(Consumer.objects.filter(channel=channel).only("id", "consumer_id", "max_queued"))
         job_counts = counts_for(scope=JOB, owner_ids=[c.pk for c in consumers])
         body["consumers"] = {
             c.consumer_id: {s.name: job_counts.get(c.pk, {}).get(s.value, 0) for s in JobStatus}
+            for c in consumers
+        }
+        # flow control: each consumer's backlog (QUEUED jobs) and its cap (null: unlimited)
+        body["backlog"] = {
+            c.consumer_id: {"Backlog": job_counts.get(c.pk, {}).get(JobStatus.QUEUED.value, 0),
+                            "MaxQueued": c.max_queued}
             for c in consumers
         }
         return Response(body)

@@ -18,6 +18,7 @@ from broker.auth import tokens_equal
 from jobs import state
 
 DISPATCHED = 102
+BACKLOG_RETRY_AFTER = 1  # seconds: a full backlog drains at the consumer's pace
 
 
 @dataclass
@@ -28,6 +29,8 @@ class PublishContext:
     channel_id: str
     producer_pk: int
     producer_id: str
+    rate: float | None = None  # flow control: the producer's rateLimitPerSecond (None: no limit)
+    burst: int | None = None
 
 
 def message_id_generate() -> str:
@@ -35,8 +38,21 @@ def message_id_generate() -> str:
     return f"{int(time.time() * 1000):011x}{secrets.token_hex(5)}"
 
 
+# The last column is flow control's backlog cap, in the auth statement (no extra round trip): the
+# first consumer of the channel whose QUEUED count (maintained counters, never COUNT(*) over jobs)
+# has reached its maxQueued. Channels without caps pay one probe of the consumer index by channel.
 _AUTH_SQL = """
-SELECT c.id, c.token, p.id, p.token
+SELECT c.id, c.token, p.id, p.token,
+       (SELECT k.consumer_id FROM consumers_consumer k
+         WHERE k.channel_id = c.id AND k.max_queued IS NOT NULL
+           AND k.max_queued <= COALESCE((SELECT sum(x.n) FROM (
+                   SELECT count AS n FROM broker_counter
+                    WHERE scope = 1 AND owner_id = k.id AND status = 1001
+                   UNION ALL
+                   SELECT delta FROM broker_counterdelta
+                    WHERE scope = 1 AND owner_id = k.id AND status = 1001) x), 0)
+         ORDER BY k.consumer_id LIMIT 1),
+       p.rate_limit_per_second, p.burst
   FROM broker_channel c LEFT JOIN broker_producer p ON p.producer_id = %(producer)s::text
  WHERE c.channel_id = %(channel)s::text
 """
@@ -55,7 +71,47 @@ def publish_authenticate(*, channel_id: str, channel_token: str | None, producer
         raise ApiError(401, "producer_not_found", "producer could not be found")
     if not tokens_equal(producer_token, row[3]):
         raise ApiError(403, "producer_token_mismatch", "producer token does not match")
-    return PublishContext(channel_pk=row[0], channel_id=channel_id, producer_pk=row[2], producer_id=producer_id)
+    if row[4] is not None:
+        # Checked before the write, so concurrent publishes can pass the cap by at most their own jobs.
+        raise ApiError(429, "backlog_full", f"consumer {row[4]} has reached its maxQueued backlog cap",
+                       headers={"Retry-After": str(BACKLOG_RETRY_AFTER)})
+    return PublishContext(channel_pk=row[0], channel_id=channel_id, producer_pk=row[2], producer_id=producer_id,
+                          rate=row[5], burst=row[6])
+
+
+# Flow control: the producer's token bucket, in its row, taken in ONE conditional UPDATE so the limit
+# holds across every web process: the row lock serializes concurrent publishes and PostgreSQL
+# re-checks the WHERE on the newest row version, so two processes never spend the same tokens.
+# Elapsed time comes from the database clock. No row returned: not enough tokens.
+_RATE_TAKE_SQL = """
+UPDATE broker_producer SET
+    rate_tokens = LEAST(%(burst)s::float8,
+                        COALESCE(rate_tokens + extract(epoch FROM now() - rate_at) * %(rate)s::float8,
+                                 %(burst)s::float8)) - %(n)s::float8,
+    rate_at = now()
+ WHERE id = %(producer)s::bigint
+   AND LEAST(%(burst)s::float8,
+             COALESCE(rate_tokens + extract(epoch FROM now() - rate_at) * %(rate)s::float8,
+                      %(burst)s::float8)) >= %(n)s::float8
+RETURNING rate_tokens
+"""
+
+
+def producer_rate_take(*, ctx: PublishContext, n: int) -> None:
+    """Spend ``n`` tokens of the producer's bucket or answer 429 ``rate_limited`` with Retry-After
+    (seconds until ``n`` tokens could be there). Only called for producers with a limit: others
+    pay nothing."""
+    import math
+
+    rate = float(ctx.rate)
+    burst = float(ctx.burst or max(1, math.ceil(rate)))
+    rows = state.prepared_fetchall(_RATE_TAKE_SQL, {"producer": ctx.producer_pk, "rate": rate,
+                                                    "burst": burst, "n": n})
+    if not rows:
+        wait = max(1, math.ceil(min(n, burst) / rate))
+        raise ApiError(429, "rate_limited",
+                       f"producer {ctx.producer_id} is over its rate limit ({rate:g}/s, burst {burst:g})",
+                       headers={"Retry-After": str(wait)})
 
 
 @dataclass
@@ -102,6 +158,8 @@ def messages_publish(*, ctx: PublishContext, messages: list[NewMessage]) -> list
     """
     from psycopg.types.json import Jsonb
 
+    if ctx.rate:
+        producer_rate_take(ctx=ctx, n=len(messages))
     ids = [m.message_id or message_id_generate() for m in messages]
     # Prepared statements: planning these multi-CTE statements costs more than running them.
     if len(messages) == 1:

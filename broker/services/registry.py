@@ -91,9 +91,15 @@ def channel_upsert(*, channel_id: str, name: str | None, token: str | None, prec
                       token=token, precondition=precondition)
 
 
-def producer_upsert(*, producer_id: str, name: str | None, token: str | None, precondition: Precondition):
+def producer_upsert(*, producer_id: str, name: str | None, token: str | None, precondition: Precondition,
+                    rate: dict | None = None):
+    """``rate``: validated flow-control fields (rate_limit_per_second, burst); a changed limit
+    refills the bucket (its state is reset)."""
     from broker.models import Producer
 
+    fields = {"name": name} if name else {}
+    if rate:
+        fields.update(rate, rate_tokens=None, rate_at=None)
     return row_upsert(model=Producer, key_field="producer_id", key=producer_id,
-                      fields={"name": name} if name else {}, create_defaults={"name": producer_id},
+                      fields=fields, create_defaults={"name": producer_id},
                       token=token, precondition=precondition)

@@ -5,8 +5,9 @@
     [initial-consumers]       consumerId=callbackURL   (empty for a pull consumer)
     [initial-channel-tokens]  id=token
     [initial-producer-tokens] id=token
+    [initial-producer-rate-limits] id=rateLimitPerSecond[,burst]   (flow control)
     [<consumerId>]            token=, channel=, type=push|pull (empty = push), name=,
-                              maxInFlight=, maxDeliveriesPerSecond=
+                              maxInFlight=, maxDeliveriesPerSecond=, maxAckPending=, maxQueued=
 
 A consumer with an invalid type, an unknown channel or a bad callback URL is skipped with a
 logged error (as the pull-consumer spec says); the rest of the file still applies.
@@ -72,6 +73,19 @@ def seed_parse(text: str) -> SeedPlan:
             plan.errors.append(f"producer {pid}: no token in [initial-producer-tokens], skipped")
             continue
         plan.producers[pid] = {"name": name.strip() or pid, "token": token}
+        limit = _section(ini, "initial-producer-rate-limits").get(pid, "").strip()
+        if limit:
+            try:
+                parts = [x.strip() for x in limit.split(",")]
+                rate = float(parts[0])
+                burst = int(parts[1]) if len(parts) > 1 and parts[1] else None
+                if not 0 < rate < 1e9 or (burst is not None and burst < 1):
+                    raise ValueError
+            except ValueError:
+                plan.errors.append(f"producer {pid}: rate limit {limit!r} is not rate[,burst], ignored")
+            else:
+                plan.producers[pid]["rate_limit_per_second"] = rate
+                plan.producers[pid]["burst"] = burst
     for cid, url in _section(ini, "initial-consumers").items():
         options = _section(ini, cid)
         url = url.strip()
@@ -98,8 +112,12 @@ def seed_parse(text: str) -> SeedPlan:
                 consumer["max_in_flight"] = max(1, int(options["maxInFlight"]))
             if options.get("maxDeliveriesPerSecond", "").strip():
                 consumer["max_deliveries_per_second"] = float(options["maxDeliveriesPerSecond"])
+            if options.get("maxAckPending", "").strip():
+                consumer["max_ack_pending"] = max(1, int(options["maxAckPending"]))
+            if options.get("maxQueued", "").strip():
+                consumer["max_queued"] = max(1, int(options["maxQueued"]))
         except ValueError:
-            plan.errors.append(f"consumer {cid}: maxInFlight/maxDeliveriesPerSecond must be numbers, skipped")
+            plan.errors.append(f"consumer {cid}: maxInFlight/maxDeliveriesPerSecond/maxAckPending/maxQueued must be numbers, skipped")
             continue
         if not consumer["token"]:
             plan.errors.append(f"consumer {cid}: no token, skipped")
