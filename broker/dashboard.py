@@ -46,7 +46,7 @@ OVERDUE_CAP = 1000
 @dataclass
 class Alert:
     level: str  # "error" | "warning"
-    kind: str  # "dead", "backlog", "stalled", "failing", "overdue", later "paused", "pin-churn"
+    kind: str  # "dead", "backlog", "stalled", "failing", "overdue", "paused", "backlog-full", "pin-churn"
     text: str
     consumer_pk: int | None = None
 
@@ -98,6 +98,7 @@ class ConsumerStats:
     dead: int = 0
     redelivered: int = 0
     oldest_queued_age: float | None = None  # seconds
+    pin_changes: int = 0  # priority-group pins taken in the last hour
     series: Series = field(default_factory=Series)
     alerts: list[Alert] = field(default_factory=list)
 
@@ -228,9 +229,14 @@ def backlog_cap_reached(s: ConsumerStats):
         yield Alert("error", "backlog-full", f"backlog cap reached ({s.queued:,} of {cap:,} queued)")
 
 
-# Pending features add their rules here:
-# - priority groups: "pin changing often" when a group's pin id changed more than a few times
-#   in the window (from the group state's change history).
+PIN_CHURN = 4  # pins taken in the last hour before "pin changing often" is raised
+
+
+@alert_rule
+def pin_churn(s: ConsumerStats):
+    """Priority groups: a pinned client that keeps losing its pin (timeouts, flapping clients)."""
+    if s.pin_changes >= PIN_CHURN:
+        yield Alert("warning", "pin-churn", f"pin changing often ({s.pin_changes} pins in the last hour)")
 
 
 # --- queries -----------------------------------------------------------------------------------------
@@ -279,6 +285,24 @@ def minute_series(*, consumer_pks: list[int]) -> dict[int, Series]:
     return result
 
 
+_PINS_SQL = """
+SELECT consumer_pk, count(*) FROM consumers_advisory
+ WHERE consumer_pk = ANY(%(ids)s::bigint[]) AND type = 'consumer_group_pinned'
+   AND created_at > now() - interval '1 hour'
+ GROUP BY consumer_pk
+"""
+
+
+def pin_changes(*, consumer_pks: list[int]) -> dict[int, int]:
+    """{consumer pk: pins taken in the last hour}, from the advisories (bounded by the
+    ``advisory_consumer`` index and the hour)."""
+    if not consumer_pks:
+        return {}
+    with connection.cursor() as cur:
+        cur.execute(_PINS_SQL, {"ids": consumer_pks})
+        return {pk: int(n) for pk, n in cur.fetchall()}
+
+
 def oldest_queued_ages(*, consumer_pks: list[int]) -> dict[int, float | None]:
     """Seconds since the oldest QUEUED job of each consumer was created (None: nothing queued).
     One backward probe of ``job_consumer_status`` per consumer: the lowest id is the oldest job."""
@@ -320,6 +344,7 @@ def dashboard_snapshot(*, channel_pks: list[int] | None = None) -> Dashboard:
     job_counts = counts_for(scope=JOB, owner_ids=pks)
     series = minute_series(consumer_pks=pks)
     oldest = oldest_queued_ages(consumer_pks=pks)
+    pins = pin_changes(consumer_pks=pks)
     message_counts = counts_for(scope=MESSAGE, owner_ids=list(channels))
     scheduled_counts = counts_for(scope=SCHEDULED_SCOPE, owner_ids=list(channels))
 
@@ -330,7 +355,7 @@ def dashboard_snapshot(*, channel_pks: list[int] | None = None) -> Dashboard:
             consumer=consumer, queued=counts.get(QUEUED, 0), inflight=counts.get(INFLIGHT, 0),
             delivered=counts.get(DELIVERED, 0), dead=counts.get(DEAD, 0),
             redelivered=counts.get(REDELIVERED, 0), oldest_queued_age=oldest.get(consumer.pk),
-            series=series.get(consumer.pk) or Series(),
+            pin_changes=pins.get(consumer.pk, 0), series=series.get(consumer.pk) or Series(),
         )
         for rule in ALERT_RULES:
             for alert in rule(stats):

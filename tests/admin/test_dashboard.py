@@ -196,3 +196,17 @@ def test_channel_filter_for_the_snapshot(broker, make):
     dash = dashboard_snapshot(channel_pks=[])
     assert dash.channels == []
     assert [ch.channel.channel_id for ch in dashboard_snapshot().channels] == ["ch1", "other"]
+
+
+def test_alert_pin_changing_often(broker):
+    from consumers.advisories import advisory_record
+    from consumers.models import Consumer
+
+    c2 = Consumer.objects.select_related("channel").get(consumer_id="c2")
+    ids = {"channel": c2.channel.channel_id, "consumer": c2.consumer_id, "consumer_pk": c2.pk}
+    for i in range(3):
+        advisory_record(type="consumer_group_pinned", group="A", data={"pinned_id": f"pin{i}"}, **ids)
+    assert "pin-churn" not in [a.kind for a in consumer_stats(dashboard_snapshot(), "c2").alerts]
+    advisory_record(type="consumer_group_pinned", group="A", data={"pinned_id": "pin3"}, **ids)
+    alerts = {a.kind: a for a in consumer_stats(dashboard_snapshot(), "c2").alerts}
+    assert "4 pins in the last hour" in alerts["pin-churn"].text
