@@ -118,8 +118,31 @@ class AgeFilter(admin.SimpleListFilter):
         return queryset.filter(**{f"created_at__{op}": boundary})
 
 
-# Pending features add their filters to JobAdmin.list_filter: priority group (pull priority
-# groups issue) and partition (partitions issue).
+class PriorityGroupFilter(admin.SimpleListFilter):
+    """Jobs of the pull consumers that serve a priority group (from the small consumer table,
+    so the job query stays a ``consumer_id IN (...)`` on an index)."""
+
+    title = "priority group"
+    parameter_name = "group"
+
+    def lookups(self, request, model_admin):
+        from consumers.models import Consumer
+
+        names = set()
+        for groups in Consumer.objects.exclude(priority_groups=[]).values_list("priority_groups", flat=True):
+            names.update(groups or [])
+        return [(name, name) for name in sorted(names)]
+
+    def queryset(self, request, queryset):
+        if not self.value():
+            return queryset
+        from consumers.models import Consumer
+
+        pks = Consumer.objects.filter(priority_groups__contains=[self.value()]).values_list("pk", flat=True)
+        return queryset.filter(consumer_id__in=list(pks))
+
+
+# The partitions issue adds its filter to JobAdmin.list_filter.
 
 
 # --- jobs -----------------------------------------------------------------------------------------------
@@ -129,7 +152,7 @@ class JobAdmin(LargeTableAdmin):
     list_display = ("id", "status_col", "channel_col", "consumer_col", "message_col", "priority",
                     "retry_count", "age_col", "timing_col")
     list_display_links = ("id",)
-    list_filter = ("status", ChannelFilter, ConsumerFilter, AttemptsFilter, AgeFilter)
+    list_filter = ("status", ChannelFilter, ConsumerFilter, PriorityGroupFilter, AttemptsFilter, AgeFilter)
     list_select_related = False  # done in get_queryset, with the payload deferred
     search_fields = ("=message__message_id",)  # see get_search_results
     search_help_text = "A job id, or a message id (exact)."

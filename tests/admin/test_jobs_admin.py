@@ -55,6 +55,19 @@ def test_list_filters(admin_client, broker, make):
     assert listed(admin_client.get(URL, {"age": "gt24h", "status__exact": DEAD})) == [dead_ids()[0]]
 
 
+def test_priority_group_filter(admin_client, api, broker):
+    """A pull consumer serving priority group A: the filter lists the group and shows only its jobs."""
+    created = api.put("/channel/ch1/consumer/g1", {"token": "g", "type": "pull", "priorityPolicy": "overflow",
+                                                  "priorityGroups": "A"})
+    assert created.status_code == 201, created.content
+    assert broker.publish(HTTP_X_BROKER_MESSAGE_ID="for-group").status_code == 201
+    assert "?group=A" in admin_client.get(URL).content.decode()
+    jobs = listed(admin_client.get(URL, {"group": "A"}))
+    assert len(jobs) == 1
+    assert set(Job.objects.filter(pk__in=jobs).values_list("consumer_id", flat=True)) == {consumer_pk("g1")}
+    assert listed(admin_client.get(URL, {"group": "B"})) == []
+
+
 def test_filter_values_that_are_not_numbers_show_nothing(admin_client, broker):
     for params in ({"consumer": "x"}, {"channel": "x"}, {"attempts": "x"}, {"age": "x"}):
         r = admin_client.get(URL, params)
