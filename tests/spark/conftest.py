@@ -16,7 +16,7 @@ def _missing(why: str):
     """Skip on a workstation without Spark's prerequisites; fail in CI, where they must exist."""
     if os.environ.get("CI"):
         pytest.fail(f"Spark tests cannot run: {why}")
-    pytest.skip(why)
+    pytest.skip(reason=why)
 
 
 @pytest.fixture(scope="session")

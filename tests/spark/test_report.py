@@ -189,7 +189,7 @@ def test_partition_completion_times_when_the_table_exists(spark):
     from pipeline.report import report_partitions_figures, report_partitions_build
 
     if "jobs_partition" in connection.introspection.table_names():
-        pytest.skip("a real jobs_partition model exists now")
+        pytest.skip(reason="a real jobs_partition model exists now")
     with connection.cursor() as cur:
         cur.execute("CREATE TABLE jobs_partition (id bigserial PRIMARY KEY, status smallint, "
                     "created_at timestamptz NOT NULL, completed_at timestamptz)")
