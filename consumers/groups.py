@@ -288,7 +288,7 @@ class Dispatch:
             jobs = state.jobs_claim_within_bytes(consumer_pk=self.target.consumer_pk, limit=n, max_bytes=w.max_bytes,
                                                  incremental_timeout=w.incremental_timeout, reason="pull-group")
         else:
-            jobs = state.jobs_claim_prepared(consumer_pk=self.target.consumer_pk, limit=n,
+            jobs = state.jobs_claim(consumer_pk=self.target.consumer_pk, limit=n,
                                              incremental_timeout=w.incremental_timeout, reason="pull-group")
         if not jobs:
             return 0
@@ -418,10 +418,7 @@ def _jobs(cur, ids) -> list[state.ClaimedJob]:
     if not ids:
         return []
     cur.execute(_JOBS_SQL, [list(ids), INFLIGHT])
-    return [state.ClaimedJob(id=r[0], priority=r[1], retry_count=r[2], incremental_timeout=r[3], deadline=r[4],
-                             message_id=r[5], payload=bytes(r[6]), content_type=r[7],
-                             headers=state._headers(r[8]))
-            for r in cur.fetchall()]
+    return state.claimed_jobs(cur.fetchall())
 
 
 def _finish(cur, waiter_id: int) -> GroupPull:

@@ -403,7 +403,7 @@ def _claim(ctx: PullContext, req: PullRequest) -> list[state.ClaimedJob]:
     if req.max_bytes is not None:
         return state.jobs_claim_within_bytes(consumer_pk=ctx.consumer_pk, limit=req.batch, max_bytes=req.max_bytes,
                                              incremental_timeout=req.incremental_timeout, reason="pull")
-    return state.jobs_claim_prepared(consumer_pk=ctx.consumer_pk, limit=req.batch,
+    return state.jobs_claim(consumer_pk=ctx.consumer_pk, limit=req.batch,
                                      incremental_timeout=req.incremental_timeout, reason="pull")
 
 

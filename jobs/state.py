@@ -211,20 +211,17 @@ _PULL_ROOM = """SELECT CASE WHEN k.paused THEN 0 ELSE GREATEST(0, LEAST(%(limit)
                  WHERE scope = 1 AND owner_id = k.id AND status = %(inflight)s) x), 0)))::bigint END
           FROM consumers_consumer k WHERE k.id = %(consumer)s"""
 
-_CLAIM_SQL = """
-WITH c AS (
-    SELECT id FROM jobs_job
-     WHERE consumer_id = %(consumer)s AND status = %(queued)s AND next_attempt_at <= now()
-     ORDER BY priority DESC, id
-     LIMIT ({ROOM})
-       FOR UPDATE SKIP LOCKED
-), u AS (
+# The common end of every pull claim: move the rows of CTE ``picked`` (ids, already locked with
+# SKIP LOCKED) QUEUED -> INFLIGHT with their deadline, append the history, and return each job with
+# its message. The claims differ only in how they pick.
+_CLAIM_TAIL = """
+u AS (
     UPDATE jobs_job j SET
         status = %(inflight)s,
         status_changed_at = now(),
         deadline = now() + (%(timeout)s + COALESCE(%(inc)s, j.incremental_timeout)) * interval '1 second',
         incremental_timeout = COALESCE(%(inc)s, j.incremental_timeout)
-      FROM c WHERE j.id = c.id AND j.status = %(queued)s
+      FROM picked WHERE j.id = picked.id AND j.status = %(queued)s
     RETURNING j.id, j.message_id, j.priority, j.retry_count, j.incremental_timeout, j.deadline
 ), h AS (
     INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)
@@ -235,7 +232,15 @@ SELECT u.id, u.priority, u.retry_count, u.incremental_timeout, u.deadline,
   FROM u JOIN broker_message m ON m.id = u.message_id
  ORDER BY u.priority DESC, u.id
 """
-_CLAIM_SQL = _CLAIM_SQL.replace("{ROOM}", _PULL_ROOM)
+
+_CLAIM_SQL = """
+WITH picked AS (
+    SELECT id FROM jobs_job
+     WHERE consumer_id = %(consumer)s AND status = %(queued)s AND next_attempt_at <= now()
+     ORDER BY priority DESC, id
+     LIMIT ({ROOM})
+       FOR UPDATE SKIP LOCKED
+), """.replace("{ROOM}", _PULL_ROOM) + _CLAIM_TAIL
 
 
 def _headers(value) -> dict:
@@ -258,33 +263,33 @@ class ClaimedJob:
     headers: dict
 
 
-def jobs_claim(*, consumer_pk: int, limit: int, incremental_timeout: float | None = None,
-               connection_timeout: float | None = None, reason: str = "claim") -> list[ClaimedJob]:
-    """Claim up to ``limit`` due QUEUED jobs of one consumer (priority, then oldest first).
-
-    One statement: ``SELECT ... FOR UPDATE SKIP LOCKED`` picks the rows, the UPDATE moves them
-    to INFLIGHT with a deadline of stopTimeout + rationalDelay + IncrementalTimeout (an omitted
-    IncrementalTimeout keeps the job's stored one), and the history rows are appended.
-    """
-    if limit <= 0:
-        return []
-    params = {
-        "consumer": consumer_pk,
-        "limit": int(limit),
-        "queued": QUEUED,
-        "inflight": INFLIGHT,
-        "timeout": inflight_timeout(0, connection_timeout),
-        "inc": incremental_timeout,
-        "reason": reason,
-    }
-    with connection.cursor() as cur:
-        cur.execute(_CLAIM_SQL, params)
-        rows = cur.fetchall()
+def claimed_jobs(rows) -> list[ClaimedJob]:
+    """Rows shaped like ``_CLAIM_TAIL``'s result (id, priority, retry_count, incremental_timeout,
+    deadline, message_id, payload, content_type, headers) as ClaimedJob objects."""
     return [
         ClaimedJob(id=r[0], priority=r[1], retry_count=r[2], incremental_timeout=r[3], deadline=r[4],
                    message_id=r[5], payload=bytes(r[6]), content_type=r[7], headers=_headers(r[8]))
         for r in rows
     ]
+
+
+def jobs_claim(*, consumer_pk: int, limit: int, incremental_timeout: float | None = None,
+               connection_timeout: float | None = None, reason: str = "claim") -> list[ClaimedJob]:
+    """Claim up to ``limit`` due QUEUED jobs of one consumer (priority, then oldest first), within
+    the consumer's room (not paused, ``maxAckPending``).
+
+    One prepared statement (pulls claim in many small statements, where planning would cost more
+    than the claim): ``SELECT ... FOR UPDATE SKIP LOCKED`` picks the rows, the UPDATE moves them
+    to INFLIGHT with a deadline of stopTimeout + rationalDelay + IncrementalTimeout (an omitted
+    IncrementalTimeout keeps the job's stored one), and the history rows are appended.
+    """
+    if limit <= 0:
+        return []
+    rows = prepared_fetchall(_CLAIM_SQL_TYPED, {
+        "consumer": consumer_pk, "limit": int(limit), "queued": QUEUED, "inflight": INFLIGHT,
+        "timeout": inflight_timeout(0, connection_timeout), "inc": incremental_timeout, "reason": reason,
+    })
+    return claimed_jobs(rows)
 
 
 # --- sweeps and operator actions ------------------------------------------------------------------
@@ -516,46 +521,12 @@ WITH c AS (
            sum(octet_length(m.payload)) OVER w AS running
       FROM c JOIN broker_message m ON m.id = c.message_id
     WINDOW w AS (ORDER BY c.priority DESC, c.id)
-), k AS (
+), picked AS (
     SELECT id FROM s WHERE n = 1 OR running <= %(max_bytes)s
-), u AS (
-    UPDATE jobs_job j SET
-        status = %(inflight)s,
-        status_changed_at = now(),
-        deadline = now() + (%(timeout)s + COALESCE(%(inc)s, j.incremental_timeout)) * interval '1 second',
-        incremental_timeout = COALESCE(%(inc)s, j.incremental_timeout)
-      FROM k WHERE j.id = k.id AND j.status = %(queued)s
-    RETURNING j.id, j.message_id, j.priority, j.retry_count, j.incremental_timeout, j.deadline
-), h AS (
-    INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)
-    SELECT id, %(queued)s, %(inflight)s, retry_count, %(reason)s, now() FROM u
-)
-SELECT u.id, u.priority, u.retry_count, u.incremental_timeout, u.deadline,
-       m.message_id, m.payload, m.content_type, m.headers
-  FROM u JOIN broker_message m ON m.id = u.message_id
- ORDER BY u.priority DESC, u.id
-"""
-_CLAIM_BYTES_SQL = _CLAIM_BYTES_SQL.replace("{ROOM}", _PULL_ROOM)
+), """.replace("{ROOM}", _PULL_ROOM) + _CLAIM_TAIL
 _CLAIM_SQL_TYPED = typed_sql(_CLAIM_SQL, {
     "consumer": "bigint", "queued": "smallint", "limit": "int", "inflight": "smallint", "timeout": "float8",
     "inc": "float8", "reason": "text"})
-
-
-def jobs_claim_prepared(*, consumer_pk: int, limit: int, incremental_timeout: float | None = None,
-                        connection_timeout: float | None = None, reason: str = "claim") -> list[ClaimedJob]:
-    """``jobs_claim`` (same statement) as a prepared statement: the pull endpoint claims in many
-    small statements (batch 1 by default), where planning would cost more than the claim."""
-    if limit <= 0:
-        return []
-    rows = prepared_fetchall(_CLAIM_SQL_TYPED, {
-        "consumer": consumer_pk, "limit": int(limit), "queued": QUEUED, "inflight": INFLIGHT,
-        "timeout": inflight_timeout(0, connection_timeout), "inc": incremental_timeout, "reason": reason,
-    })
-    return [
-        ClaimedJob(id=r[0], priority=r[1], retry_count=r[2], incremental_timeout=r[3], deadline=r[4],
-                   message_id=r[5], payload=bytes(r[6]), content_type=r[7], headers=_headers(r[8]))
-        for r in rows
-    ]
 
 
 _CLAIM_BYTES_SQL = typed_sql(_CLAIM_BYTES_SQL, {
@@ -578,11 +549,7 @@ def jobs_claim_within_bytes(*, consumer_pk: int, limit: int, max_bytes: int,
         "timeout": inflight_timeout(0, connection_timeout), "inc": incremental_timeout, "reason": reason,
     }
     rows = prepared_fetchall(_CLAIM_BYTES_SQL, params)
-    return [
-        ClaimedJob(id=r[0], priority=r[1], retry_count=r[2], incremental_timeout=r[3], deadline=r[4],
-                   message_id=r[5], payload=bytes(r[6]), content_type=r[7], headers=_headers(r[8]))
-        for r in rows
-    ]
+    return claimed_jobs(rows)
 
 
 _EXTEND_SQL = """
