@@ -215,6 +215,7 @@ class PayloadSizeMixin:
 
 @admin.register(Message)
 class MessageAdmin(PayloadSizeMixin, LargeTableAdmin):
+    channel_counter_scope = MESSAGE
     list_display = ("id", "message_col", "channel_col", "producer_col", "status", "priority", "size_col", "received_at")
     list_display_links = ("id",)
     list_filter = (ChannelFilter, "status")
@@ -227,15 +228,6 @@ class MessageAdmin(PayloadSizeMixin, LargeTableAdmin):
     def get_queryset(self, request):
         return (super().get_queryset(request).select_related("channel", "producer")
                 .defer("payload").annotate(size=RawSQL("octet_length(broker_message.payload)", ())))
-
-    def exact_count(self, request) -> int | None:
-        params = {k: v for k, v in request.GET.items() if k not in {"p", "o", "all", "e", "_changelist_filters"}}
-        if set(params) - {"channel", "status__exact"} or any(not v.isdigit() for v in params.values()):
-            return None
-        owners = [int(params["channel"])] if "channel" in params else None
-        counts = counts_for(scope=MESSAGE, owner_ids=owners)
-        status = int(params["status__exact"]) if "status__exact" in params else None
-        return sum(n for per in counts.values() for s, n in per.items() if status is None or s == status)
 
     def has_add_permission(self, request):
         return False
@@ -282,6 +274,7 @@ class MessageAdmin(PayloadSizeMixin, LargeTableAdmin):
 
 @admin.register(ScheduledMessage)
 class ScheduledMessageAdmin(PayloadSizeMixin, LargeTableAdmin):
+    channel_counter_scope = SCHEDULED_SCOPE
     list_display = ("id", "message_id", "channel_col", "producer_col", "status", "dispatch_at", "size_col",
                     "dispatched_at", "error")
     list_display_links = ("id",)
@@ -297,15 +290,6 @@ class ScheduledMessageAdmin(PayloadSizeMixin, LargeTableAdmin):
     def get_queryset(self, request):
         return (super().get_queryset(request).select_related("channel", "producer")
                 .defer("payload").annotate(size=RawSQL("octet_length(broker_scheduledmessage.payload)", ())))
-
-    def exact_count(self, request) -> int | None:
-        params = {k: v for k, v in request.GET.items() if k not in {"p", "o", "all", "e", "_changelist_filters"}}
-        if set(params) - {"channel", "status__exact"} or any(not v.isdigit() for v in params.values()):
-            return None
-        owners = [int(params["channel"])] if "channel" in params else None
-        counts = counts_for(scope=SCHEDULED_SCOPE, owner_ids=owners)
-        status = int(params["status__exact"]) if "status__exact" in params else None
-        return sum(n for per in counts.values() for s, n in per.items() if status is None or s == status)
 
     def has_add_permission(self, request):
         return False

@@ -88,10 +88,24 @@ class LargeTableAdmin(admin.ModelAdmin):
     sortable_by = ("id",)
     ordering = ("-id",)
     count_cap = 10_000
+    # For tables counted per channel by the maintained counters (messages, scheduled messages):
+    # the counters' scope, so a list filtered only by channel and status gets its exact count.
+    channel_counter_scope: int | None = None
+    IGNORED_COUNT_PARAMS = {"p", "o", "all", "e", "_changelist_filters", "_to_field", "_popup"}
 
     def exact_count(self, request) -> int | None:
         """An exact count for the request's filters from maintained data, or None."""
-        return None
+        if self.channel_counter_scope is None:
+            return None
+        from broker.counters import counts_for
+
+        params = {k: v for k, v in request.GET.items() if k not in self.IGNORED_COUNT_PARAMS}
+        if set(params) - {"channel", "status__exact"} or any(not v.isdigit() for v in params.values()):
+            return None
+        owners = [int(params["channel"])] if "channel" in params else None
+        counts = counts_for(scope=self.channel_counter_scope, owner_ids=owners)
+        status = int(params["status__exact"]) if "status__exact" in params else None
+        return sum(n for per in counts.values() for s, n in per.items() if status is None or s == status)
 
     def get_paginator(self, request, queryset, per_page, orphans=0, allow_empty_first_page=True):
         return CappedCountPaginator(queryset, per_page, orphans, allow_empty_first_page, cap=self.count_cap,

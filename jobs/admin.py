@@ -172,7 +172,6 @@ class JobAdmin(LargeTableAdmin):
 
     # Counts that the maintained counters answer exactly; anything else is a capped count.
     COUNTER_PARAMS = {"status__exact", "channel", "consumer"}
-    IGNORED_PARAMS = {"p", "o", "all", "e", "_changelist_filters", "_to_field", "_popup"}
 
     def get_queryset(self, request):
         return (super().get_queryset(request)
@@ -199,7 +198,7 @@ class JobAdmin(LargeTableAdmin):
         return queryset.filter(by_message), False
 
     def exact_count(self, request) -> int | None:
-        params = {k: v for k, v in request.GET.items() if k not in self.IGNORED_PARAMS}
+        params = {k: v for k, v in request.GET.items() if k not in self.IGNORED_COUNT_PARAMS}
         if set(params) - self.COUNTER_PARAMS or any(not v.isdigit() for v in params.values()):
             return None
         from consumers.models import Consumer
