@@ -42,6 +42,10 @@ class Consumer(models.Model):
     paused = models.BooleanField(default=False, db_default=False)
     max_ack_pending = models.PositiveIntegerField(default=1000, db_default=1000)
     max_queued = models.PositiveBigIntegerField(null=True, blank=True)
+    # Doorbell (pull consumers with a callback URL): at most one ring per ``notify_interval`` seconds.
+    notify_interval = models.FloatField(default=1.0, db_default=1.0)
+    # Partitions: with ``ordered``, at most one job of a partition in flight at a time, in publish order.
+    ordered = models.BooleanField(default=False, db_default=False)
 
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField()
