@@ -203,6 +203,7 @@ WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
 
 SESSION_COOKIE_HTTPONLY = True
+SESSION_ENGINE = "broker.sessions"  # malformed session cookies are ignored, not a 500
 SESSION_COOKIE_SECURE = not DEBUG and not TESTING and env_bool("BROKER_SECURE_COOKIES", True)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 X_FRAME_OPTIONS = "DENY"
@@ -234,6 +235,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                             "broker.api.errors.schema_common_responses"],  # 503 (and HMAC 401/403) everywhere
 }
 
 # --- broker settings ---------------------------------------------------------------------------

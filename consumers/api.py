@@ -129,7 +129,7 @@ def consumer_settings_parse(request) -> dict:
 
 class ConsumerListView(APIView):
     @extend_schema(summary="List the consumers of a channel", parameters=[ADMIN_PARAM, *PAGE_PARAMS],
-                   responses={200: LIST, 401: ERROR, 403: ERROR, 404: ERROR})
+                   responses={200: LIST, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR})
     def get(self, request, channel_id: str):
         require_admin(request)
         channel = channel_or_404(channel_id)

@@ -128,7 +128,7 @@ class JobView(HotView):
                     "Allowed: QUEUED->INFLIGHT, INFLIGHT->DELIVERED, INFLIGHT->DEAD, DEAD->INFLIGHT "
                     "(retry + 1). The same state is a 202 without change. IncrementalTimeout only with "
                     "INFLIGHT from QUEUED or DEAD. Anything else is a 400.",
-        parameters=TOKENS, request=OpenApiTypes.OBJECT, responses={202: ACCEPTED, **AUTH_ERRORS},
+        parameters=TOKENS, request={"application/json": OpenApiTypes.OBJECT}, responses={202: ACCEPTED, **AUTH_ERRORS},
     )
     def post(self, request, channel_id: str, consumer_id: str, job_id: str):
         try:
@@ -178,7 +178,7 @@ class JobProgressView(HotView):
         description='JSON {"IncrementalTimeout": seconds} (optional: the job\'s stored one). The new deadline '
                     "is now + stopTimeout + rationalDelay + IncrementalTimeout, never earlier than before; "
                     "the retry count does not change. 409 when the job is not INFLIGHT.",
-        parameters=TOKENS, request=OpenApiTypes.OBJECT, responses={200: OBJ, 409: ERROR, **AUTH_ERRORS},
+        parameters=TOKENS, request={"application/json": OpenApiTypes.OBJECT}, responses={200: OBJ, 409: ERROR, **AUTH_ERRORS},
     )
     def post(self, request, channel_id: str, consumer_id: str, job_id: str):
         ctx = authenticate(request, channel_id, consumer_id, job_id=job_id)
@@ -201,7 +201,7 @@ class PullView(HotView):
                     'pinned_client), "priority" 0-9 (prioritized). On such a consumer a waiting pull collects '
                     "jobs until its batch is full or it expires; pinned_client answers carry the pin id "
                     "(X-Broker-Pin-Id header, PinId in the body); 423 pin_id_mismatch / wrong_pin_id.",
-        parameters=TOKENS, request=OpenApiTypes.OBJECT, responses={200: JOBS, 423: ERROR, **AUTH_ERRORS},
+        parameters=TOKENS, request={"application/json": OpenApiTypes.OBJECT}, responses={200: JOBS, 423: ERROR, **AUTH_ERRORS},
     )
     def post(self, request, channel_id: str, consumer_id: str):
         ctx = authenticate(request, channel_id, consumer_id)
@@ -235,7 +235,7 @@ class AckView(HotView):
                     "QUEUED is a negative acknowledgement (retry + 1, redelivered after Delay, DEAD past the "
                     'retry limit). Answered per job: {"Result": [{"ID", "Status", "RetryCount"} or '
                     '{"ID", "Status", "Error": "not_found"|"conflict"}]}.',
-        parameters=TOKENS, request=OpenApiTypes.OBJECT, responses={200: OBJ, 413: ERROR, **AUTH_ERRORS},
+        parameters=TOKENS, request={"application/json": OpenApiTypes.OBJECT}, responses={200: OBJ, 413: ERROR, **AUTH_ERRORS},
     )
     def post(self, request, channel_id: str, consumer_id: str):
         ctx = authenticate(request, channel_id, consumer_id)
@@ -250,7 +250,7 @@ class UnpinView(HotView):
         description='JSON {"group": "A"}, with the channel and consumer tokens or the admin token. The pin is '
                     "released (advisory consumer_group_unpinned, reason admin) and the next job pins another "
                     "waiting pull. Group missing or invalid: 400; not a group of this consumer: 404.",
-        parameters=[*TOKENS, ADMIN_PARAM], request=OpenApiTypes.OBJECT, responses={200: OBJ, **AUTH_ERRORS},
+        parameters=[*TOKENS, ADMIN_PARAM], request={"application/json": OpenApiTypes.OBJECT}, responses={200: OBJ, **AUTH_ERRORS},
     )
     def post(self, request, channel_id: str, consumer_id: str):
         from consumers import groups

@@ -6,11 +6,47 @@ import logging
 
 from django.db import InterfaceError, OperationalError
 from django.http import JsonResponse
+from drf_spectacular.utils import OpenApiResponse
 from rest_framework import exceptions as drf_exceptions
-from rest_framework import status
+from rest_framework import serializers, status
 from rest_framework.response import Response
 
 logger = logging.getLogger(__name__)
+
+
+class ErrorSerializer(serializers.Serializer):
+    """The one error body (OpenAPI component ``Error``)."""
+
+    error = serializers.CharField(help_text="machine-readable code, e.g. channel_not_found")
+    detail = serializers.CharField(help_text="human-readable explanation")
+
+
+ERROR_RESPONSE = OpenApiResponse(ErrorSerializer, description='{"error": code, "detail": text}')
+_ERROR_SCHEMA = {"type": "object", "required": ["error", "detail"],
+                 "properties": {"error": {"type": "string"}, "detail": {"type": "string"}}}
+# Paths the HMAC signature check never applies to (its default BROKER_HMAC_EXEMPT_PATHS).
+_UNSIGNED_PATHS = ("/_status", "/metrics", "/api/")
+
+
+def schema_common_responses(result, generator, request, public):
+    """drf-spectacular postprocessing hook: answers any endpoint can give, documented once.
+
+    Every operation may answer 503 (database unavailable, ``Retry-After``); with HMAC request
+    signing on (``BROKER_HMAC_SECRET``) every signed path may answer 401 / 403 before its view runs.
+    """
+    schemas = result.setdefault("components", {}).setdefault("schemas", {})
+    schemas.setdefault("Error", _ERROR_SCHEMA)
+    body = {"description": '{"error": code, "detail": text}',
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+    for path, operations in result.get("paths", {}).items():
+        for operation in operations.values():
+            if not isinstance(operation, dict) or "responses" not in operation:
+                continue
+            responses = operation["responses"]
+            codes = ["503"] if path.startswith(_UNSIGNED_PATHS) else ["401", "403", "503"]
+            for code in codes:
+                responses.setdefault(code, body)
+    return result
 
 
 class ApiError(Exception):

@@ -15,7 +15,7 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from broker.api.errors import ApiError
+from broker.api.errors import ERROR_RESPONSE, ApiError
 from broker.api.pagination import paginate
 from broker.api.representations import (
     channel_repr, last_modified, message_url, producer_repr, rfc3339,
@@ -26,7 +26,7 @@ from broker.models import Channel, Message, Producer, ScheduledMessage, SeedStat
 from broker.services import publishing
 from broker.services.registry import Precondition, channel_upsert, producer_upsert
 
-ERROR = OpenApiResponse(OpenApiTypes.OBJECT, description='{"error": code, "detail": text}')
+ERROR = ERROR_RESPONSE  # the JSON error body (component "Error")
 ADMIN_PARAM = OpenApiParameter(ADMIN_HEADER, OpenApiTypes.STR, OpenApiParameter.HEADER,
                                description="BROKER_ADMIN_TOKEN (or a staff session)")
 CHANNEL_TOKEN = OpenApiParameter("X-Broker-Channel-Token", OpenApiTypes.STR, OpenApiParameter.HEADER)
@@ -77,7 +77,7 @@ def require_channel_reader(request, channel: Channel) -> None:
 # --- producers ------------------------------------------------------------------------------------
 
 class ProducerListView(APIView):
-    @extend_schema(summary="List producers", parameters=[ADMIN_PARAM, *PAGE_PARAMS], responses={200: LIST, 401: ERROR, 403: ERROR})
+    @extend_schema(summary="List producers", parameters=[ADMIN_PARAM, *PAGE_PARAMS], responses={200: LIST, 400: ERROR, 401: ERROR, 403: ERROR})
     def get(self, request):
         require_admin(request)
         return Response(paginate(request, Producer.objects.all(), path="/producers",
@@ -138,7 +138,7 @@ def producer_rate_parse(request) -> dict:
 # --- channels -------------------------------------------------------------------------------------
 
 class ChannelListView(APIView):
-    @extend_schema(summary="List channels", parameters=[ADMIN_PARAM, *PAGE_PARAMS], responses={200: LIST, 401: ERROR, 403: ERROR})
+    @extend_schema(summary="List channels", parameters=[ADMIN_PARAM, *PAGE_PARAMS], responses={200: LIST, 400: ERROR, 401: ERROR, 403: ERROR})
     def get(self, request):
         require_admin(request)
         return Response(paginate(request, Channel.objects.all(), path="/channels",
@@ -352,7 +352,7 @@ class MessagesView(APIView):
         summary="Publish a batch of up to 1,000 messages in one transaction",
         description='JSON list of {"MessageID"?, "Priority"?, "ContentType"?, "Payload"}. '
                     "Answers per message: created or duplicate. 201 when at least one was created.",
-        parameters=PUBLISH_PARAMS, request=OpenApiTypes.OBJECT,
+        parameters=PUBLISH_PARAMS, request={"application/json": OpenApiTypes.OBJECT},
         responses={200: OBJ, 201: OBJ, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 413: ERROR, 429: ERROR},
     )
     def post(self, request, channel_id: str):
