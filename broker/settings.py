@@ -314,6 +314,11 @@ BROKER_PUSH_POLL = env_float("BROKER_PUSH_POLL", 1.0)  # safety-net poll; wake-u
 BROKER_PUSH_LOOP_SECONDS = env_float("BROKER_PUSH_LOOP_SECONDS", 60.0)  # < Q_CLUSTER timeout
 BROKER_PUSH_EXCERPT_BYTES = env_int("BROKER_PUSH_EXCERPT_BYTES", 1024)  # response body kept per attempt
 BROKER_SECRET_ROTATION_GRACE = env_float("BROKER_SECRET_ROTATION_GRACE", 24 * 3600.0)
+# Callback URL policy (broker/netpolicy.py): no loopback, private, link-local, multicast or
+# unspecified targets, checked at registration and again at connect time; the allow list takes
+# host names, addresses and CIDR networks allowed anyway.
+BROKER_CALLBACK_DENY_PRIVATE = env_bool("BROKER_CALLBACK_DENY_PRIVATE", not DEBUG)
+BROKER_CALLBACK_ALLOW = env_str("BROKER_CALLBACK_ALLOW")
 
 # --- admin (the operator's admin: broker/admin_site.py, broker/dashboard.py) --------------------
 # The admin site whose index is the dashboard replaces django.contrib.admin's default site.

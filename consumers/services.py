@@ -10,6 +10,7 @@ from django.db import connection, transaction
 
 from broker.api.errors import ApiError
 from broker.counters import JOB, counters_forget
+from broker.netpolicy import CallbackDenied, callback_url_check
 from broker.services.registry import Precondition, row_upsert
 from consumers.models import Consumer
 
@@ -31,9 +32,17 @@ def signing_secret_validate(secret: str) -> str:
 
 
 def callback_url_validate(url: str) -> str:
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - a bad port or IPv6 literal raises ValueError: a 400, not a 500
+    except ValueError:
+        raise ApiError(400, "invalid_callback_url", "callbackUrl must be an absolute http(s) URL") from None
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ApiError(400, "invalid_callback_url", "callbackUrl must be an absolute http(s) URL")
+    try:  # no loopback / private / link-local targets unless allowed (broker.netpolicy)
+        callback_url_check(url)
+    except CallbackDenied as exc:
+        raise ApiError(400, "callback_url_not_allowed", str(exc)) from None
     return url
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import defaultdict
-from datetime import datetime
+from datetime import datetime, timezone
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -41,7 +41,10 @@ def scheduled_for_parse(raw: str) -> datetime:
                        "X-Broker-Scheduled-For must be an RFC 3339 date-time with a time zone") from None
     if when.tzinfo is None:
         raise ApiError(400, "invalid_scheduled_for", "X-Broker-Scheduled-For needs a time zone (e.g. Z)")
-    return when
+    try:  # in UTC: PostgreSQL refuses offsets beyond +-15:59 that Python accepts (was a 500)
+        return when.astimezone(timezone.utc)
+    except OverflowError:
+        raise ApiError(400, "invalid_scheduled_for", "X-Broker-Scheduled-For is out of range") from None
 
 
 _CREATE_SQL = """

@@ -10,11 +10,15 @@ import pytest
 from rest_framework.test import APIClient
 
 ADMIN_TOKEN = "test-admin-token"
+LOOPBACK_ALLOW = "127.0.0.1,::1,localhost"
 
 
 @pytest.fixture(autouse=True)
 def _admin_token(settings):
     settings.BROKER_ADMIN_TOKEN = ADMIN_TOKEN
+    # The callback policy stays on (as in production), with the test receivers' loopback allowed.
+    settings.BROKER_CALLBACK_DENY_PRIVATE = True
+    settings.BROKER_CALLBACK_ALLOW = LOOPBACK_ALLOW
 
 
 @pytest.fixture

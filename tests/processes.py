@@ -48,6 +48,7 @@ def child_env(**extra) -> dict:
         "BROKER_ADMIN_TOKEN": settings.BROKER_ADMIN_TOKEN or "test-admin-token",
         "BROKER_TESTING": "0",
         "BROKER_SECURE_COOKIES": "0",
+        "BROKER_CALLBACK_ALLOW": "127.0.0.1,::1,localhost",  # test receivers listen on loopback
         "PYTHONUNBUFFERED": "1",
     })
     env.pop("PYTEST_CURRENT_TEST", None)

@@ -142,6 +142,7 @@ def _apply_row(model, lookup: dict, values: dict):
 def seed_apply(plan: SeedPlan) -> dict:
     """Upsert everything in the plan in one transaction and record it. Returns counts."""
     from broker.models import Channel, Producer, SeedState
+    from broker.netpolicy import CallbackDenied, callback_url_check
     from consumers.models import Consumer
     from consumers.services import signing_secret_generate
     from django.utils import timezone
@@ -159,6 +160,12 @@ def seed_apply(plan: SeedPlan) -> dict:
             created["producers"] += new
         for cid, values in plan.consumers.items():
             values = dict(values)
+            if values.get("callback_url"):
+                try:  # the callback policy applies to seeded consumers too (broker.netpolicy)
+                    callback_url_check(values["callback_url"])
+                except CallbackDenied as exc:
+                    logger.error("seed: consumer %s skipped: %s", cid, exc)
+                    continue
             channel = channels[values.pop("channel")]
             existing = Consumer.objects.filter(channel=channel, consumer_id=cid).exists()
             if not existing:

@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import ssl
 import threading
 import time
 from collections import defaultdict
 from urllib.parse import quote
+
+from broker import netpolicy
 
 logger = logging.getLogger(__name__)
 
@@ -278,8 +281,23 @@ class Client:
             if self._ssl is None:
                 self._ssl = ssl.create_default_context()
             kwargs = {"ssl": self._ssl, "server_hostname": host}
-        _, conn = await self.loop.create_connection(lambda: Connection((scheme, host, port)), host, port, **kwargs)
-        return conn
+        if not netpolicy.enabled():
+            _, conn = await self.loop.create_connection(lambda: Connection((scheme, host, port)), host, port, **kwargs)
+            return conn
+        # Callback policy (broker.netpolicy): resolve, check every address, then connect to a checked
+        # address itself, so a DNS answer that changed since registration (rebinding) cannot slip
+        # through; a refused address raises CallbackDenied (an OSError: a failed attempt).
+        infos = await self.loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        addresses = netpolicy.addresses_check(host, list(dict.fromkeys(info[4][0] for info in infos)))
+        error: OSError = OSError(f"no address for {host}")
+        for address in addresses:
+            try:
+                _, conn = await self.loop.create_connection(lambda: Connection((scheme, host, port)),
+                                                            address, port, **kwargs)
+                return conn
+            except OSError as exc:
+                error = exc
+        raise error
 
     def _reuse(self, key: tuple) -> Connection | None:
         idle = self._idle.get(key)
