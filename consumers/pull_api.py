@@ -17,7 +17,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.views import APIView
 
 from broker.api.errors import ApiError
-from broker.api.views import ADMIN_PARAM, CHANNEL_TOKEN, ERROR, OBJ
+from broker.api.views import ADMIN_PARAM, CHANNEL_TOKEN, ERROR, OBJ, read_body
 from broker.auth import ADMIN_HEADER, is_admin
 from consumers import pull
 
@@ -27,7 +27,10 @@ ACCEPTED = OpenApiResponse(description="Accepted (empty body)")
 JOBS = OpenApiResponse(OpenApiTypes.OBJECT, description=(
     '{"Result": [{"ID", "Priority", "IncrementalTimeout", '
     '"Message": {"MessageID", "Payload", "ContentType", "Headers"}}]}'))
-AUTH_ERRORS = {400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 412: ERROR}
+AUTH_ERRORS = {400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 412: ERROR, 413: ERROR}
+# The JSON control bodies are small (an ack of 1,000 jobs is ~60 KB): anything past this is a
+# 413 before it is read or parsed.
+JSON_BODY_LIMIT = 1024 * 1024
 
 
 def json_response(body, status: int = 200) -> HttpResponse:
@@ -37,7 +40,7 @@ def json_response(body, status: int = 200) -> HttpResponse:
 
 def json_body(request, *, empty=None):
     """The body as JSON; malformed JSON or bytes that are not UTF-8 are a 400, never a 500."""
-    raw = request.body
+    raw = read_body(request, JSON_BODY_LIMIT)
     if not raw.strip():
         if empty is None:
             raise ApiError(400, "malformed_request", "a JSON body is required")
