@@ -1,0 +1,109 @@
+"""Delivery metrics for /metrics: push attempt outcomes by class, push attempt duration and delivery
+latency histograms per consumer, maintained by statement-level triggers (see broker/delivery_metrics.py).
+
+Why triggers into the counter deltas: /metrics must be right with several web processes and worker
+clusters (so the numbers live in the database) and cheap to scrape (so they are maintained, never
+aggregated from jobs_deliveryattempt at scrape time). One append-only insert per statement: the
+push recorder writes a whole batch of attempts in one statement, so a batch costs one small insert;
+concurrent writers never wait on each other (no row is updated; counters_compact folds the deltas).
+
+Bucket index (bounds in ms, ascending b1..bN): the number of bounds below x, i.e. the first bucket
+with x <= le (Prometheus buckets are inclusive); computed as N - width_bucket(-x, [-bN, ..., -b1]).
+"""
+
+from django.db import migrations
+
+# Frozen copies of broker/delivery_metrics.py (a migration must not change when app code does;
+# tests/hardening/test_metrics.py checks they agree).
+DELIVERY = 4
+ATTEMPT_BUCKET, ATTEMPT_SUM = 100, 199
+LATENCY_BUCKET, LATENCY_SUM = 200, 299
+ATTEMPT_BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+LATENCY_BOUNDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0)
+
+
+def bounds_sql(bounds: tuple) -> str:
+    """Bounds in milliseconds, negated and reversed, for width_bucket."""
+    return "ARRAY[" + ",".join(repr(-b * 1000.0) for b in reversed(bounds)) + "]::float8[]"
+
+FORWARD = f"""
+CREATE OR REPLACE FUNCTION jobs_attempt_metrics() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO broker_counterdelta (scope, owner_id, status, delta)
+    SELECT {DELIVERY}, j.consumer_id, k.code, sum(k.v)
+      FROM new_rows a
+      JOIN jobs_job j ON j.id = a.job_id
+     CROSS JOIN LATERAL (SELECT GREATEST(COALESCE(a.duration_ms, 0), 0) AS ms) d
+     CROSS JOIN LATERAL (VALUES
+          (CASE WHEN a.outcome = 'timeout' THEN 6
+                WHEN a.status_code BETWEEN 200 AND 299 THEN 1
+                WHEN a.status_code BETWEEN 300 AND 399 THEN 2
+                WHEN a.status_code BETWEEN 400 AND 499 THEN 3
+                WHEN a.status_code BETWEEN 500 AND 599 THEN 4
+                ELSE 5 END, 1::bigint),
+          ({ATTEMPT_BUCKET + len(ATTEMPT_BOUNDS)} - width_bucket(-d.ms, {bounds_sql(ATTEMPT_BOUNDS)}), 1::bigint),
+          ({ATTEMPT_SUM}, round(d.ms * 1000)::bigint)
+     ) k(code, v)
+     GROUP BY j.consumer_id, k.code
+     ORDER BY j.consumer_id, k.code;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER jobs_attempt_metrics AFTER INSERT ON jobs_deliveryattempt
+    REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION jobs_attempt_metrics();
+
+CREATE OR REPLACE FUNCTION jobs_latency_metrics() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    -- most job updates are claims and retries: nothing delivered, nothing to do
+    IF NOT EXISTS (SELECT 1 FROM new_rows WHERE status = 1003) THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO broker_counterdelta (scope, owner_id, status, delta)
+    SELECT {DELIVERY}, n.consumer_id, k.code, sum(k.v)
+      FROM new_rows n
+      JOIN old_rows o ON o.id = n.id
+     CROSS JOIN LATERAL (SELECT GREATEST(extract(epoch FROM now() - n.created_at) * 1000.0, 0)::float8 AS ms) d
+     CROSS JOIN LATERAL (VALUES
+          ({LATENCY_BUCKET + len(LATENCY_BOUNDS)} - width_bucket(-d.ms, {bounds_sql(LATENCY_BOUNDS)}), 1::bigint),
+          ({LATENCY_SUM}, round(d.ms * 1000)::bigint)
+     ) k(code, v)
+     WHERE n.status = 1003 AND o.status = 1002
+     GROUP BY n.consumer_id, k.code
+     ORDER BY n.consumer_id, k.code;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER jobs_latency_metrics AFTER UPDATE ON jobs_job
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION jobs_latency_metrics();
+
+-- A deleted consumer's metrics go with it (bounded rows: consumers x codes).
+CREATE OR REPLACE FUNCTION consumers_forget_delivery_metrics() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM broker_counter WHERE scope = {DELIVERY} AND owner_id IN (SELECT id FROM old_rows);
+    DELETE FROM broker_counterdelta WHERE scope = {DELIVERY} AND owner_id IN (SELECT id FROM old_rows);
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER consumers_forget_delivery_metrics AFTER DELETE ON consumers_consumer
+    REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION consumers_forget_delivery_metrics();
+"""
+
+REVERSE = """
+DROP TRIGGER IF EXISTS jobs_attempt_metrics ON jobs_deliveryattempt;
+DROP TRIGGER IF EXISTS jobs_latency_metrics ON jobs_job;
+DROP TRIGGER IF EXISTS consumers_forget_delivery_metrics ON consumers_consumer;
+DROP FUNCTION IF EXISTS jobs_attempt_metrics();
+DROP FUNCTION IF EXISTS jobs_latency_metrics();
+DROP FUNCTION IF EXISTS consumers_forget_delivery_metrics();
+"""
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("broker", "0001_initial"),
+        ("consumers", "0001_initial"),
+        ("jobs", "0012_drop_redundant_job_indexes"),
+    ]
+
+    operations = [migrations.RunSQL(FORWARD, REVERSE)]
