@@ -54,6 +54,7 @@ def base_env(database_url: str, **extra) -> dict:
         "DJANGO_DEBUG": "0",
         "BROKER_ADMIN_TOKEN": ADMIN,
         "BROKER_LOG_LEVEL": "WARNING",
+        "BROKER_CALLBACK_ALLOW": "127.0.0.1,::1,localhost",  # the benchmark receivers listen on loopback
         "PYTHONUNBUFFERED": "1",
     })
     env.update({k: str(v) for k, v in extra.items()})

@@ -173,6 +173,7 @@ class Broker:
             url = server_ensure(self.server_dir, fsync=not args.no_fsync).url
         self.env = {**os.environ, "DATABASE_URL": url, "DJANGO_SECRET_KEY": "bench-secret-key",
                     "BROKER_ADMIN_TOKEN": ADMIN, "DJANGO_DEBUG": "0", "BROKER_LOG_LEVEL": "WARNING",
+                    "BROKER_CALLBACK_ALLOW": "127.0.0.1,::1,localhost",  # the receiver is on loopback
                     "BROKER_WEB_WORKERS": str(args.web_workers), "PYTHONUNBUFFERED": "1"}
         subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=self.env, check=True)
         port = _free_port()

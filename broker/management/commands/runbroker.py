@@ -38,6 +38,9 @@ class Command(BaseCommand):
         data = Path(settings.BROKER_DATA_DIR)
         call_command("migrate", interactive=False, verbosity=0)
         seed = settings.BROKER_SEED_CONFIG or str(Path(settings.BASE_DIR) / "broker.example.cfg")
+        # The sample push consumer delivers to this broker's own /_sample-receiver on 127.0.0.1: allow
+        # that address for callbacks unless the operator set an allow list (broker/netpolicy.py).
+        settings.BROKER_CALLBACK_ALLOW = settings.BROKER_CALLBACK_ALLOW or "127.0.0.1"
         call_command("seed", config=seed)
         call_command("setup_schedules", verbosity=0)  # django-q2 schedules (jobs/management/commands)
 
@@ -51,7 +54,7 @@ class Command(BaseCommand):
         if user is None:
             User.objects.create_superuser("admin", "admin@localhost", password)
         env = {**os.environ, "BROKER_ADMIN_TOKEN": admin_token, "BROKER_BIND": bind,
-               "DATABASE_URL": settings.DATABASE_URL}
+               "DATABASE_URL": settings.DATABASE_URL, "BROKER_CALLBACK_ALLOW": settings.BROKER_CALLBACK_ALLOW}
         if seed:
             env["BROKER_SEED_CONFIG"] = seed
         self.stdout.write(self.style.SUCCESS(f"broker on http://{bind}/"))
