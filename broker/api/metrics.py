@@ -3,10 +3,10 @@ whatever number of web processes and worker clusters run."""
 
 from __future__ import annotations
 
+from django.db import connection
 from django.http import HttpResponse
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from prometheus_client import CollectorRegistry, generate_latest
-from django.db import connection
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from rest_framework.views import APIView
 
