@@ -147,7 +147,7 @@ def rfc3339(value) -> str | None:
 
 
 def claimed_repr(job: state.ClaimedJob) -> dict:
-    return {
+    body = {
         "ID": str(job.id),
         "Priority": job.priority,
         "IncrementalTimeout": seconds_repr(job.incremental_timeout),
@@ -155,6 +155,10 @@ def claimed_repr(job: state.ClaimedJob) -> dict:
         "Deadline": rfc3339(job.deadline),
         "Message": message_repr(job.message_id, job.payload, job.content_type, job.headers),
     }
+    if job.partition_key is not None:  # jobs.partitions: ack with NextState QUEUED + a higher Gate to move on
+        body["PartitionKey"] = job.partition_key
+        body["Gate"] = job.gate
+    return body
 
 
 # --- timeouts ----------------------------------------------------------------------------------------
@@ -498,6 +502,8 @@ class AckItem:
     raw_id: str
     target: int
     delay: float | None
+    gate: int | None = None  # partitions: NextState QUEUED with a Gate moves the job to that gate
+    payload: bytes | None = None  # ... with this as its new payload (None: unchanged)
 
 
 def ack_request_parse(data) -> list[AckItem]:
@@ -518,7 +524,8 @@ def ack_request_parse(data) -> list[AckItem]:
             raise ApiError(400, "invalid_jobs", f"Jobs[{i}] must be an object")
         if "ID" not in item or "NextState" not in item:  # Go-style case-insensitive keys (rare): normalise
             item = {str(k).lower(): v for k, v in item.items()}
-            item = {"ID": item.get("id"), "NextState": item.get("nextstate"), "Delay": item.get("delay")}
+            item = {"ID": item.get("id"), "NextState": item.get("nextstate"), "Delay": item.get("delay"),
+                    "Gate": item.get("gate"), "Payload": item.get("payload")}
         raw = item["ID"]
         if isinstance(raw, bool) or not isinstance(raw, (str, int)):
             raise ApiError(400, "invalid_jobs", f"Jobs[{i}].ID must be a string")
@@ -536,7 +543,20 @@ def ack_request_parse(data) -> list[AckItem]:
             if target != QUEUED:
                 raise ApiError(400, "invalid_delay", f"Jobs[{i}]: Delay is only valid with NextState QUEUED")
             delay = timeout_parse(delay, "Delay") or 0.0
-        items.append(AckItem(job_id=job_id, raw_id=raw, target=target, delay=delay))
+        gate, payload = item.get("Gate"), None
+        if gate is not None:
+            if target != QUEUED or delay is not None:
+                raise ApiError(400, "invalid_gate", f"Jobs[{i}]: Gate is only valid with NextState QUEUED (no Delay)")
+            if isinstance(gate, bool) or not isinstance(gate, int) or not 0 <= gate < 2**31:
+                raise ApiError(400, "invalid_gate", f"Jobs[{i}].Gate must be an integer >= 0")
+            raw_payload = item.get("Payload")
+            if isinstance(raw_payload, str):
+                payload = raw_payload.encode("utf-8", "surrogatepass")
+            elif raw_payload is not None:
+                payload = json.dumps(raw_payload, separators=(",", ":")).encode()
+        elif item.get("Payload") is not None:
+            raise ApiError(400, "invalid_payload", f"Jobs[{i}]: Payload is only valid with a Gate")
+        items.append(AckItem(job_id=job_id, raw_id=raw, target=target, delay=delay, gate=gate, payload=payload))
     return items
 
 
@@ -545,14 +565,34 @@ def jobs_ack(*, ctx: PullContext, items: list[AckItem]) -> list[dict]:
     by INFLIGHT and the consumer), answered per job. QUEUED is a negative acknowledgement: retry
     + 1, due after ``Delay`` seconds, DEAD past the retry limit. A job that is not this consumer's
     is ``not_found``; one that is not INFLIGHT is a ``conflict`` (with its current Status)."""
-    known = [it for it in items if it.job_id is not None]
+    moves = [it for it in items if it.job_id is not None and it.gate is not None]
+    moved_gate = state.jobs_move_gate(
+        moves=[state.GateMove(job_id=it.job_id, gate=it.gate, payload=it.payload) for it in moves],
+        consumer_pk=ctx.consumer_pk) if moves else {}
+    known = [it for it in items if it.job_id is not None and it.gate is None]
     outcome = state.jobs_ack_inflight(
         consumer_pk=ctx.consumer_pk, job_ids=[it.job_id for it in known],
         to_statuses=[it.target for it in known], delays=[it.delay for it in known],
         max_retry=ctx.max_retry, reason="pull-ack",
     ) if known else {}
+    current = {}
+    missed = [it.job_id for it in moves if it.job_id not in moved_gate]
+    if missed:
+        with connection.cursor() as cur:
+            cur.execute("SELECT id, status FROM jobs_job WHERE id = ANY(%s) AND consumer_id = %s",
+                        [missed, ctx.consumer_pk])
+            current = dict(cur.fetchall())
     result = []
     for it in items:
+        if it.gate is not None and it.job_id is not None:
+            if it.job_id in moved_gate:
+                result.append({"ID": it.raw_id, "Status": "QUEUED", "Gate": it.gate})
+            elif it.job_id in current:
+                result.append({"ID": it.raw_id, "Status": STATUS_NAMES.get(current[it.job_id]), "Error": "conflict",
+                               "Detail": "job is not INFLIGHT in a partition below that Gate"})
+            else:
+                result.append({"ID": it.raw_id, "Status": None, "Error": "not_found", "Detail": "job not found"})
+            continue
         moved, status, retry = outcome.get(it.job_id, (False, None, None))
         if moved:
             result.append({"ID": it.raw_id, "Status": STATUS_NAMES[status], "RetryCount": retry})
