@@ -24,7 +24,7 @@ import logging
 import math
 import os
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -284,6 +284,23 @@ def partitions_settle_stale(*, limit: int = 100) -> int:
 
 # --- operator / API actions -------------------------------------------------------------------------
 
+_WRITABLE = {"gate", "status", "closed", "auto_close", "manual_checkpoint"}
+
+
+def partition_write(*, partition_pk: int, version: int, **fields) -> int | None:
+    """The optimistic write every change of a partition is: set ``fields`` (gate, status, closed,
+    auto_close, manual_checkpoint) if the row is still at ``version``. Returns the new version, or
+    None when another writer got there first (re-read and decide again; never overwrite)."""
+    unknown = set(fields) - _WRITABLE
+    if unknown:
+        raise ValueError(f"not writable: {sorted(unknown)}")
+    sets = ", ".join(f"{name} = %s" for name in fields) or "gate = gate"
+    with connection.cursor() as cur:
+        cur.execute(f"UPDATE jobs_partition SET {sets}, version = version + 1, updated_at = now() "
+                    "WHERE id = %s AND version = %s RETURNING version", [*fields.values(), partition_pk, version])
+        r = cur.fetchone()
+    return r[0] if r else None
+
 def _write(row: Row, sets: str, params: list) -> int | None:
     with connection.cursor() as cur:
         cur.execute(f"UPDATE jobs_partition SET {sets}, version = version + 1, updated_at = now() "
@@ -433,9 +450,9 @@ _RENEW_SQL = """
 UPDATE jobs_partition p SET lease_until = now() + %(lease)s * interval '1 second', version = p.version + 1
   FROM (SELECT id, version FROM jobs_partition
          WHERE owner = %(worker)s AND lease_until > now() AND status = {AVAILABLE}
-           AND lease_until < now() + %(renew_before)s * interval '1 second') m
+           AND lease_until < now() + %(renew_before)s * interval '1 second' ORDER BY id) m
  WHERE p.id = m.id AND p.version = m.version AND p.owner = %(worker)s  -- version-checked
-RETURNING p.id
+RETURNING p.id, p.version
 """.format(AVAILABLE=AVAILABLE)
 
 # Own leases with nothing to do (no QUEUED/INFLIGHT job at the current gate, or no longer
@@ -446,16 +463,16 @@ UPDATE jobs_partition p SET owner = '', lease_until = NULL, version = p.version 
          WHERE q.owner = %(worker)s
            AND (q.status <> {AVAILABLE} OR q.lease_until <= now() OR NOT EXISTS (
                 SELECT 1 FROM jobs_job j WHERE j.partition_id = q.id AND j.gate = q.gate
-                   AND j.status IN ({QUEUED}, {INFLIGHT})))) m
+                   AND j.status IN ({QUEUED}, {INFLIGHT}))) ORDER BY id) m
  WHERE p.id = m.id AND p.version = m.version AND p.owner = %(worker)s
-RETURNING p.id
+RETURNING p.id, p.version
 """.format(AVAILABLE=AVAILABLE, QUEUED=QUEUED, INFLIGHT=INFLIGHT)
 
 _RELEASE_ALL_SQL = """
 UPDATE jobs_partition p SET owner = '', lease_until = NULL, version = p.version + 1
-  FROM (SELECT id, version FROM jobs_partition WHERE owner = %(worker)s) m
+  FROM (SELECT id, version FROM jobs_partition WHERE owner = %(worker)s ORDER BY id) m
  WHERE p.id = m.id AND p.version = m.version AND p.owner = %(worker)s
-RETURNING p.id
+RETURNING p.id, p.version
 """
 
 _OWNERS_SQL = """
@@ -482,7 +499,7 @@ UPDATE jobs_partition p SET owner = %(worker)s, lease_until = now() + %(lease)s 
        version = p.version + 1
   FROM unnest(%(ids)s::bigint[], %(versions)s::bigint[]) AS v(id, version)
  WHERE p.id = v.id AND p.version = v.version AND p.status = {AVAILABLE}
-RETURNING p.id
+RETURNING p.id, p.version
 """.format(AVAILABLE=AVAILABLE)
 
 _STEAL_CANDIDATE_SQL = """
@@ -502,6 +519,7 @@ class LeaseCycle:
     stolen: int = 0
     owned: int = 0
     fair_share: int = 0
+    writes: list = field(default_factory=list)  # (partition pk, new version) of every row written
 
 
 def partition_leases_cycle(*, worker: str, lease: float | None = None, acquire: bool = True,
@@ -520,13 +538,17 @@ def partition_leases_cycle(*, worker: str, lease: float | None = None, acquire: 
     out = LeaseCycle()
     params = {"worker": worker, "lease": lease, "renew_before": lease * 2.0 / 3.0}
     with transaction.atomic(), connection.cursor() as cur:
+        if acquire:  # first, before any partition row lock: one lock order (lock, rows) for every cycle
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", [PUSH_CLAIM_LOCK])
         cur.execute(_RENEW_SQL, params)
-        out.renewed = cur.rowcount
+        out.writes += cur.fetchall()
+        out.renewed = len(out.writes)
         cur.execute(_RELEASE_IDLE_SQL, params)
-        out.released = cur.rowcount
+        released = cur.fetchall()
+        out.writes += released
+        out.released = len(released)
         if not acquire:
             return out
-        cur.execute("SELECT pg_advisory_xact_lock(%s)", [PUSH_CLAIM_LOCK])
         cur.execute(_OWNERS_SQL)
         owners = dict(cur.fetchall())
         cur.execute(_FREE_SQL, {"limit": candidates})
@@ -539,9 +561,11 @@ def partition_leases_cycle(*, worker: str, lease: float | None = None, acquire: 
         want = fair - mine
         if want > 0 and free:
             random.shuffle(free)  # concurrent workers rarely fight over the same rows
-            pick = free[:want]
+            pick = sorted(free[:want])  # id order: the lock order of every multi-row partition write
             cur.execute(_TAKE_SQL, {**params, "ids": [p[0] for p in pick], "versions": [p[1] for p in pick]})
-            out.taken = cur.rowcount
+            taken = cur.fetchall()
+            out.writes += taken
+            out.taken = len(taken)
             mine += out.taken
         if mine < fair:
             victims = sorted(((n, o) for o, n in owners.items() if o != worker and n > fair), reverse=True)
@@ -550,7 +574,9 @@ def partition_leases_cycle(*, worker: str, lease: float | None = None, acquire: 
                 cand = cur.fetchone()
                 if cand is not None:
                     cur.execute(_TAKE_SQL, {**params, "ids": [cand[0]], "versions": [cand[1]]})
-                    out.stolen = cur.rowcount
+                    stolen = cur.fetchall()
+                    out.writes += stolen
+                    out.stolen = len(stolen)
                     mine += out.stolen
         out.owned = mine
     return out
