@@ -226,7 +226,9 @@ def job_move(*, job_id: int, from_status: int, to_status: int, reason: str,
 # gate while the partition is AVAILABLE (push: also leased by the claiming worker); on an
 # ``ordered`` consumer only the lowest-id unfinished job of the partition, and none while
 # another is in flight. Non-partitioned jobs pay one ``partition_id IS NULL`` test (the claims
-# keep using the ``job_claim`` partial index; the subqueries run for partitioned rows only).
+# keep using the ``job_claim`` partial index; the subqueries run for partitioned rows only, and the
+# partition test is a correlated scalar subquery by primary key: as an EXISTS PostgreSQL may turn it
+# into a hashed subplan that reads every AVAILABLE partition per claim).
 PARTITION_AVAILABLE = 1
 
 
@@ -234,8 +236,8 @@ def partition_gate_sql(alias: str, *, ordered: str, lease: str = "") -> str:
     """The claim filter for rows of ``alias``: ``ordered`` is an SQL boolean expression, ``lease``
     extra conditions on the partition ``pt`` (the push worker's lease)."""
     return f"""({alias}.partition_id IS NULL OR (
-        EXISTS (SELECT 1 FROM jobs_partition pt WHERE pt.id = {alias}.partition_id
-                   AND pt.status = {PARTITION_AVAILABLE} AND pt.gate = {alias}.gate {lease})
+        (SELECT pt.gate FROM jobs_partition pt WHERE pt.id = {alias}.partition_id
+            AND pt.status = {PARTITION_AVAILABLE} {lease}) = {alias}.gate
         AND NOT ({ordered} AND EXISTS (
             SELECT 1 FROM jobs_job o WHERE o.partition_id = {alias}.partition_id AND o.gate = {alias}.gate
                AND o.id <> {alias}.id AND (o.status = {INFLIGHT} OR (o.status = {QUEUED} AND o.id < {alias}.id))))))"""

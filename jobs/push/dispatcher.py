@@ -50,6 +50,7 @@ COMPACT_EVERY = 5.0
 # Finished callbacks are held up to this long while others of the same burst are still running,
 # so one transaction records (and refills) a burst instead of a fragment of it.
 COALESCE = 0.002
+LEASE_KICK = 0.2  # seconds: the soonest a NOTIFY brings the next partition lease cycle after the last
 
 _TARGETS_SQL = """
 SELECT c.id, c.consumer_id, ch.channel_id, c.callback_url, c.token, c.signing_secret,
@@ -430,6 +431,9 @@ class Engine:
             woke = self._wait(wait_until - time.monotonic())
             kicked = kicked or woke is not False
             notified = woke == "notify"
+            if notified and claiming:
+                # new jobs may be in a partition nobody leases yet: look soon (at most 5 cycles a second)
+                next_lease = min(next_lease, max(time.monotonic(), next_lease - lease_every + LEASE_KICK))
         self._leases_release()
         stats["seconds"] = round(time.monotonic() - start, 1)
         stats["db_seconds"] = round(stats["db_seconds"], 2)
