@@ -423,17 +423,24 @@ WITH gc AS (
 )
 SELECT (SELECT id FROM w),
        EXTRACT(EPOCH FROM (SELECT min(next_attempt_at) FROM jobs_job
-                            WHERE consumer_id = %(consumer)s AND status = %(queued)s) - now()),
+                            WHERE consumer_id = %(consumer)s AND status = %(queued)s
+                              AND (partition_id IS NULL OR next_attempt_at > now())) - now()),
        EXTRACT(EPOCH FROM (SELECT min(deadline) FROM jobs_job
                             WHERE consumer_id = %(consumer)s AND status = %(inflight)s) - now())
 """
 
 _NEXT_SQL = """
 SELECT EXTRACT(EPOCH FROM (SELECT min(next_attempt_at) FROM jobs_job
-                            WHERE consumer_id = %(consumer)s AND status = %(queued)s) - now()),
+                            WHERE consumer_id = %(consumer)s AND status = %(queued)s
+                              AND (partition_id IS NULL OR next_attempt_at > now())) - now()),
        EXTRACT(EPOCH FROM (SELECT min(deadline) FROM jobs_job
                             WHERE consumer_id = %(consumer)s AND status = %(inflight)s) - now())
 """
+
+
+# In _WAITER_SQL / _NEXT_SQL a partitioned job counts as "due" only while delayed (retry backoff):
+# one waiting behind its partition's gate would otherwise look overdue and make the waiter spin;
+# a gate advance NOTIFYs the waiters instead (jobs.partitions).
 
 
 def _next_check(due_in, deadline_in, remaining: float) -> float:

@@ -261,21 +261,42 @@ def partitions_settle(*, partition_ids) -> list[Settled]:
     return out
 
 
+# Partitions a settle would change (nothing claimable at the current gate, yet: a DEAD job there,
+# later gates waiting, a FAILED one whose dead jobs are gone, or all done and closing).
 _STALE_SQL = """
 SELECT p.id FROM jobs_partition p
  WHERE p.status IN ({AVAILABLE}, {FAILED}) AND p.updated_at < now() - interval '2 seconds'
    AND NOT EXISTS (SELECT 1 FROM jobs_job j WHERE j.partition_id = p.id AND j.gate = p.gate
                       AND j.status IN ({QUEUED}, {INFLIGHT}))
-   AND EXISTS (SELECT 1 FROM jobs_job j WHERE j.partition_id = p.id AND j.gate >= p.gate
-                  AND j.status <> {DELIVERED}
-                  AND (j.gate > p.gate OR p.status = {FAILED} OR j.status = {DEAD}))
+   AND CASE WHEN p.status = {FAILED}
+            THEN NOT EXISTS (SELECT 1 FROM jobs_job j WHERE j.partition_id = p.id AND j.gate = p.gate
+                                AND j.status = {DEAD})
+            ELSE EXISTS (SELECT 1 FROM jobs_job j WHERE j.partition_id = p.id AND j.gate = p.gate
+                            AND j.status = {DEAD})
+                 OR (NOT p.manual_checkpoint AND EXISTS (
+                        SELECT 1 FROM jobs_job j WHERE j.partition_id = p.id AND j.gate > p.gate
+                           AND j.status <> {DELIVERED}))
+                 OR ((p.closed OR p.auto_close) AND NOT EXISTS (
+                        SELECT 1 FROM jobs_job j WHERE j.partition_id = p.id AND j.gate >= p.gate
+                           AND j.status <> {DELIVERED}))
+       END
  ORDER BY p.updated_at LIMIT %s
 """.format(AVAILABLE=AVAILABLE, FAILED=FAILED, QUEUED=QUEUED, INFLIGHT=INFLIGHT, DELIVERED=DELIVERED, DEAD=DEAD)
 
+STALE_EVERY = 10.0  # seconds between safety-net settles in one process
+_stale_next = 0.0
 
-def partitions_settle_stale(*, limit: int = 100) -> int:
-    """Safety net (run with the timeout sweep): settle partitions whose current gate has nothing
-    claimable but that still have work, in case a settle after commit was lost (process died)."""
+
+def partitions_settle_stale(*, limit: int = 100, force: bool = False) -> int:
+    """Safety net (run with the dispatcher's timeout sweep, at most every ``STALE_EVERY`` seconds
+    per process): settle partitions a settle would change, in case a settle after commit was lost
+    (its process died between the commit and the settle). Returns how many changed."""
+    import time
+
+    global _stale_next
+    if not force and time.monotonic() < _stale_next:
+        return 0
+    _stale_next = time.monotonic() + STALE_EVERY
     with connection.cursor() as cur:
         cur.execute(_STALE_SQL, [limit])
         ids = [r[0] for r in cur.fetchall()]

@@ -4,6 +4,8 @@ close and auto-close, advisories, publish refusals. All over HTTP."""
 from __future__ import annotations
 
 import json
+import time
+from datetime import timedelta
 
 import pytest
 
@@ -205,3 +207,50 @@ def test_ordered_consumer_hands_out_one_job_per_partition_in_order(make, parts, 
         ack(pc, [{"ID": j["ID"], "NextState": "DELIVERED"} for j in got])
     assert seen == [[0, 0], [1, 1], [2, 2]]
     assert Job.objects.filter(status=JobStatus.DELIVERED).count() == 6
+
+
+def test_a_waiting_pull_is_woken_when_the_gate_advances(pull_world, parts, pc):
+    import threading
+
+    from rest_framework.test import APIClient
+
+    from tests.consumers.conftest import PullClient
+
+    parts.publish("w", 0)
+    parts.publish("w", 1, body=b'{"next": true}')
+    [a] = pull_ids(pc)
+    result = {}
+
+    def waiting():
+        from django.db import connection
+
+        t0 = time.monotonic()
+        r = PullClient(APIClient()).pull(batch=1, expires=10)
+        result["jobs"], result["waited"] = r.json()["Result"], time.monotonic() - t0
+        connection.close()
+
+    t = threading.Thread(target=waiting)
+    t.start()
+    time.sleep(0.5)
+    ack(pc, [{"ID": a["ID"], "NextState": "DELIVERED"}])
+    t.join(timeout=15)
+    [b] = result["jobs"]
+    assert b["Gate"] == 1 and result["waited"] < 8
+
+
+def test_safety_net_settles_a_partition_whose_settle_was_lost(pull_world, parts, pc):
+    from jobs import partitions
+    from jobs.models import Partition
+
+    parts.publish("lost", 0)
+    parts.publish("lost", 1)
+    [a] = pull_ids(pc)
+    ack(pc, [{"ID": a["ID"], "NextState": "DELIVERED"}])
+    p = Partition.objects.get(key="lost")
+    # simulate a settle lost to a crash: put the partition back at gate 0, as if never settled
+    assert partitions.partition_write(partition_pk=p.pk, version=p.version, gate=0)
+    Partition.objects.filter(pk=p.pk).update(updated_at=p.updated_at - timedelta(seconds=10))
+    assert pull_ids(pc) == []
+    assert partitions.partitions_settle_stale(force=True) == 1
+    [b] = pull_ids(pc)
+    assert b["Gate"] == 1
