@@ -134,6 +134,11 @@ def partition_headers(headers) -> tuple[str | None, int]:
     default 0; only with a key) from request headers; 400 when invalid."""
     key = headers.get("X-Broker-Partition-Key")
     raw_gate = headers.get("X-Broker-Gate")
+    if key is not None:
+        try:  # WSGI hands header bytes over as latin-1: a UTF-8 key is decoded back to its text
+            key = key.encode("latin-1").decode("utf-8")
+        except UnicodeError:
+            pass
     if key is not None and key.strip() == "":
         raise ApiError(400, "invalid_partition_key", "X-Broker-Partition-Key must not be empty")
     if key is not None and len(key) > PARTITION_KEY_MAX:
