@@ -326,9 +326,14 @@ def batch_parse(raw: bytes) -> list[publishing.NewMessage]:
         mid = item.get("MessageID")
         if mid is not None and not isinstance(mid, str):
             raise ApiError(400, "invalid_message_id", f"message {i}: MessageID must be a string")
+        key, gate = item.get("PartitionKey"), item.get("Gate")  # partitions, per message
+        if key is not None or gate is not None:
+            key, gate = publishing.partition_parse(
+                key if isinstance(key, str) or key is None else "",
+                None if gate is None else (str(gate) if isinstance(gate, int) and not isinstance(gate, bool) else "x"))
         messages.append(publishing.NewMessage(
             payload=data, content_type=content_type or "application/octet-stream", priority=priority,
-            message_id=parse_message_id(mid),
+            message_id=parse_message_id(mid), partition_key=key, gate=gate or 0,
         ))
     return messages
 
@@ -364,7 +369,7 @@ class MessagesView(APIView):
 
     @extend_schema(
         summary="Publish a batch of up to 1,000 messages in one transaction",
-        description='JSON list of {"MessageID"?, "Priority"?, "ContentType"?, "Payload"}. '
+        description='JSON list of {"MessageID"?, "Priority"?, "ContentType"?, "PartitionKey"?, "Gate"?, "Payload"}. '
                     "Answers per message: created or duplicate. 201 when at least one was created.",
         parameters=[*PUBLISH_PARAMS, *PARTITION_PARAMS], request=OpenApiTypes.OBJECT,
         responses={200: OBJ, 201: OBJ, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 409: ERROR, 413: ERROR,

@@ -133,12 +133,16 @@ def partition_headers(headers) -> tuple[str | None, int]:
     """``X-Broker-Partition-Key`` (at most 255 characters) and ``X-Broker-Gate`` (an integer >= 0,
     default 0; only with a key) from request headers; 400 when invalid."""
     key = headers.get("X-Broker-Partition-Key")
-    raw_gate = headers.get("X-Broker-Gate")
     if key is not None:
         try:  # WSGI hands header bytes over as latin-1: a UTF-8 key is decoded back to its text
             key = key.encode("latin-1").decode("utf-8")
         except UnicodeError:
             pass
+    return partition_parse(key, headers.get("X-Broker-Gate"))
+
+
+def partition_parse(key: str | None, raw_gate: str | None) -> tuple[str | None, int]:
+    """A partition key and gate (text) as given in headers or a batch item; 400 when invalid."""
     if key is not None and key.strip() == "":
         raise ApiError(400, "invalid_partition_key", "X-Broker-Partition-Key must not be empty")
     if key is not None and len(key) > PARTITION_KEY_MAX:
@@ -146,7 +150,7 @@ def partition_headers(headers) -> tuple[str | None, int]:
     gate = 0
     if raw_gate is not None and raw_gate.strip() != "":
         value = raw_gate.strip()
-        if not value.isdigit() or int(value) > GATE_MAX:
+        if not (value.isascii() and value.isdigit()) or int(value) > GATE_MAX:
             raise ApiError(400, "invalid_gate", "X-Broker-Gate must be an integer >= 0")
         gate = int(value)
         if key is None:

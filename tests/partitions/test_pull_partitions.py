@@ -254,3 +254,28 @@ def test_safety_net_settles_a_partition_whose_settle_was_lost(pull_world, parts,
     assert partitions.partitions_settle_stale(force=True) == 1
     [b] = pull_ids(pc)
     assert b["Gate"] == 1
+
+
+def test_batch_items_carry_their_own_partition_and_gate(pull_world, parts, pc, api):
+    def batch(items, **headers):
+        return api.generic("POST", "/channel/ch1/messages", json.dumps(items), content_type="application/json",
+                           HTTP_X_BROKER_CHANNEL_TOKEN="ch-token", HTTP_X_BROKER_PRODUCER_ID="p1",
+                           HTTP_X_BROKER_PRODUCER_TOKEN="p-token", **headers)
+
+    r = batch([{"Payload": {"i": 0}, "PartitionKey": "b1"}, {"Payload": {"i": 1}, "PartitionKey": "b1", "Gate": 1},
+               {"Payload": {"i": 2}, "PartitionKey": "b2", "Gate": 4}, {"Payload": {"plain": True}}])
+    assert r.status_code == 201, r.content
+    assert parts.get("c2", "b1")["counts"] == {"0": {"QUEUED": 1}, "1": {"QUEUED": 1}}
+    assert parts.get("c2", "b2")["gate"] == 4
+    got = pull_ids(pc)
+    assert sorted((j.get("PartitionKey"), j.get("Gate")) for j in got if j.get("PartitionKey")) == [
+        ("b1", 0), ("b2", 4)]
+    assert sum(1 for j in got if "PartitionKey" not in j) == 1
+    for bad in ({"Gate": -1, "PartitionKey": "b"}, {"Gate": "1", "PartitionKey": "b"}, {"Gate": 1},
+                {"PartitionKey": 7}, {"PartitionKey": "x" * 256}, {"Gate": "²", "PartitionKey": "b"}):
+        r = batch([{"Payload": {"i": 9}, **bad}])
+        assert r.status_code == 400, (bad, r.content)
+    r = batch([{"Payload": {"i": 9}, "PartitionKey": "b2", "Gate": 3}])  # below b2's gate: whole batch refused
+    assert r.status_code == 409 and r.json()["error"] == "gate_passed"
+    r = pull_world.publish(HTTP_X_BROKER_PARTITION_KEY="h", HTTP_X_BROKER_GATE="²")
+    assert r.status_code == 400
