@@ -554,17 +554,33 @@ def ack_request_parse(data) -> list[AckItem]:
         if gate is not None:
             if target != QUEUED or delay is not None:
                 raise ApiError(400, "invalid_gate", f"Jobs[{i}]: Gate is only valid with NextState QUEUED (no Delay)")
-            if isinstance(gate, bool) or not isinstance(gate, int) or not 0 <= gate < 2**31:
-                raise ApiError(400, "invalid_gate", f"Jobs[{i}].Gate must be an integer >= 0")
-            raw_payload = item.get("Payload")
-            if isinstance(raw_payload, str):
-                payload = raw_payload.encode("utf-8", "surrogatepass")
-            elif raw_payload is not None:
-                payload = json.dumps(raw_payload, separators=(",", ":")).encode()
+            gate, payload = gate_parse(gate, item.get("Payload"), f"Jobs[{i}].")
         elif item.get("Payload") is not None:
             raise ApiError(400, "invalid_payload", f"Jobs[{i}]: Payload is only valid with a Gate")
         items.append(AckItem(job_id=job_id, raw_id=raw, target=target, delay=delay, gate=gate, payload=payload))
     return items
+
+
+def gate_parse(gate, raw_payload, where: str = "") -> tuple[int, bytes | None]:
+    """A handler-driven gate move's ``Gate`` (integer >= 0) and ``Payload`` (a string as its UTF-8
+    bytes, anything else as JSON; absent: the job keeps its payload)."""
+    if isinstance(gate, bool) or not isinstance(gate, int) or not 0 <= gate < 2**31:
+        raise ApiError(400, "invalid_gate", f"{where}Gate must be an integer >= 0")
+    if isinstance(raw_payload, str):
+        return gate, raw_payload.encode("utf-8", "surrogatepass")
+    if raw_payload is not None:
+        return gate, json.dumps(raw_payload, separators=(",", ":")).encode()
+    return gate, None
+
+
+def job_gate_move(*, ctx: PullContext, gate: int, payload: bytes | None) -> None:
+    """The spec path's ``NextState: QUEUED`` with a ``Gate``: the in-flight partitioned job moves
+    to that (higher) gate of its partition, optionally with a new payload; anything else is a 400."""
+    moved = state.jobs_move_gate(moves=[state.GateMove(job_id=ctx.job[0], gate=gate, payload=payload)],
+                                 consumer_pk=ctx.consumer_pk)
+    if not moved:
+        raise ApiError(400, "invalid_transition", "invalid transition request: QUEUED with a Gate needs an "
+                                                  "INFLIGHT job in a partition and a Gate above its gate")
 
 
 def jobs_ack(*, ctx: PullContext, items: list[AckItem]) -> list[dict]:

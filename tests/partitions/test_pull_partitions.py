@@ -279,3 +279,19 @@ def test_batch_items_carry_their_own_partition_and_gate(pull_world, parts, pc, a
     assert r.status_code == 409 and r.json()["error"] == "gate_passed"
     r = pull_world.publish(HTTP_X_BROKER_PARTITION_KEY="h", HTTP_X_BROKER_GATE="²")
     assert r.status_code == 400
+
+
+def test_spec_job_endpoint_moves_a_job_to_a_later_gate(pull_world, parts, pc):
+    parts.publish("s", 0, body=b'{"v": 0}')
+    [a] = pull_ids(pc)
+    r = pc.set_state(a["ID"], {"NextState": "QUEUED", "Gate": 2, "Payload": "plain text"})
+    assert r.status_code == 202, r.content
+    [b] = pull_ids(pc)
+    assert b["ID"] == a["ID"] and b["Gate"] == 2 and b["Message"]["Payload"] == "plain text"
+    r = pc.set_state(a["ID"], {"NextState": "QUEUED", "Gate": 1})
+    assert r.status_code == 400 and r.json()["error"] == "invalid_transition"
+    r = pc.set_state(a["ID"], {"NextState": "QUEUED", "Gate": "x"})
+    assert r.status_code == 400 and r.json()["error"] == "invalid_gate"
+    assert pc.set_state("999999", {"NextState": "QUEUED", "Gate": 3}).status_code == 404
+    assert pc.set_state(a["ID"], {"NextState": "DELIVERED"}).status_code == 202
+    assert parts.get("c2", "s")["counts"] == {"2": {"DELIVERED": 1}}
