@@ -550,16 +550,30 @@ def partition_leases_cycle(*, worker: str, lease: float | None = None, acquire: 
     the fair share (partitions with work / live owners, this worker included) and steal at most
     one from the most loaded owner above it. Every write is version-checked; time is ``now()``.
 
-    Takes the push claim lock (jobs.state.PUSH_CLAIM_LOCK) for the acquisitions, so a claim never
-    runs between the "nothing in flight" check and the takeover (the cycle runs about once a
-    second; a claim waits at most this short transaction)."""
+    Takes the push claim lock (jobs.state.PUSH_CLAIM_LOCK) only when there is something to take,
+    so a claim never runs between the "nothing in flight" check and the takeover; a first look
+    without the lock keeps the usual cycle (nothing to take) from ever delaying a claim."""
     from jobs.state import PUSH_CLAIM_LOCK
 
     lease = lease_seconds() if lease is None else float(lease)
     out = LeaseCycle()
     params = {"worker": worker, "lease": lease, "renew_before": lease * 2.0 / 3.0}
+
+    def plan(cur):
+        cur.execute(_OWNERS_SQL)
+        owners = dict(cur.fetchall())
+        cur.execute(_FREE_SQL, {"limit": candidates})
+        free = cur.fetchall()
+        mine = owners.get(worker, 0)
+        total = sum(owners.values()) + len(free)
+        fair = math.ceil(total / len(set(owners) | {worker})) if total else 0
+        victims = sorted(((n, o) for o, n in owners.items() if o != worker and n > fair), reverse=True)
+        return owners, free, mine, fair, victims
+
     with transaction.atomic(), connection.cursor() as cur:
-        if acquire:  # first, before any partition row lock: one lock order (lock, rows) for every cycle
+        owners, free, mine, fair, victims = plan(cur) if acquire else ({}, [], 0, 0, [])
+        take = acquire and mine < fair and (free or victims)
+        if take:  # first, before any partition row lock: one lock order (lock, rows) for every cycle
             cur.execute("SELECT pg_advisory_xact_lock(%s)", [PUSH_CLAIM_LOCK])
         cur.execute(_RENEW_SQL, params)
         out.writes += cur.fetchall()
@@ -568,16 +582,10 @@ def partition_leases_cycle(*, worker: str, lease: float | None = None, acquire: 
         released = cur.fetchall()
         out.writes += released
         out.released = len(released)
-        if not acquire:
+        if not take:
+            out.owned, out.fair_share = mine, fair
             return out
-        cur.execute(_OWNERS_SQL)
-        owners = dict(cur.fetchall())
-        cur.execute(_FREE_SQL, {"limit": candidates})
-        free = cur.fetchall()
-        mine = owners.get(worker, 0)
-        workers = len(set(owners) | {worker})
-        total = sum(owners.values()) + len(free)
-        fair = math.ceil(total / workers) if total else 0
+        owners, free, mine, fair, victims = plan(cur)  # again, under the lock: what counts
         out.fair_share = fair
         want = fair - mine
         if want > 0 and free:
@@ -588,17 +596,15 @@ def partition_leases_cycle(*, worker: str, lease: float | None = None, acquire: 
             out.writes += taken
             out.taken = len(taken)
             mine += out.taken
-        if mine < fair:
-            victims = sorted(((n, o) for o, n in owners.items() if o != worker and n > fair), reverse=True)
-            if victims:
-                cur.execute(_STEAL_CANDIDATE_SQL, {"victim": victims[0][1]})
-                cand = cur.fetchone()
-                if cand is not None:
-                    cur.execute(_TAKE_SQL, {**params, "ids": [cand[0]], "versions": [cand[1]]})
-                    stolen = cur.fetchall()
-                    out.writes += stolen
-                    out.stolen = len(stolen)
-                    mine += out.stolen
+        if mine < fair and victims:
+            cur.execute(_STEAL_CANDIDATE_SQL, {"victim": victims[0][1]})
+            cand = cur.fetchone()
+            if cand is not None:
+                cur.execute(_TAKE_SQL, {**params, "ids": [cand[0]], "versions": [cand[1]]})
+                stolen = cur.fetchall()
+                out.writes += stolen
+                out.stolen = len(stolen)
+                mine += out.stolen
         out.owned = mine
     return out
 
