@@ -16,7 +16,7 @@ from rest_framework.views import APIView
 
 from broker.api.errors import ApiError
 from broker.api.pagination import paginate
-from broker.api.views import ADMIN_PARAM, CHANNEL_TOKEN, ERROR, OBJ, PAGE_PARAMS, channel_or_404
+from broker.api.views import ADMIN_PARAM, CHANNEL_TOKEN, ERROR, PAGE_PARAMS, channel_or_404
 from consumers.api import consumer_or_404, require_consumer_or_admin
 from jobs import partitions
 from jobs.models import Partition, PartitionStatus
