@@ -295,3 +295,23 @@ def test_spec_job_endpoint_moves_a_job_to_a_later_gate(pull_world, parts, pc):
     assert pc.set_state("999999", {"NextState": "QUEUED", "Gate": 3}).status_code == 404
     assert pc.set_state(a["ID"], {"NextState": "DELIVERED"}).status_code == 202
     assert parts.get("c2", "s")["counts"] == {"2": {"DELIVERED": 1}}
+
+
+def test_completion_is_published_to_the_advisory_channel(pull_world, parts, pc, make, settings):
+    from rest_framework.test import APIClient
+
+    from tests.consumers.conftest import PullClient
+
+    make.channel("adv", token="adv-token")
+    make.consumer("fanin", channel="adv", type="pull", token="fanin-token", callback=None)
+    settings.BROKER_ADVISORY_CHANNEL = "adv"
+    parts.publish("job-42", 0)
+    parts.patch("c2", "job-42", autoClose=True)
+    [a] = pull_ids(pc)
+    ack(pc, [{"ID": a["ID"], "NextState": "DELIVERED"}])
+    fanin = PullClient(APIClient(), base="/channel/adv/consumer/fanin",
+                       headers={"HTTP_X_BROKER_CHANNEL_TOKEN": "adv-token", "HTTP_X_BROKER_CONSUMER_TOKEN": "fanin-token"})
+    [msg] = fanin.pull(batch=5, no_wait=True).json()["Result"]
+    body = json.loads(msg["Message"]["Payload"])
+    assert body["type"] == "partition_complete" and body["key"] == "job-42" and body["consumer"] == "c2"
+    assert body["channel"] == "ch1" and body["counts"]["DELIVERED"] == 1

@@ -118,12 +118,20 @@ def test_handler_driven_gates(make, parts, receiver, dispatcher, part_settings):
         return Reply(200, body=b'{"complete": true, "response": {"ignored": 1}}')
 
     receiver.behave("/cb", reply)
+    receiver.behave("/plain", lambda n, request: Reply(200, body=b'{"gate": 5, "done": false}'))
+    make.channel("ch2")
+    make.consumer("c9", channel="ch2", callback=receiver.url("/plain"))  # not partitioned: just a 2xx
+    make.publish(channel="ch2", body=b'{"plain": true}')
     parts.publish("doc", 0, body=b'{"step": "ocr"}')
     parts.publish("bad", 0, body=b'{"mode": "bad"}')
     parts.publish("fatal", 0, body=b'{"mode": "fatal"}')
     dispatcher()
-    wait_for(lambda: Job.objects.filter(status__in=[JobStatus.DELIVERED, JobStatus.DEAD]).count() == 3,
+    wait_for(lambda: Job.objects.filter(consumer__consumer_id="c1",
+                                        status__in=[JobStatus.DELIVERED, JobStatus.DEAD]).count() == 3,
              what="three jobs finished")
+    wait_for(lambda: Job.objects.filter(consumer__consumer_id="c9", status=JobStatus.DELIVERED).count() == 1,
+             what="c9's job delivered")
+    assert Job.objects.get(consumer__consumer_id="c9").gate == 0
     seen = [(json.loads(r.body), r.headers["x-broker-gate"], r.headers["x-broker-partition-key"])
             for r in receiver.at("/cb") if r.headers["x-broker-partition-key"] == "doc"]
     assert seen == [({"step": "ocr"}, "0", "doc"), ({"step": "rank"}, "2", "doc")]
