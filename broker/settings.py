@@ -253,6 +253,8 @@ BROKER_CONSUMER_TOKEN_HEADER = env_str("BROKER_CONSUMER_TOKEN_HEADER", "X-Broker
 BROKER_USER_AGENT = env_str("BROKER_USER_AGENT", "Webhook Message Broker")
 BROKER_MIN_SCHEDULE_DELAY = env_float("BROKER_MIN_SCHEDULE_DELAY", 120.0)
 BROKER_ADVISORY_CHANNEL = env_str("BROKER_ADVISORY_CHANNEL")
+# Partitions: a push worker's lease on a partition (database time), renewed every third of it.
+BROKER_PARTITION_LEASE_SECONDS = env_float("BROKER_PARTITION_LEASE_SECONDS", 10.0)
 # Optional HMAC signing of incoming requests (webhook-broker's [gateway-auth] mode=hmac).
 BROKER_HMAC_SECRET = env_str("BROKER_HMAC_SECRET")
 BROKER_HMAC_TOLERANCE = env_float("BROKER_HMAC_TOLERANCE", 300.0)

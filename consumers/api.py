@@ -52,6 +52,7 @@ def consumer_repr(consumer: Consumer, *, show_secret: bool) -> dict:
         "Paused": consumer.paused,
         "MaxAckPending": consumer.max_ack_pending,
         "MaxQueued": consumer.max_queued,
+        "Ordered": consumer.ordered,
         "PriorityPolicy": consumer.priority_policy,
         "PriorityTimeout": consumer.priority_timeout,
         "PriorityGroups": groups.groups_state(target=groups.target_for(consumer)),
@@ -109,6 +110,12 @@ def consumer_settings_parse(request) -> dict:
         value = _positive_int(request, "maxQueued")
         if value is not None:
             fields["max_queued"] = value
+    raw = form_value(request, "ordered")  # partitions: one job of a partition in flight, in publish order
+    if raw is not None and raw.strip():
+        flag = raw.strip().lower()
+        if flag not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+            raise ApiError(400, "invalid_ordered", "ordered must be true or false")
+        fields["ordered"] = flag in ("true", "1", "yes", "on")
     value = _positive_int(request, "maxRetry", allow_zero=True)
     if value is not None:
         fields["max_retry"] = value

@@ -400,7 +400,8 @@ RETURNING id
 
 _JOBS_SQL = """
 SELECT j.id, j.priority, j.retry_count, j.incremental_timeout, j.deadline,
-       m.message_id, m.payload, m.content_type, m.headers
+       m.message_id, COALESCE(j.payload, m.payload), m.content_type, m.headers,
+       (SELECT pt.key FROM jobs_partition pt WHERE pt.id = j.partition_id), j.gate  -- partitions
   FROM jobs_job j JOIN broker_message m ON m.id = j.message_id
  WHERE j.id = ANY(%s::bigint[]) AND j.status = %s
  ORDER BY j.priority DESC, j.id
@@ -408,7 +409,8 @@ SELECT j.id, j.priority, j.retry_count, j.incremental_timeout, j.deadline,
 
 _NEXT_SQL = """
 SELECT EXTRACT(EPOCH FROM (SELECT min(next_attempt_at) FROM jobs_job
-                            WHERE consumer_id = %(consumer)s AND status = %(queued)s) - now()),
+                            WHERE consumer_id = %(consumer)s AND status = %(queued)s
+                              AND (partition_id IS NULL OR next_attempt_at > now())) - now()),
        EXTRACT(EPOCH FROM (SELECT min(deadline) FROM jobs_job
                             WHERE consumer_id = %(consumer)s AND status = %(inflight)s) - now())
 """

@@ -147,7 +147,7 @@ def rfc3339(value) -> str | None:
 
 
 def claimed_repr(job: state.ClaimedJob) -> dict:
-    return {
+    body = {
         "ID": str(job.id),
         "Priority": job.priority,
         "IncrementalTimeout": seconds_repr(job.incremental_timeout),
@@ -155,6 +155,10 @@ def claimed_repr(job: state.ClaimedJob) -> dict:
         "Deadline": rfc3339(job.deadline),
         "Message": message_repr(job.message_id, job.payload, job.content_type, job.headers),
     }
+    if job.partition_key is not None:  # jobs.partitions: ack with NextState QUEUED + a higher Gate to move on
+        body["PartitionKey"] = job.partition_key
+        body["Gate"] = job.gate
+    return body
 
 
 # --- timeouts ----------------------------------------------------------------------------------------
@@ -419,17 +423,24 @@ WITH gc AS (
 )
 SELECT (SELECT id FROM w),
        EXTRACT(EPOCH FROM (SELECT min(next_attempt_at) FROM jobs_job
-                            WHERE consumer_id = %(consumer)s AND status = %(queued)s) - now()),
+                            WHERE consumer_id = %(consumer)s AND status = %(queued)s
+                              AND (partition_id IS NULL OR next_attempt_at > now())) - now()),
        EXTRACT(EPOCH FROM (SELECT min(deadline) FROM jobs_job
                             WHERE consumer_id = %(consumer)s AND status = %(inflight)s) - now())
 """
 
 _NEXT_SQL = """
 SELECT EXTRACT(EPOCH FROM (SELECT min(next_attempt_at) FROM jobs_job
-                            WHERE consumer_id = %(consumer)s AND status = %(queued)s) - now()),
+                            WHERE consumer_id = %(consumer)s AND status = %(queued)s
+                              AND (partition_id IS NULL OR next_attempt_at > now())) - now()),
        EXTRACT(EPOCH FROM (SELECT min(deadline) FROM jobs_job
                             WHERE consumer_id = %(consumer)s AND status = %(inflight)s) - now())
 """
+
+
+# In _WAITER_SQL / _NEXT_SQL a partitioned job counts as "due" only while delayed (retry backoff):
+# one waiting behind its partition's gate would otherwise look overdue and make the waiter spin;
+# a gate advance NOTIFYs the waiters instead (jobs.partitions).
 
 
 def _next_check(due_in, deadline_in, remaining: float) -> float:
@@ -498,6 +509,8 @@ class AckItem:
     raw_id: str
     target: int
     delay: float | None
+    gate: int | None = None  # partitions: NextState QUEUED with a Gate moves the job to that gate
+    payload: bytes | None = None  # ... with this as its new payload (None: unchanged)
 
 
 def ack_request_parse(data) -> list[AckItem]:
@@ -518,7 +531,8 @@ def ack_request_parse(data) -> list[AckItem]:
             raise ApiError(400, "invalid_jobs", f"Jobs[{i}] must be an object")
         if "ID" not in item or "NextState" not in item:  # Go-style case-insensitive keys (rare): normalise
             item = {str(k).lower(): v for k, v in item.items()}
-            item = {"ID": item.get("id"), "NextState": item.get("nextstate"), "Delay": item.get("delay")}
+            item = {"ID": item.get("id"), "NextState": item.get("nextstate"), "Delay": item.get("delay"),
+                    "Gate": item.get("gate"), "Payload": item.get("payload")}
         raw = item["ID"]
         if isinstance(raw, bool) or not isinstance(raw, (str, int)):
             raise ApiError(400, "invalid_jobs", f"Jobs[{i}].ID must be a string")
@@ -536,8 +550,37 @@ def ack_request_parse(data) -> list[AckItem]:
             if target != QUEUED:
                 raise ApiError(400, "invalid_delay", f"Jobs[{i}]: Delay is only valid with NextState QUEUED")
             delay = timeout_parse(delay, "Delay") or 0.0
-        items.append(AckItem(job_id=job_id, raw_id=raw, target=target, delay=delay))
+        gate, payload = item.get("Gate"), None
+        if gate is not None:
+            if target != QUEUED or delay is not None:
+                raise ApiError(400, "invalid_gate", f"Jobs[{i}]: Gate is only valid with NextState QUEUED (no Delay)")
+            gate, payload = gate_parse(gate, item.get("Payload"), f"Jobs[{i}].")
+        elif item.get("Payload") is not None:
+            raise ApiError(400, "invalid_payload", f"Jobs[{i}]: Payload is only valid with a Gate")
+        items.append(AckItem(job_id=job_id, raw_id=raw, target=target, delay=delay, gate=gate, payload=payload))
     return items
+
+
+def gate_parse(gate, raw_payload, where: str = "") -> tuple[int, bytes | None]:
+    """A handler-driven gate move's ``Gate`` (integer >= 0) and ``Payload`` (a string as its UTF-8
+    bytes, anything else as JSON; absent: the job keeps its payload)."""
+    if isinstance(gate, bool) or not isinstance(gate, int) or not 0 <= gate < 2**31:
+        raise ApiError(400, "invalid_gate", f"{where}Gate must be an integer >= 0")
+    if isinstance(raw_payload, str):
+        return gate, raw_payload.encode("utf-8", "surrogatepass")
+    if raw_payload is not None:
+        return gate, json.dumps(raw_payload, separators=(",", ":")).encode()
+    return gate, None
+
+
+def job_gate_move(*, ctx: PullContext, gate: int, payload: bytes | None) -> None:
+    """The spec path's ``NextState: QUEUED`` with a ``Gate``: the in-flight partitioned job moves
+    to that (higher) gate of its partition, optionally with a new payload; anything else is a 400."""
+    moved = state.jobs_move_gate(moves=[state.GateMove(job_id=ctx.job[0], gate=gate, payload=payload)],
+                                 consumer_pk=ctx.consumer_pk)
+    if not moved:
+        raise ApiError(400, "invalid_transition", "invalid transition request: QUEUED with a Gate needs an "
+                                                  "INFLIGHT job in a partition and a Gate above its gate")
 
 
 def jobs_ack(*, ctx: PullContext, items: list[AckItem]) -> list[dict]:
@@ -545,14 +588,34 @@ def jobs_ack(*, ctx: PullContext, items: list[AckItem]) -> list[dict]:
     by INFLIGHT and the consumer), answered per job. QUEUED is a negative acknowledgement: retry
     + 1, due after ``Delay`` seconds, DEAD past the retry limit. A job that is not this consumer's
     is ``not_found``; one that is not INFLIGHT is a ``conflict`` (with its current Status)."""
-    known = [it for it in items if it.job_id is not None]
+    moves = [it for it in items if it.job_id is not None and it.gate is not None]
+    moved_gate = state.jobs_move_gate(
+        moves=[state.GateMove(job_id=it.job_id, gate=it.gate, payload=it.payload) for it in moves],
+        consumer_pk=ctx.consumer_pk) if moves else {}
+    known = [it for it in items if it.job_id is not None and it.gate is None]
     outcome = state.jobs_ack_inflight(
         consumer_pk=ctx.consumer_pk, job_ids=[it.job_id for it in known],
         to_statuses=[it.target for it in known], delays=[it.delay for it in known],
         max_retry=ctx.max_retry, reason="pull-ack",
     ) if known else {}
+    current = {}
+    missed = [it.job_id for it in moves if it.job_id not in moved_gate]
+    if missed:
+        with connection.cursor() as cur:
+            cur.execute("SELECT id, status FROM jobs_job WHERE id = ANY(%s) AND consumer_id = %s",
+                        [missed, ctx.consumer_pk])
+            current = dict(cur.fetchall())
     result = []
     for it in items:
+        if it.gate is not None and it.job_id is not None:
+            if it.job_id in moved_gate:
+                result.append({"ID": it.raw_id, "Status": "QUEUED", "Gate": it.gate})
+            elif it.job_id in current:
+                result.append({"ID": it.raw_id, "Status": STATUS_NAMES.get(current[it.job_id]), "Error": "conflict",
+                               "Detail": "job is not INFLIGHT in a partition below that Gate"})
+            else:
+                result.append({"ID": it.raw_id, "Status": None, "Error": "not_found", "Detail": "job not found"})
+            continue
         moved, status, retry = outcome.get(it.job_id, (False, None, None))
         if moved:
             result.append({"ID": it.raw_id, "Status": STATUS_NAMES[status], "RetryCount": retry})

@@ -130,7 +130,8 @@ class JobView(HotView):
         description='JSON {"NextState": "INFLIGHT"|"DELIVERED"|"DEAD", "IncrementalTimeout": seconds}. '
                     "Allowed: QUEUED->INFLIGHT, INFLIGHT->DELIVERED, INFLIGHT->DEAD, DEAD->INFLIGHT "
                     "(retry + 1). The same state is a 202 without change. IncrementalTimeout only with "
-                    "INFLIGHT from QUEUED or DEAD. Anything else is a 400.",
+                    "INFLIGHT from QUEUED or DEAD. Partitions: {\"NextState\": \"QUEUED\", \"Gate\": n, "
+                    "\"Payload\"?} moves an INFLIGHT partitioned job to a higher gate. Anything else is a 400.",
         parameters=TOKENS, request={"application/json": OpenApiTypes.OBJECT}, responses={202: ACCEPTED, **AUTH_ERRORS},
     )
     def post(self, request, channel_id: str, consumer_id: str, job_id: str):
@@ -140,6 +141,11 @@ class JobView(HotView):
                 raise ApiError(400, "malformed_request", "body must be a JSON object")
             fields = {str(k).lower(): v for k, v in data.items()}
             next_state = fields.get("nextstate")
+            if next_state == "QUEUED" and "gate" in fields:  # partitions: a handler-driven gate move
+                gate, payload = pull.gate_parse(fields.get("gate"), fields.get("payload"))
+                ctx = authenticate(request, channel_id, consumer_id, job_id=job_id)
+                pull.job_gate_move(ctx=ctx, gate=gate, payload=payload)
+                return HttpResponse(status=202)
             if not isinstance(next_state, str) or next_state not in pull.SPEC_STATES:
                 raise ApiError(400, "invalid_next_state", "NextState must be INFLIGHT, DELIVERED or DEAD")
             incremental = pull.timeout_parse(fields.get("incrementaltimeout"))
@@ -235,6 +241,8 @@ class AckView(HotView):
     @extend_schema(
         summary="Report the outcome of up to 1,000 in-flight jobs in one statement",
         description='JSON {"Jobs": [{"ID", "NextState": "DELIVERED"|"DEAD"|"QUEUED", "Delay": seconds}]}. '
+                    'Partitions: {"ID", "NextState": "QUEUED", "Gate": n, "Payload"?} moves the job to gate n '
+                    '(above its gate) with Payload as its new payload, answered {"ID", "Status", "Gate"}. '
                     "QUEUED is a negative acknowledgement (retry + 1, redelivered after Delay, DEAD past the "
                     'retry limit). Answered per job: {"Result": [{"ID", "Status", "RetryCount"} or '
                     '{"ID", "Status", "Error": "not_found"|"conflict"}]}.',

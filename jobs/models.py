@@ -33,6 +33,14 @@ class Job(models.Model):
     incremental_timeout = models.FloatField(default=0)
     status_changed_at = models.DateTimeField()
     created_at = models.DateTimeField()
+    # Partitions (jobs.partitions): the job's partition and gate; only jobs at their partition's
+    # current gate are claimable. No FK constraint: a plain bigint costs nothing on the hot insert.
+    # ``payload`` overrides the message's payload for this job only (a handler-driven gate move
+    # with new data; other consumers keep theirs); NULL for nearly every job.
+    partition = models.ForeignKey("Partition", on_delete=models.DO_NOTHING, null=True, blank=True,
+                                  related_name="+", db_constraint=False, db_index=False)
+    gate = models.IntegerField(default=0, db_default=0)
+    payload = models.BinaryField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -49,6 +57,9 @@ class Job(models.Model):
                          condition=models.Q(status=JobStatus.INFLIGHT)),
             # Per-consumer listings by status (DLQ pages, admin filters).
             models.Index(fields=["consumer", "status", "-id"], name="job_consumer_status"),
+            # Partition settle / counts / ordered claims: per-gate status counts of one partition.
+            models.Index(fields=["partition", "gate", "status"], name="job_partition_gate",
+                         condition=models.Q(partition__isnull=False)),
         ]
 
     def __str__(self) -> str:
@@ -78,3 +89,42 @@ class DeliveryAttempt(models.Model):
     error = models.TextField(blank=True, default="")
     request_id = models.CharField(max_length=64, blank=True, default="")
     outcome = models.CharField(max_length=16, default="")
+
+
+class PartitionStatus(models.IntegerChoices):
+    AVAILABLE = 1
+    FAILED = 2
+    COMPLETE = 3
+
+
+class Partition(models.Model):
+    """A consumer's partition (``X-Broker-Partition-Key``): jobs move through its gates in order.
+
+    Every write is ``UPDATE ... WHERE id = %s AND version = %s`` (optimistic concurrency, see
+    jobs/partitions.py); ``owner``/``lease_until`` is a push worker's lease (database time)."""
+
+    consumer = models.ForeignKey(Consumer, on_delete=models.CASCADE, related_name="partitions", db_index=False)
+    key = models.CharField(max_length=255)
+    gate = models.IntegerField(default=0, db_default=0)
+    status = models.PositiveSmallIntegerField(choices=PartitionStatus.choices, default=PartitionStatus.AVAILABLE,
+                                              db_default=PartitionStatus.AVAILABLE)
+    owner = models.CharField(max_length=64, blank=True, default="", db_default="")
+    lease_until = models.DateTimeField(null=True, blank=True)
+    version = models.BigIntegerField(default=0, db_default=0)
+    closed = models.BooleanField(default=False, db_default=False)
+    auto_close = models.BooleanField(default=False, db_default=False)
+    manual_checkpoint = models.BooleanField(default=False, db_default=False)
+    created_at = models.DateTimeField(db_default=models.functions.Now())
+    updated_at = models.DateTimeField(db_default=models.functions.Now())
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["consumer", "key"], name="partition_unique_key"),
+        ]
+        indexes = [
+            models.Index(fields=["consumer", "status", "id"], name="partition_consumer_status"),
+            models.Index(fields=["owner"], name="partition_owner", condition=~models.Q(owner="")),
+        ]
+
+    def __str__(self) -> str:
+        return f"partition {self.key}"

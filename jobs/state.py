@@ -103,6 +103,28 @@ def jobs_fanout_sql(source: str) -> str:
     )"""
 
 
+def jobs_fanout_partitioned_sql(source: str) -> str:
+    """``jobs_fanout_sql`` for messages in partitions: ``source`` also exposes ``pkey`` (text or
+    NULL) and ``gate``; each job joins its consumer's partition of the key (created by
+    ``jobs.partitions.partitions_for_publish`` in the same transaction). Used only when a publish
+    carries a partition key, so other publishes run exactly the statement they ran before."""
+    return f"""
+    jobs_created AS (
+        INSERT INTO jobs_job (message_id, consumer_id, channel_id, status, priority, retry_count,
+                              next_attempt_at, incremental_timeout, status_changed_at, created_at,
+                              partition_id, gate)
+        SELECT src.id, c.id, c.channel_id, {QUEUED}, src.priority, 0, now(), 0, now(), now(),
+               pt.id, CASE WHEN pt.id IS NULL THEN 0 ELSE src.gate END
+          FROM {source} src JOIN consumers_consumer c ON c.channel_id = src.channel_id
+          LEFT JOIN jobs_partition pt ON pt.consumer_id = c.id AND pt.key = src.pkey
+         ORDER BY src.id, c.id
+        RETURNING consumer_id
+    ), jobs_notified AS (
+        SELECT pg_notify('broker_jobs', string_agg(DISTINCT consumer_id::text, ',')) AS n
+          FROM jobs_created HAVING count(*) > 0
+    )"""
+
+
 # --- the generic batched transition ------------------------------------------------------------
 
 @dataclass
@@ -147,12 +169,12 @@ WITH v AS (
       FROM v
      WHERE j.id = v.id AND j.status = v.from_s
        AND (%(consumer)s::bigint IS NULL OR j.consumer_id = %(consumer)s::bigint)
-    RETURNING j.id, v.from_s, j.status, j.retry_count, j.deadline
+    RETURNING j.id, v.from_s, j.status, j.retry_count, j.deadline, j.partition_id
 ), h AS (
     INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)
     SELECT id, from_s, status, retry_count, %(reason)s, now() FROM u
 )
-SELECT id, status, retry_count, deadline FROM u
+SELECT id, status, retry_count, deadline, partition_id FROM u
 """
 
 
@@ -184,7 +206,9 @@ def jobs_move(*, moves: Sequence[Move], reason: str, consumer_pk: int | None = N
     }
     with connection.cursor() as cur:
         cur.execute(_MOVE_SQL, params)
-        return {row[0]: (row[1], row[2], row[3]) for row in cur.fetchall()}
+        rows = cur.fetchall()
+    _settle_on_commit(row[4] for row in rows if row[1] != INFLIGHT)
+    return {row[0]: (row[1], row[2], row[3]) for row in rows}
 
 
 def job_move(*, job_id: int, from_status: int, to_status: int, reason: str,
@@ -194,6 +218,46 @@ def job_move(*, job_id: int, from_status: int, to_status: int, reason: str,
     result = jobs_move(moves=[Move(job_id=job_id, from_status=from_status, to_status=to_status, **fields)],
                        reason=reason, consumer_pk=consumer_pk)
     return result.get(job_id)
+
+
+# --- partitions: claim gating and settle hooks ---------------------------------------------------
+
+# Partitions (jobs.partitions): a partitioned job is claimable only at its partition's current
+# gate while the partition is AVAILABLE (push: also leased by the claiming worker); on an
+# ``ordered`` consumer only the lowest-id unfinished job of the partition, and none while
+# another is in flight. Non-partitioned jobs pay one ``partition_id IS NULL`` test (the claims
+# keep using the ``job_claim`` partial index; the subqueries run for partitioned rows only, and the
+# partition test is a correlated scalar subquery by primary key: as an EXISTS PostgreSQL may turn it
+# into a hashed subplan that reads every AVAILABLE partition per claim).
+PARTITION_AVAILABLE = 1
+
+
+def partition_gate_sql(alias: str, *, ordered: str, lease: str = "") -> str:
+    """The claim filter for rows of ``alias``: ``ordered`` is an SQL boolean expression, ``lease``
+    extra conditions on the partition ``pt`` (the push worker's lease)."""
+    return f"""({alias}.partition_id IS NULL OR (
+        (SELECT pt.gate FROM jobs_partition pt WHERE pt.id = {alias}.partition_id
+            AND pt.status = {PARTITION_AVAILABLE} {lease}) = {alias}.gate
+        AND NOT ({ordered} AND EXISTS (
+            SELECT 1 FROM jobs_job o WHERE o.partition_id = {alias}.partition_id AND o.gate = {alias}.gate
+               AND o.id <> {alias}.id AND (o.status = {INFLIGHT} OR (o.status = {QUEUED} AND o.id < {alias}.id))))))"""
+
+
+def _settle_on_commit(partition_ids) -> None:
+    """Settle the partitions of jobs that just finished (DELIVERED / DEAD / moved), after the
+    transaction commits: a settle must see every committed move, and the last committer of a
+    partition's moves then always sees all of them (jobs.partitions.partitions_settle)."""
+    ids = sorted({int(i) for i in partition_ids if i is not None})
+    if not ids:
+        return
+    from django.db import transaction
+
+    def settle() -> None:
+        from jobs.partitions import partitions_settle
+
+        partitions_settle(partition_ids=ids)
+
+    transaction.on_commit(settle, robust=True)
 
 
 # --- claims ----------------------------------------------------------------------------------------
@@ -222,25 +286,31 @@ u AS (
         deadline = now() + (%(timeout)s + COALESCE(%(inc)s, j.incremental_timeout)) * interval '1 second',
         incremental_timeout = COALESCE(%(inc)s, j.incremental_timeout)
       FROM picked WHERE j.id = picked.id AND j.status = %(queued)s
-    RETURNING j.id, j.message_id, j.priority, j.retry_count, j.incremental_timeout, j.deadline
+    RETURNING j.id, j.message_id, j.priority, j.retry_count, j.incremental_timeout, j.deadline,
+              j.partition_id, j.gate, j.payload
 ), h AS (
     INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)
     SELECT id, %(queued)s, %(inflight)s, retry_count, %(reason)s, now() FROM u
 )
 SELECT u.id, u.priority, u.retry_count, u.incremental_timeout, u.deadline,
-       m.message_id, m.payload, m.content_type, m.headers
+       m.message_id, COALESCE(u.payload, m.payload), m.content_type, m.headers,
+       CASE WHEN u.partition_id IS NOT NULL
+            THEN (SELECT pt.key FROM jobs_partition pt WHERE pt.id = u.partition_id) END, u.gate
   FROM u JOIN broker_message m ON m.id = u.message_id
  ORDER BY u.priority DESC, u.id
 """
 
+_PULL_ORDERED = "(SELECT k.ordered FROM consumers_consumer k WHERE k.id = j.consumer_id)"
+
 _CLAIM_SQL = """
 WITH picked AS (
-    SELECT id FROM jobs_job
-     WHERE consumer_id = %(consumer)s AND status = %(queued)s AND next_attempt_at <= now()
-     ORDER BY priority DESC, id
+    SELECT j.id FROM jobs_job j
+     WHERE j.consumer_id = %(consumer)s AND j.status = %(queued)s AND j.next_attempt_at <= now()
+       AND {GATE}
+     ORDER BY j.priority DESC, j.id
      LIMIT ({ROOM})
        FOR UPDATE SKIP LOCKED
-), """.replace("{ROOM}", _PULL_ROOM) + _CLAIM_TAIL
+), """.replace("{ROOM}", _PULL_ROOM).replace("{GATE}", partition_gate_sql("j", ordered=_PULL_ORDERED)) + _CLAIM_TAIL
 
 
 def _headers(value) -> dict:
@@ -261,14 +331,17 @@ class ClaimedJob:
     payload: bytes
     content_type: str
     headers: dict
+    partition_key: str | None = None
+    gate: int = 0
 
 
 def claimed_jobs(rows) -> list[ClaimedJob]:
     """Rows shaped like ``_CLAIM_TAIL``'s result (id, priority, retry_count, incremental_timeout,
-    deadline, message_id, payload, content_type, headers) as ClaimedJob objects."""
+    deadline, message_id, payload, content_type, headers[, partition key, gate]) as ClaimedJob objects."""
     return [
         ClaimedJob(id=r[0], priority=r[1], retry_count=r[2], incremental_timeout=r[3], deadline=r[4],
-                   message_id=r[5], payload=bytes(r[6]), content_type=r[7], headers=_headers(r[8]))
+                   message_id=r[5], payload=bytes(r[6]), content_type=r[7], headers=_headers(r[8]),
+                   partition_key=r[9] if len(r) > 9 else None, gate=r[10] if len(r) > 10 and r[10] else 0)
         for r in rows
     ]
 
@@ -311,7 +384,7 @@ WITH c AS (
         next_attempt_at = now(),
         deadline = NULL
       FROM c WHERE j.id = c.id AND j.status = %(inflight)s
-    RETURNING j.id, j.status, j.retry_count, j.consumer_id
+    RETURNING j.id, j.status, j.retry_count, j.consumer_id, j.partition_id
 ), h AS (
     INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)
     SELECT id, %(inflight)s, status, retry_count, 'timeout', now() FROM u
@@ -319,7 +392,8 @@ WITH c AS (
     SELECT pg_notify('broker_jobs', string_agg(DISTINCT consumer_id::text, ','))
       FROM u WHERE status = %(queued)s HAVING count(*) > 0
 )
-SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM n)
+SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM n),
+       (SELECT array_agg(DISTINCT partition_id) FROM u WHERE partition_id IS NOT NULL AND status = %(dead)s)
 """
 
 
@@ -334,7 +408,9 @@ def jobs_expire_inflight(*, limit: int = 5000, consumer_pk: int | None = None) -
             "inflight": INFLIGHT, "queued": QUEUED, "dead": DEAD,
             "max_retry": settings.BROKER_MAX_RETRY, "limit": limit, "consumer": consumer_pk,
         })
-        return int(cur.fetchone()[0])
+        row = cur.fetchone()
+    _settle_on_commit(row[2] or [])
+    return int(row[0])
 
 
 _REQUEUE_DEAD_SQL = """
@@ -348,12 +424,13 @@ WITH c AS (
     UPDATE jobs_job j SET status = %(queued)s, retry_count = 0, status_changed_at = now(),
                           next_attempt_at = now(), deadline = NULL
       FROM c WHERE j.id = c.id AND j.status = %(dead)s
-    RETURNING j.id
+    RETURNING j.id, j.partition_id
 ), h AS (
     INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)
     SELECT id, %(dead)s, %(queued)s, 0, %(reason)s, now() FROM u
 )
-SELECT count(*), (SELECT pg_notify('broker_jobs', %(consumer)s::text) FROM u LIMIT 1) FROM u
+SELECT count(*), (SELECT pg_notify('broker_jobs', %(consumer)s::text) FROM u LIMIT 1),
+       (SELECT array_agg(DISTINCT partition_id) FROM u WHERE partition_id IS NOT NULL) FROM u
 """
 
 
@@ -367,7 +444,9 @@ def jobs_requeue_dead(*, consumer_pk: int, job_ids: Iterable[int] | None = None,
         with connection.cursor() as cur:
             cur.execute(_REQUEUE_DEAD_SQL, {"consumer": consumer_pk, "dead": DEAD, "queued": QUEUED,
                                             "ids": ids, "limit": batch, "reason": reason[:32]})
-            moved = int(cur.fetchone()[0])
+            row = cur.fetchone()
+            moved = int(row[0])
+        _settle_on_commit(row[2] or [])  # a FAILED partition resumes (jobs.partitions)
         total += moved
         if moved < batch:
             return total
@@ -386,10 +465,12 @@ def jobs_delete_dead(*, consumer_pk: int, job_ids: Iterable[int] | None = None, 
                      WHERE consumer_id = %(consumer)s AND status = %(dead)s
                        AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
                      LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+                RETURNING partition_id
                 """,
                 {"consumer": consumer_pk, "dead": DEAD, "ids": ids, "limit": batch},
             )
             deleted = cur.rowcount
+            _settle_on_commit(r[0] for r in cur.fetchall())
         total += deleted
         if deleted < batch:
             return total
@@ -407,12 +488,12 @@ WITH c AS (
        FOR UPDATE SKIP LOCKED
 ), d AS (
     DELETE FROM jobs_job j USING c WHERE j.id = c.id AND j.status = %(queued)s
-    RETURNING j.id, j.retry_count
+    RETURNING j.id, j.retry_count, j.partition_id
 ), h AS (
     INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)
     SELECT id, %(queued)s, %(purged)s, retry_count, 'purged', now() FROM d
 )
-SELECT count(*) FROM d
+SELECT count(*), (SELECT array_agg(DISTINCT partition_id) FROM d WHERE partition_id IS NOT NULL) FROM d
 """
 
 
@@ -429,7 +510,9 @@ def jobs_purge_queued(*, consumer_pk: int, older_than=None, older_than_seconds: 
             cur.execute(_PURGE_QUEUED_SQL, {"consumer": consumer_pk, "queued": QUEUED, "purged": PURGED,
                                             "before": older_than, "age": older_than_seconds,
                                             "limit": int(batch)})
-            deleted = int(cur.fetchone()[0])
+            row = cur.fetchone()
+            deleted = int(row[0])
+        _settle_on_commit(row[1] or [])
         total += deleted
         if progress is not None:
             progress(deleted, total)
@@ -447,12 +530,12 @@ WITH c AS (
 ), u AS (
     UPDATE jobs_job j SET status = %(dead)s, status_changed_at = now(), deadline = NULL
       FROM c WHERE j.id = c.id AND j.status = c.status
-    RETURNING j.id, c.status AS from_s, j.retry_count
+    RETURNING j.id, c.status AS from_s, j.retry_count, j.partition_id
 ), h AS (
     INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)
     SELECT id, from_s, %(dead)s, retry_count, %(reason)s, now() FROM u
 )
-SELECT id, from_s FROM u
+SELECT id, from_s, partition_id FROM u
 """
 
 
@@ -470,7 +553,9 @@ def jobs_mark_dead(*, job_ids: Iterable[int], reason: str = "operator",
     with connection.cursor() as cur:
         cur.execute(_MARK_DEAD_SQL, {"ids": ids, "queued": QUEUED, "inflight": INFLIGHT, "dead": DEAD,
                                      "consumer": consumer_pk, "reason": reason[:32]})
-        return {row[0]: row[1] for row in cur.fetchall()}
+        rows = cur.fetchall()
+    _settle_on_commit(row[2] for row in rows)
+    return {row[0]: row[1] for row in rows}
 
 
 # --- pull consumers: claim within a byte budget, extend a deadline -------------------------------
@@ -510,20 +595,21 @@ def prepared_fetchall(sql: str, params: dict) -> list[tuple]:
 
 _CLAIM_BYTES_SQL = """
 WITH c AS (
-    SELECT id, priority, message_id FROM jobs_job
-     WHERE consumer_id = %(consumer)s AND status = %(queued)s AND next_attempt_at <= now()
-     ORDER BY priority DESC, id
+    SELECT j.id, j.priority, j.message_id, j.payload FROM jobs_job j
+     WHERE j.consumer_id = %(consumer)s AND j.status = %(queued)s AND j.next_attempt_at <= now()
+       AND {GATE}
+     ORDER BY j.priority DESC, j.id
      LIMIT ({ROOM})
        FOR UPDATE SKIP LOCKED
 ), s AS (
     SELECT c.id,
            row_number() OVER w AS n,
-           sum(octet_length(m.payload)) OVER w AS running
+           sum(octet_length(COALESCE(c.payload, m.payload))) OVER w AS running
       FROM c JOIN broker_message m ON m.id = c.message_id
     WINDOW w AS (ORDER BY c.priority DESC, c.id)
 ), picked AS (
     SELECT id FROM s WHERE n = 1 OR running <= %(max_bytes)s
-), """.replace("{ROOM}", _PULL_ROOM) + _CLAIM_TAIL
+), """.replace("{ROOM}", _PULL_ROOM).replace("{GATE}", partition_gate_sql("j", ordered=_PULL_ORDERED)) + _CLAIM_TAIL
 _CLAIM_SQL_TYPED = typed_sql(_CLAIM_SQL, {
     "consumer": "bigint", "queued": "smallint", "limit": "int", "inflight": "smallint", "timeout": "float8",
     "inc": "float8", "reason": "text"})
@@ -614,7 +700,7 @@ WITH k AS MATERIALIZED (
            LEAST(c.max_in_flight, c.max_ack_pending)
              - (SELECT count(*) FROM jobs_job i
                  WHERE i.consumer_id = c.id AND i.status = {INFLIGHT}) AS room,
-           c.max_deliveries_per_second AS rate,
+           c.max_deliveries_per_second AS rate, c.ordered,
            COALESCE(c.connection_timeout, %(conn_timeout)s) + 0.25 + %(rational)s AS ttl,
            GREATEST(extract(epoch FROM p.tat - now()), 0) AS lag
       FROM consumers_consumer c
@@ -623,7 +709,7 @@ WITH k AS MATERIALIZED (
 ), r AS MATERIALIZED (
     -- room: maxInFlight minus what is in flight now (any process), capped by the GCRA pacing
     -- of maxDeliveriesPerSecond (bursts of rate/20, at least 1)
-    SELECT id, updated_at, rate, ttl, lag,
+    SELECT id, updated_at, rate, ttl, lag, ordered,
            LEAST(room, %(limit)s,
                  CASE WHEN rate IS NULL OR rate <= 0 THEN %(limit)s
                       ELSE floor(GREATEST(1, ceil(rate / 20.0)) - COALESCE(lag, 0) * rate)::int END) AS room
@@ -634,12 +720,12 @@ WITH k AS MATERIALIZED (
           SELECT y.id, y.priority FROM (
               (SELECT j.id, j.priority FROM jobs_job j
                 WHERE j.consumer_id = r.id AND j.status = {QUEUED} AND j.retry_count = 0
-                  AND j.next_attempt_at <= now()
+                  AND j.next_attempt_at <= now() AND {GATE}
                 ORDER BY j.priority DESC, j.id LIMIT r.room)
               UNION ALL
               (SELECT j.id, j.priority FROM jobs_job j
                 WHERE j.consumer_id = r.id AND j.status = {QUEUED} AND j.retry_count > 0
-                  AND j.next_attempt_at <= now()
+                  AND j.next_attempt_at <= now() AND {GATE}
                 ORDER BY j.next_attempt_at LIMIT r.room)
           ) y ORDER BY y.priority DESC, y.id LIMIT r.room
       ) x
@@ -657,7 +743,7 @@ WITH k AS MATERIALIZED (
                FOR UPDATE SKIP LOCKED) pick
       JOIN r ON r.id = pick.consumer_id
      WHERE j.id = pick.id
-    RETURNING j.id, j.consumer_id, j.message_id, j.priority, j.retry_count
+    RETURNING j.id, j.consumer_id, j.message_id, j.priority, j.retry_count, j.partition_id, j.gate, j.payload
 ), h AS (
     INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)
     SELECT id, {QUEUED}, {INFLIGHT}, retry_count, %(reason)s, now() FROM u
@@ -669,11 +755,15 @@ WITH k AS MATERIALIZED (
      GROUP BY u.consumer_id
     ON CONFLICT (consumer_id) DO UPDATE SET tat = EXCLUDED.tat
 )
-SELECT u.id, u.consumer_id, u.priority, u.retry_count, m.message_id, m.payload, m.content_type,
-       m.headers, r.updated_at
+SELECT u.id, u.consumer_id, u.priority, u.retry_count, m.message_id, COALESCE(u.payload, m.payload),
+       m.content_type, m.headers, r.updated_at,
+       CASE WHEN u.partition_id IS NOT NULL
+            THEN (SELECT pt.key FROM jobs_partition pt WHERE pt.id = u.partition_id) END, u.gate
   FROM u JOIN broker_message m ON m.id = u.message_id JOIN r ON r.id = u.consumer_id
  ORDER BY u.priority DESC, u.id
-""".format(QUEUED=QUEUED, INFLIGHT=INFLIGHT)
+""".replace("{GATE}", partition_gate_sql(
+    "j", ordered="r.ordered", lease="AND pt.owner = %(worker)s AND pt.lease_until > now()",
+)).format(QUEUED=QUEUED, INFLIGHT=INFLIGHT)
 
 
 @dataclass
@@ -687,13 +777,15 @@ class PushJob:
     content_type: str
     headers: dict
     consumer_updated_at: object
+    partition_key: str | None = None
+    gate: int = 0
 
 
 def _headers_dict(value) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def jobs_claim_push(*, limit: int, reason: str = "push") -> list[PushJob]:
+def jobs_claim_push(*, limit: int, reason: str = "push", worker: str = "") -> list[PushJob]:
     """Claim up to ``limit`` due QUEUED jobs across every push consumer: priority DESC, then
     oldest first, never past a consumer's ``maxInFlight`` (counted over all processes) or its
     ``maxDeliveriesPerSecond`` pacing. Moves them to INFLIGHT with a deadline of the consumer's
@@ -707,7 +799,8 @@ def jobs_claim_push(*, limit: int, reason: str = "push") -> list[PushJob]:
     free room). Pull consumers' jobs are never touched (``type = 'push'``).
 
     Runs in the caller's transaction when there is one (the dispatcher records the previous
-    batch's outcomes and claims the next in one transaction).
+    batch's outcomes and claims the next in one transaction). Partitioned jobs only of
+    partitions ``worker`` holds a live lease on (jobs.partitions).
     """
     if limit <= 0:
         return []
@@ -716,6 +809,7 @@ def jobs_claim_push(*, limit: int, reason: str = "push") -> list[PushJob]:
         "conn_timeout": float(settings.BROKER_CONNECTION_TIMEOUT),
         "rational": float(settings.BROKER_RATIONAL_DELAY),
         "reason": reason[:32],
+        "worker": worker or "",
     }
     import json
 
@@ -728,6 +822,7 @@ def jobs_claim_push(*, limit: int, reason: str = "push") -> list[PushJob]:
     return [
         PushJob(id=r[0], consumer_pk=r[1], priority=r[2], retry_count=r[3], message_id=r[4],
                 payload=bytes(r[5]), content_type=r[6], consumer_updated_at=r[8],
+                partition_key=r[9], gate=r[10] or 0,
                 # Django's psycopg setup leaves jsonb undecoded (JSONField decodes it)
                 headers=_headers_dict(json.loads(r[7]) if isinstance(r[7], str) else r[7]))
         for r in rows
@@ -756,12 +851,12 @@ WITH a AS (
      WHERE j.id = a.j_id AND j.consumer_id = a.c_pk AND a.c_type = 'pull'
        AND j.status = a.j_status AND a.j_status = ANY(%(from_s)s::smallint[])
        AND md5(a.ch_token) = md5(%(ch_token)s) AND md5(a.c_token) = md5(%(c_token)s)
-    RETURNING j.id, j.status, j.retry_count
+    RETURNING j.id, j.status, j.retry_count, j.partition_id
 ), h AS (
     INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)
     SELECT u.id, a.j_status, u.status, u.retry_count, %(reason)s, now() FROM u CROSS JOIN a
 )
-SELECT a.*, (SELECT count(*) FROM u) FROM a
+SELECT a.*, (SELECT count(*) FROM u), (SELECT u.partition_id FROM u) FROM a
 """
 _PULL_MOVE_AUTH_SQL = typed_sql(_PULL_MOVE_AUTH_SQL, {
     "consumer": "text", "job": "bigint", "channel": "text", "to_s": "smallint", "dead": "smallint",
@@ -795,6 +890,8 @@ def job_move_pull_authenticated(*, channel_id: str, consumer_id: str, job_id: in
     row = rows[0] if rows else None
     if row is None:
         return None, False
+    if row[11] and to_status in (DELIVERED, DEAD):
+        _settle_on_commit([row[12]])
     return row[:11], bool(row[11])
 
 
@@ -830,6 +927,8 @@ def job_move_pull_authenticated_grouped(*, channel_id: str, consumer_id: str, jo
     row = rows[0] if rows else None
     if row is None:
         return None, False, ""
+    if row[12] and to_status in (DELIVERED, DEAD):
+        _settle_on_commit([row[13]])
     return row[:11], bool(row[12]), row[11] or ""
 
 
@@ -846,14 +945,14 @@ WITH v AS (
         deadline = NULL
       FROM v
      WHERE j.id = v.id AND j.status = %(inflight)s AND j.consumer_id = %(consumer)s
-    RETURNING j.id, j.status, j.retry_count
+    RETURNING j.id, j.status, j.retry_count, j.partition_id
 ), h AS (
     INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)
     SELECT id, %(inflight)s, status, retry_count, %(reason)s, now() FROM u
 ), n AS (
     SELECT pg_notify('broker_jobs', %(consumer)s::text) FROM u WHERE status = %(queued)s LIMIT 1
 )
-SELECT v.id, u.status, u.retry_count, c.status, (SELECT count(*) FROM n)
+SELECT v.id, u.status, u.retry_count, c.status, (SELECT count(*) FROM n), u.partition_id
   FROM v LEFT JOIN u ON u.id = v.id
          LEFT JOIN jobs_job c ON u.id IS NULL AND c.id = v.id AND c.consumer_id = %(consumer)s
 """
@@ -878,6 +977,7 @@ def jobs_ack_inflight(*, consumer_pk: int, job_ids: Sequence[int], to_statuses: 
         "max_retry": int(max_retry), "queued": QUEUED, "dead": DEAD, "inflight": INFLIGHT,
         "reason": reason[:32],
     })
+    _settle_on_commit(r[5] for r in rows if r[1] is not None and r[1] != QUEUED)
     return {r[0]: (True, r[1], r[2]) if r[1] is not None else (False, r[3], None) for r in rows}
 
 
@@ -895,11 +995,11 @@ WITH v AS (
         deadline = NULL
       FROM v
      WHERE j.id = v.id AND j.id = ANY(%(ids)s::bigint[]) AND j.status = {INFLIGHT}  -- by primary key
-    RETURNING j.id, j.status, j.retry_count
+    RETURNING j.id, j.status, j.retry_count, j.partition_id
 ), h AS (
     INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)
     SELECT id, {INFLIGHT}, status, retry_count, 'push', now() FROM u
-)
+), a AS (
 INSERT INTO jobs_deliveryattempt (job_id, attempt, started_at, duration_ms, status_code, response_excerpt,
                                   error, request_id, outcome)
 SELECT a.id, a.attempt, now() - a.age * interval '1 second', a.duration_ms, a.status_code, a.excerpt,
@@ -908,6 +1008,9 @@ SELECT a.id, a.attempt, now() - a.age * interval '1 second', a.duration_ms, a.st
               %(codes)s::int[], %(excerpts)s::text[], %(errors)s::text[], %(request_ids)s::text[],
               %(outcomes)s::text[])
        AS a(id, attempt, age, duration_ms, status_code, excerpt, error, request_id, outcome)
+)
+-- partitions to settle (jobs.partitions): nothing to return for non-partitioned jobs
+SELECT DISTINCT partition_id FROM u WHERE partition_id IS NOT NULL AND status <> {QUEUED}
 """.format(QUEUED=QUEUED, INFLIGHT=INFLIGHT, DEAD=DEAD)  # inlined: see _CLAIM_PUSH_SQL
 
 
@@ -957,3 +1060,58 @@ def jobs_push_record(*, outcomes: Sequence[PushOutcome]) -> None:
     }
     with _bound_cursor() as cur:
         cur.execute(_PUSH_RECORD_SQL, params, prepare=True)
+        _settle_on_commit(row[0] for row in cur.fetchall())
+
+
+# --- partitions: handler-driven gate moves -------------------------------------------------------
+
+_GATE_MOVE_SQL = """
+WITH v AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(gates)s::int[], %(payloads)s::bytea[], %(keep)s::bool[])
+           AS v(id, gate, payload, keep)
+), u AS (
+    UPDATE jobs_job j SET
+        status = {QUEUED}, gate = v.gate, retry_count = 0,
+        payload = CASE WHEN v.keep THEN j.payload ELSE v.payload END,
+        status_changed_at = now(), next_attempt_at = now(), deadline = NULL
+      FROM v
+     WHERE j.id = v.id AND j.status = {INFLIGHT} AND j.partition_id IS NOT NULL AND v.gate > j.gate
+       AND (%(consumer)s::bigint IS NULL OR j.consumer_id = %(consumer)s::bigint)
+    RETURNING j.id, j.retry_count, j.partition_id, j.consumer_id
+), h AS (
+    INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)
+    SELECT id, {INFLIGHT}, {QUEUED}, retry_count, 'gate', now() FROM u
+), n AS (
+    SELECT pg_notify('broker_jobs', string_agg(DISTINCT consumer_id::text, ','))
+      FROM u HAVING count(*) > 0
+)
+SELECT id, partition_id, (SELECT count(*) FROM n) FROM u
+""".format(QUEUED=QUEUED, INFLIGHT=INFLIGHT)
+
+
+@dataclass
+class GateMove:
+    """A partitioned job's handler said "not done, continue at ``gate``" (> its current gate),
+    optionally with a new payload for this job only (``payload`` None keeps the current one)."""
+
+    job_id: int
+    gate: int
+    payload: bytes | None = None
+
+
+def jobs_move_gate(*, moves: Sequence[GateMove], consumer_pk: int | None = None) -> dict[int, int]:
+    """INFLIGHT -> QUEUED at a higher gate of the job's partition (history reason ``gate``; retry
+    count reset: it is the next step, not a retry), due at once. One statement; guarded by
+    INFLIGHT, a partition and a greater gate. Returns {job_id: partition_id} of the jobs moved;
+    their partitions are settled after commit (the old gate may be finished now)."""
+    if not moves:
+        return {}
+    with connection.cursor() as cur:
+        cur.execute(_GATE_MOVE_SQL, {
+            "ids": [m.job_id for m in moves], "gates": [int(m.gate) for m in moves],
+            "payloads": [m.payload for m in moves], "keep": [m.payload is None for m in moves],
+            "consumer": consumer_pk,
+        })
+        rows = cur.fetchall()
+    _settle_on_commit(r[1] for r in rows)
+    return {r[0]: r[1] for r in rows}

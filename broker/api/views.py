@@ -176,6 +176,15 @@ PUBLISH_PARAMS = [
 ]
 
 
+PARTITION_PARAMS = [
+    OpenApiParameter("X-Broker-Partition-Key", OpenApiTypes.STR, OpenApiParameter.HEADER,
+                     description="partition of the message's jobs (<= 255 chars); 409 partition_closed"),
+    OpenApiParameter("X-Broker-Gate", OpenApiTypes.INT, OpenApiParameter.HEADER,
+                     description="gate in the partition (>= 0, default 0); 409 gate_passed when below the "
+                                 "partition's current gate"),
+]
+
+
 def parse_priority(raw: str | None) -> int:
     if raw is None or raw.strip() == "":
         return 0
@@ -247,6 +256,7 @@ class BroadcastView(APIView):
             OpenApiParameter("X-Broker-Scheduled-For", OpenApiTypes.DATETIME, OpenApiParameter.HEADER,
                              description="RFC 3339; publish then instead of now (201 with the "
                                          "scheduled-message Location; 400 bad date, 412 too soon)"),
+            *PARTITION_PARAMS,
         ],
         request={"*/*": OpenApiTypes.BINARY},
         responses={201: OpenApiResponse(description="Created; Location header"), 400: ERROR, 401: ERROR,
@@ -257,14 +267,18 @@ class BroadcastView(APIView):
         body = read_body(request, settings.BROKER_MAX_PAYLOAD_BYTES)
         if not body:
             raise ApiError(400, "empty_body", "message body must not be empty")
+        partition_key, gate = publishing.partition_headers(request.headers)
         message = publishing.NewMessage(
             payload=body,
             content_type=request.META.get("CONTENT_TYPE") or "application/octet-stream",
             priority=parse_priority(request.headers.get("X-Broker-Message-Priority")),
             message_id=parse_message_id(request.headers.get("X-Broker-Message-ID")),
             headers=metadata_headers(request),
+            partition_key=partition_key, gate=gate,
         )
         scheduled_for = (request.headers.get("X-Broker-Scheduled-For") or "").strip()
+        if scheduled_for and partition_key is not None:
+            raise ApiError(400, "partition_not_schedulable", "a scheduled message cannot carry X-Broker-Partition-Key")
         if scheduled_for:  # publish later (jobs.scheduling): 400 bad date, 412 too soon
             from jobs.scheduling import scheduled_for_parse, scheduled_message_create
 
@@ -312,9 +326,14 @@ def batch_parse(raw: bytes) -> list[publishing.NewMessage]:
         mid = item.get("MessageID")
         if mid is not None and not isinstance(mid, str):
             raise ApiError(400, "invalid_message_id", f"message {i}: MessageID must be a string")
+        key, gate = item.get("PartitionKey"), item.get("Gate")  # partitions, per message
+        if key is not None or gate is not None:
+            key, gate = publishing.partition_parse(
+                key if isinstance(key, str) or key is None else "",
+                None if gate is None else (str(gate) if isinstance(gate, int) and not isinstance(gate, bool) else "x"))
         messages.append(publishing.NewMessage(
             payload=data, content_type=content_type or "application/octet-stream", priority=priority,
-            message_id=parse_message_id(mid),
+            message_id=parse_message_id(mid), partition_key=key, gate=gate or 0,
         ))
     return messages
 
@@ -350,15 +369,20 @@ class MessagesView(APIView):
 
     @extend_schema(
         summary="Publish a batch of up to 1,000 messages in one transaction",
-        description='JSON list of {"MessageID"?, "Priority"?, "ContentType"?, "Payload"}. '
+        description='JSON list of {"MessageID"?, "Priority"?, "ContentType"?, "PartitionKey"?, "Gate"?, "Payload"}. '
                     "Answers per message: created or duplicate. 201 when at least one was created.",
-        parameters=PUBLISH_PARAMS, request={"application/json": OpenApiTypes.OBJECT},
-        responses={200: OBJ, 201: OBJ, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 413: ERROR, 429: ERROR},
+        parameters=[*PUBLISH_PARAMS, *PARTITION_PARAMS], request={"application/json": OpenApiTypes.OBJECT},
+        responses={200: OBJ, 201: OBJ, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 409: ERROR, 413: ERROR,
+                   429: ERROR},
     )
     def post(self, request, channel_id: str):
         ctx = publish_context(request, channel_id)
         limit = settings.BROKER_MAX_PAYLOAD_BYTES * 4 + settings.BROKER_MAX_BATCH_MESSAGES * 1024
+        partition_key, gate = publishing.partition_headers(request.headers)
         messages = batch_parse(read_body(request, max(limit, 64 * 1024 * 1024)))
+        for m in messages:  # partitions: the request's headers apply to every message of the batch
+            if m.partition_key is None and partition_key is not None:
+                m.partition_key, m.gate = partition_key, gate
         results = publishing.messages_publish(ctx=ctx, messages=messages)
         created = sum(1 for _, ok in results if ok)
         body = {

@@ -121,6 +121,41 @@ class NewMessage:
     priority: int = 0
     message_id: str | None = None
     headers: dict = field(default_factory=dict)
+    partition_key: str | None = None  # jobs.partitions: X-Broker-Partition-Key
+    gate: int = 0  # X-Broker-Gate
+
+
+PARTITION_KEY_MAX = 255
+GATE_MAX = 2**31 - 1
+
+
+def partition_headers(headers) -> tuple[str | None, int]:
+    """``X-Broker-Partition-Key`` (at most 255 characters) and ``X-Broker-Gate`` (an integer >= 0,
+    default 0; only with a key) from request headers; 400 when invalid."""
+    key = headers.get("X-Broker-Partition-Key")
+    if key is not None:
+        try:  # WSGI hands header bytes over as latin-1: a UTF-8 key is decoded back to its text
+            key = key.encode("latin-1").decode("utf-8")
+        except UnicodeError:
+            pass
+    return partition_parse(key, headers.get("X-Broker-Gate"))
+
+
+def partition_parse(key: str | None, raw_gate: str | None) -> tuple[str | None, int]:
+    """A partition key and gate (text) as given in headers or a batch item; 400 when invalid."""
+    if key is not None and key.strip() == "":
+        raise ApiError(400, "invalid_partition_key", "X-Broker-Partition-Key must not be empty")
+    if key is not None and len(key) > PARTITION_KEY_MAX:
+        raise ApiError(400, "invalid_partition_key", "X-Broker-Partition-Key is longer than 255 characters")
+    gate = 0
+    if raw_gate is not None and raw_gate.strip() != "":
+        value = raw_gate.strip()
+        if not (value.isascii() and value.isdigit()) or int(value) > GATE_MAX:
+            raise ApiError(400, "invalid_gate", "X-Broker-Gate must be an integer >= 0")
+        gate = int(value)
+        if key is None:
+            raise ApiError(400, "invalid_gate", "X-Broker-Gate needs X-Broker-Partition-Key")
+    return key, gate
 
 
 _INSERT_MANY_SQL = f"""
@@ -150,6 +185,56 @@ SELECT m.message_id, (SELECT count(*) FROM jobs_notified) FROM m
 """
 
 
+_INSERT_PARTITIONED_SQL = f"""
+WITH m AS (
+    INSERT INTO broker_message (channel_id, message_id, producer_id, payload, content_type, priority,
+                                headers, status, received_at, dispatched_at)
+    SELECT %(channel)s::bigint, t.mid, %(producer)s::bigint, t.payload, t.ctype, t.prio, t.headers, {DISPATCHED}, now(), now()
+      FROM unnest(%(mids)s::text[], %(payloads)s::bytea[], %(ctypes)s::text[], %(prios)s::int[],
+                  %(headers)s::jsonb[]) WITH ORDINALITY AS t(mid, payload, ctype, prio, headers, ord)
+     ORDER BY t.ord
+    ON CONFLICT (channel_id, message_id) DO NOTHING
+    RETURNING id, message_id, priority, channel_id
+), src AS (
+    SELECT DISTINCT ON (m.id) m.id, m.priority, m.channel_id, k.pkey, k.gate
+      FROM m JOIN unnest(%(mids)s::text[], %(pkeys)s::text[], %(gates)s::int[]) WITH ORDINALITY
+                  AS k(mid, pkey, gate, ord) ON k.mid = m.message_id
+     ORDER BY m.id, k.ord
+), {state.jobs_fanout_partitioned_sql("src")}
+SELECT m.message_id, (SELECT count(*) FROM jobs_notified) FROM m
+"""
+
+
+def _publish_partitioned(ctx: PublishContext, messages: list[NewMessage], ids: list[str]) -> list[tuple]:
+    """A publish with partition keys, in one transaction: partitions upserted and checked first
+    (409 ``partition_closed`` / ``gate_passed`` roll everything back), then messages and jobs in
+    one statement, then the partitions whose gate is below a new job's are settled (they may have
+    been waiting with nothing left at their gate)."""
+    from django.db import transaction
+    from psycopg.types.json import Jsonb
+
+    from jobs.partitions import PartitionError, partition_settle, partitions_for_publish
+
+    gates: dict[str, list[int]] = {}
+    for m in messages:
+        if m.partition_key is not None:
+            gates.setdefault(m.partition_key, []).append(int(m.gate))
+    try:
+        with transaction.atomic():
+            settle = partitions_for_publish(channel_pk=ctx.channel_pk, gates_by_key=gates)
+            rows = state.prepared_fetchall(_INSERT_PARTITIONED_SQL, {
+                "channel": ctx.channel_pk, "producer": ctx.producer_pk, "mids": ids,
+                "payloads": [m.payload for m in messages], "ctypes": [m.content_type for m in messages],
+                "prios": [m.priority for m in messages], "headers": [Jsonb(m.headers or {}) for m in messages],
+                "pkeys": [m.partition_key for m in messages], "gates": [int(m.gate) for m in messages],
+            })
+            for pk in settle:
+                partition_settle(partition_pk=pk)
+    except PartitionError as exc:
+        raise ApiError(exc.status, exc.code, exc.detail) from None
+    return rows
+
+
 def messages_publish(*, ctx: PublishContext, messages: list[NewMessage]) -> list[tuple[str, bool]]:
     """Store messages and their jobs in one statement (so one transaction, one round trip).
 
@@ -162,7 +247,9 @@ def messages_publish(*, ctx: PublishContext, messages: list[NewMessage]) -> list
         producer_rate_take(ctx=ctx, n=len(messages))
     ids = [m.message_id or message_id_generate() for m in messages]
     # Prepared statements: planning these multi-CTE statements costs more than running them.
-    if len(messages) == 1:
+    if any(m.partition_key is not None for m in messages):
+        rows = _publish_partitioned(ctx, messages, ids)
+    elif len(messages) == 1:
         m = messages[0]
         rows = state.prepared_fetchall(_INSERT_ONE_SQL, {
             "channel": ctx.channel_pk, "producer": ctx.producer_pk, "mid": ids[0], "payload": m.payload,

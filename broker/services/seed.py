@@ -7,7 +7,7 @@
     [initial-producer-tokens] id=token
     [initial-producer-rate-limits] id=rateLimitPerSecond[,burst]   (flow control)
     [<consumerId>]            token=, channel=, type=push|pull (empty = push), name=,
-                              maxInFlight=, maxDeliveriesPerSecond=, maxAckPending=, maxQueued=
+                              maxInFlight=, maxDeliveriesPerSecond=, maxAckPending=, maxQueued=, ordered=
 
 A consumer with an invalid type, an unknown channel or a bad callback URL is skipped with a
 logged error (as the pull-consumer spec says); the rest of the file still applies.
@@ -119,6 +119,12 @@ def seed_parse(text: str) -> SeedPlan:
         except ValueError:
             plan.errors.append(f"consumer {cid}: maxInFlight/maxDeliveriesPerSecond/maxAckPending/maxQueued must be numbers, skipped")
             continue
+        ordered = options.get("ordered", "").strip().lower()
+        if ordered:  # partitions: one job of a partition in flight at a time, in publish order
+            if ordered not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+                plan.errors.append(f"consumer {cid}: ordered must be true or false, skipped")
+                continue
+            consumer["ordered"] = ordered in ("true", "1", "yes", "on")
         if not consumer["token"]:
             plan.errors.append(f"consumer {cid}: no token, skipped")
             continue

@@ -108,7 +108,7 @@ class Migration(migrations.Migration):
     dependencies = [
         ("broker", "0001_initial"),
         ("consumers", "0001_initial"),
-        ("jobs", "0012_drop_redundant_job_indexes"),
+        ("jobs", "0013_partitions"),
     ]
 
     operations = [migrations.RunSQL(FORWARD, REVERSE)]

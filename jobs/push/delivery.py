@@ -11,7 +11,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from django.conf import settings
 
@@ -81,7 +81,10 @@ def _header_ok(name: str, value: str) -> bool:
     return bool(name) and not any(c in name for c in " :\r\n\t") and "\r" not in value and "\n" not in value
 
 
-def request_headers(job, target: Target, *, now: float | None = None) -> dict:
+_KEY_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")  # printable ASCII as-is
+
+
+def request_headers(job, target: Target, *, now: float | None = None, worker: str = "") -> dict:
     """The callback headers: webhook-broker's, the stored metadata headers and the signature."""
     token_header = settings.BROKER_CONSUMER_TOKEN_HEADER or "X-Broker-Consumer-Token"
     headers = {
@@ -104,6 +107,12 @@ def request_headers(job, target: Target, *, now: float | None = None) -> dict:
     if metadata:
         headers.update(metadata)
         headers["X-Broker-Metadata-Headers"] = ",".join(sorted(metadata))
+    partition_key = getattr(job, "partition_key", None)
+    if partition_key is not None:  # jobs.partitions: where the job stands, so a handler can answer a gate
+        headers["X-Broker-Partition-Key"] = quote(partition_key, safe=_KEY_SAFE)
+        headers["X-Broker-Gate"] = str(job.gate)
+        if worker:
+            headers["X-Broker-Lease-Owner"] = worker
     if target.secret:
         stamp = int(now if now is not None else time.time())
         webhook_id = str(job.id)  # the job id: stable across retries, unique per consumer
@@ -129,6 +138,7 @@ class Result:
     retry_after: float | None = None
     request_id: str = ""
     finished: float = 0.0  # time.monotonic() at the end
+    answer: "HandlerAnswer | None" = None  # partitioned jobs: the handler's JSON answer
 
     @property
     def outcome(self) -> str:
@@ -163,3 +173,61 @@ def parse_retry_after(value: str | None) -> float | None:
     return min(max(seconds, 0.0), RETRY_AFTER_CAP)
 
 
+
+
+# --- handler-driven gates (partitioned jobs) -----------------------------------------------------
+
+@dataclass
+class HandlerAnswer:
+    """What a 2xx JSON body asks for: ``move`` to ``gate`` with ``payload`` (None keeps the job's
+    payload), or ``error`` (a failed attempt; ``no_retry``: dead at once)."""
+
+    move: bool = False
+    gate: int = 0
+    payload: bytes | None = None
+    error: str = ""
+    no_retry: bool = False
+
+
+def handler_answer(body: bytes, current_gate: int) -> HandlerAnswer | None:
+    """The state processor's answer ``{"gate": n, "done": bool, "data": {...}}`` (also ``complete``
+    for ``done``, ``response`` for ``data``, ``"error": {"message", "no_retry"}``). None: deliver
+    (no JSON object, ``done`` true, or neither ``done`` nor ``gate``). ``done`` false (or absent
+    with a ``gate``) moves the job to ``gate``, which must be an integer above the current gate;
+    anything else is a bad answer, treated as a failed attempt with a clear error."""
+    import json
+
+    text = body.strip()
+    if not text.startswith(b"{"):
+        return None
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    err = doc.get("error")
+    if err:
+        if isinstance(err, dict):
+            message = str(err.get("message") or "handler error")
+            no_retry = err.get("no_retry", err.get("noRetry")) is True
+        else:
+            message, no_retry = str(err), False
+        return HandlerAnswer(error=f"handler error: {message}"[:500], no_retry=no_retry)
+    done = doc.get("done", doc.get("complete"))
+    if done is True or (done is None and "gate" not in doc):
+        return None
+    if done is not None and not isinstance(done, bool):
+        return HandlerAnswer(error="bad handler answer: done must be a boolean")
+    gate = doc.get("gate")
+    if isinstance(gate, bool) or not isinstance(gate, int) or gate <= current_gate or gate > 2**31 - 1:
+        return HandlerAnswer(error=f"bad handler answer: gate must be an integer above the current gate "
+                                   f"{current_gate} (got {gate!r})")
+    data = doc.get("data", doc.get("response"))
+    if data is None:
+        payload = None
+    elif isinstance(data, str):
+        payload = data.encode("utf-8", "surrogatepass")
+    else:
+        payload = json.dumps(data, separators=(",", ":")).encode()
+    return HandlerAnswer(move=True, gate=gate, payload=payload)

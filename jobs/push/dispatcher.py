@@ -28,6 +28,7 @@ import select
 import ssl
 import threading
 import time
+import uuid
 from collections import deque
 from datetime import datetime
 
@@ -35,7 +36,7 @@ from django.conf import settings
 from django.db import Error as DatabaseError
 from django.db import connection, transaction
 
-from jobs import state
+from jobs import partitions, state
 from jobs.push import delivery
 from jobs.push.delivery import Result, Target
 from jobs.push.http import Client as HttpClient
@@ -49,6 +50,7 @@ COMPACT_EVERY = 5.0
 # Finished callbacks are held up to this long while others of the same burst are still running,
 # so one transaction records (and refills) a burst instead of a fragment of it.
 COALESCE = 0.002
+LEASE_KICK = 0.2  # seconds: the soonest a NOTIFY brings the next partition lease cycle after the last
 
 _TARGETS_SQL = """
 SELECT c.id, c.consumer_id, ch.channel_id, c.callback_url, c.token, c.signing_secret,
@@ -99,16 +101,26 @@ def outcomes_record(items: list[tuple], *, now: float | None = None) -> list[flo
         return []
     now = time.monotonic() if now is None else now
     outcomes = []
+    gate_moves = []
     for job, target, result in items:
         outcome = result.outcome
+        answer = result.answer
+        if answer is not None and answer.move:
+            outcome = "gate"  # recorded below as an attempt; the job moves to the gate first
+            gate_moves.append(state.GateMove(job_id=job.id, gate=answer.gate, payload=answer.payload))
+        elif answer is not None:  # the handler reported an error (or a bad answer): a failed attempt
+            outcome = "dead" if answer.no_retry else "failed"
+            result.error = answer.error
         record = state.PushOutcome(
             job_id=job.id, to_status=state.DELIVERED, attempt=job.retry_count + 1,
             age=max(0.0, now - (result.finished - result.duration)), duration_ms=round(result.duration * 1000.0, 3),
             status_code=result.status_code, excerpt=_clean(result.excerpt), error=_clean(result.error),
             request_id=result.request_id, outcome=outcome,
         )
-        if outcome == "gone":
+        if outcome in ("gone", "dead"):
             record.to_status = state.DEAD
+        elif outcome == "gate":
+            record.to_status, record.delay = state.QUEUED, 0.0  # no-op: jobs_move_gate moved it
         elif outcome != "delivered":
             delay = state.backoff_delay(job.retry_count + 1, target.backoff)
             if result.retry_after is not None:
@@ -116,9 +128,10 @@ def outcomes_record(items: list[tuple], *, now: float | None = None) -> list[flo
             record.to_status, record.delay = state.QUEUED, delay
             record.max_retry = state.max_retry_for(target.max_retry)
         outcomes.append(record)
+    state.jobs_move_gate(moves=gate_moves)  # before the record, which then leaves them alone
     state.jobs_push_record(outcomes=outcomes)
     attempts_log(items)
-    return [o.delay for o in outcomes if o.delay is not None]
+    return [o.delay for o in outcomes if o.delay is not None and o.outcome != "gate"]
 
 
 def attempts_log(items: list[tuple]) -> None:
@@ -211,6 +224,9 @@ class Engine:
         self._signalled = False
         self.listener = Listener()
         self.wake_share: tuple[int, int] | None = None  # (slot, slots): see _worth_claiming
+        # jobs.partitions: this engine's lease owner id; partitions are claimed only while leased
+        self.worker_id = uuid.uuid4().hex
+        self.lease_stats = None
 
     # --- the HTTP side (event loop thread) ---------------------------------------------------
     async def _deliver(self, item) -> None:
@@ -218,7 +234,7 @@ class Engine:
         started = time.monotonic()
         headers = {}
         try:
-            headers = delivery.request_headers(job, target)
+            headers = delivery.request_headers(job, target, worker=self.worker_id)
             answer = await self.client.post(scheme=target.scheme, host=target.host, port=target.port,
                                             path=target.path, headers=headers, body=job.payload,
                                             timeout=target.timeout)
@@ -229,6 +245,8 @@ class Engine:
             error = f"redirect to {location} not followed" if location else ""
             excerpt = answer.body[:settings.BROKER_PUSH_EXCERPT_BYTES].decode("utf-8", "replace")
             result = Result(status_code=code, duration=0.0, excerpt=excerpt, error=error, retry_after=retry_after)
+            if job.partition_key is not None and 200 <= code < 300:  # handler-driven gates
+                result.answer = delivery.handler_answer(answer.body, job.gate)
         except TimeoutError:
             result = Result(status_code=None, duration=0.0, error=f"timeout after {target.timeout:g}s")
         except (OSError, ssl.SSLError, ProtocolError, ValueError) as exc:
@@ -339,6 +357,8 @@ class Engine:
         next_poll = start
         next_sweep = start
         next_compact = start + COMPACT_EVERY
+        lease_every = min(1.0, partitions.lease_seconds() / 3.0)
+        next_lease = start
         claiming = True
         kicked = True
         notified = False  # a NOTIFY or timer is waiting for a claim (no coalescing delay then)
@@ -377,7 +397,7 @@ class Engine:
                         if pending:
                             retry_delays = outcomes_record(pending, now=now)
                         if want_claim:
-                            jobs = state.jobs_claim_push(limit=capacity)
+                            jobs = state.jobs_claim_push(limit=capacity, worker=self.worker_id)
                 except DatabaseError:
                     stats["errors"] += 1
                     logger.exception("push dispatcher: database error; retrying in 1 s")
@@ -401,6 +421,12 @@ class Engine:
                         if target is not None and target.rate:
                             # paced consumer: look again when its next burst is allowed
                             self._timer(timers, now + max(0.005, max(1.0, target.rate / 20.0) / target.rate))
+            if now >= next_lease:
+                # Partition leases: from this coordinator thread, which never waits for callbacks
+                # (they run on the HTTP client's event loop), so slow deliveries never delay renewal.
+                next_lease = now + lease_every
+                if self._lease_cycle(acquire=claiming):
+                    kicked = True
             if housekeeping and now >= next_sweep:
                 next_sweep = now + SWEEP_EVERY
                 self._sweep()
@@ -414,7 +440,8 @@ class Engine:
                 break
             if kicked and self.idle_capacity() > 0 and claiming:
                 continue
-            wait_until = min(next_poll if claiming else drain_until, next_sweep if housekeeping else drain_until)
+            wait_until = min(next_poll if claiming else drain_until, next_sweep if housekeeping else drain_until,
+                             next_lease)
             if timers:
                 wait_until = min(wait_until, timers[0])
             if events:
@@ -424,9 +451,31 @@ class Engine:
             woke = self._wait(wait_until - time.monotonic())
             kicked = kicked or woke is not False
             notified = woke == "notify"
+            if notified and claiming:
+                # new jobs may be in a partition nobody leases yet: look soon (at most 5 cycles a second)
+                next_lease = min(next_lease, max(time.monotonic(), next_lease - lease_every + LEASE_KICK))
+        self._leases_release()
         stats["seconds"] = round(time.monotonic() - start, 1)
         stats["db_seconds"] = round(stats["db_seconds"], 2)
         return stats
+
+    def _lease_cycle(self, *, acquire: bool) -> bool:
+        """One partition lease cycle (jobs.partitions); True when partitions were taken."""
+        try:
+            self.lease_stats = partitions.partition_leases_cycle(worker=self.worker_id, acquire=acquire)
+        except DatabaseError:
+            logger.exception("push dispatcher: partition lease cycle failed")
+            connection.close()
+            return False
+        return bool(self.lease_stats.taken or self.lease_stats.stolen)
+
+    def _leases_release(self) -> None:
+        """Clean shutdown: give the leases back so other workers need not wait for them to expire."""
+        try:
+            partitions.partition_leases_release(worker=self.worker_id)
+        except DatabaseError:
+            logger.exception("push dispatcher: releasing partition leases failed")
+            connection.close()
 
     @staticmethod
     def _timer(timers: list, at: float) -> None:
@@ -438,7 +487,8 @@ class Engine:
     def _sweep(self) -> None:
         from jobs.scheduling import scheduled_dispatch_due
 
-        for name, fn in (("timeout sweep", state.jobs_expire_inflight), ("scheduled messages", scheduled_dispatch_due)):
+        for name, fn in (("timeout sweep", state.jobs_expire_inflight), ("scheduled messages", scheduled_dispatch_due),
+                         ("partition settle", partitions.partitions_settle_stale)):
             try:
                 fn()
             except DatabaseError:
