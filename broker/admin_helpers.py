@@ -158,7 +158,14 @@ class ServiceFormAdmin(admin.ModelAdmin):
 
 # --- payload preview ------------------------------------------------------------------------------
 
-_PREVIEW_TABLES = {"broker_message", "broker_scheduledmessage"}
+# table -> FROM clause giving payload and content_type for ``id`` (a job's own payload, set by a
+# handler-driven gate move, takes its message's content type)
+_PREVIEW_TABLES = {
+    "broker_message": "broker_message",
+    "broker_scheduledmessage": "broker_scheduledmessage",
+    "jobs_job": "(SELECT j.id, j.payload, m.content_type FROM jobs_job j JOIN broker_message m ON m.id = j.message_id"
+                " WHERE j.payload IS NOT NULL) AS t",
+}
 
 
 def payload_preview(*, table: str, pk: int) -> SafeString:
@@ -169,7 +176,7 @@ def payload_preview(*, table: str, pk: int) -> SafeString:
     limit = int(getattr(settings, "BROKER_ADMIN_PAYLOAD_PREVIEW_BYTES", 65536))
     with connection.cursor() as cur:
         cur.execute(f"SELECT substring(payload FROM 1 FOR %s), octet_length(payload), content_type "  # noqa: S608
-                    f"FROM {table} WHERE id = %s", [limit, pk])
+                    f"FROM {_PREVIEW_TABLES[table]} WHERE id = %s", [limit, pk])
         row = cur.fetchone()
     if row is None:
         return mark_safe("")

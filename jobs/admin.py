@@ -15,7 +15,7 @@ from datetime import timedelta
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Q
+from django.db.models import BooleanField, DateTimeField, DurationField, ExpressionWrapper, F, Q
 from django.db.models.functions import Now
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
@@ -142,7 +142,7 @@ class PriorityGroupFilter(admin.SimpleListFilter):
         return queryset.filter(consumer_id__in=list(pks))
 
 
-# The partitions issue adds its filter to JobAdmin.list_filter.
+from jobs.admin_partitions import JobPartitionFilter  # noqa: E402  (registers the partition admin too)
 
 
 # --- jobs -----------------------------------------------------------------------------------------------
@@ -152,20 +152,22 @@ class JobAdmin(LargeTableAdmin):
     list_display = ("id", "status_col", "channel_col", "consumer_col", "message_col", "priority",
                     "retry_count", "age_col", "timing_col")
     list_display_links = ("id",)
-    list_filter = ("status", ChannelFilter, ConsumerFilter, PriorityGroupFilter, AttemptsFilter, AgeFilter)
+    list_filter = ("status", ChannelFilter, ConsumerFilter, JobPartitionFilter, PriorityGroupFilter, AttemptsFilter,
+                   AgeFilter)
     list_select_related = False  # done in get_queryset, with the payload deferred
     search_fields = ("=message__message_id",)  # see get_search_results
     search_help_text = "A job id, or a message id (exact)."
     actions = ("requeue", "mark_dead", "delete_dead")
     fieldsets = (
-        (None, {"fields": ("id", "status_col", "channel_col", "consumer_col", "message_col", "priority",
-                           "retry_count", "created_at", "status_changed_at", "next_attempt_at", "deadline",
+        (None, {"fields": ("id", "status_col", "channel_col", "consumer_col", "message_col", "partition_col",
+                           "gate", "priority", "retry_count", "created_at", "status_changed_at", "next_attempt_at", "deadline",
                            "incremental_timeout")}),
         ("Message", {"fields": ("message_content_type", "message_headers", "message_payload")}),
         ("Delivery attempts", {"fields": ("attempts_table",)}),
         ("State changes", {"fields": ("history_table",)}),
     )
-    readonly_fields = ("id", "status_col", "channel_col", "consumer_col", "message_col", "priority", "retry_count",
+    readonly_fields = ("id", "status_col", "channel_col", "consumer_col", "message_col", "partition_col", "gate",
+                       "priority", "retry_count",
                        "created_at", "status_changed_at", "next_attempt_at", "deadline", "incremental_timeout",
                        "message_content_type", "message_headers", "message_payload", "attempts_table",
                        "history_table")
@@ -176,8 +178,9 @@ class JobAdmin(LargeTableAdmin):
     def get_queryset(self, request):
         return (super().get_queryset(request)
                 .select_related("channel", "consumer", "message")
-                .defer("message__payload", "message__headers")
-                .annotate(age=ExpressionWrapper(Now() - F("created_at"), output_field=DurationField()),
+                .defer("payload", "message__payload", "message__headers")
+                .annotate(has_own_payload=ExpressionWrapper(Q(payload__isnull=False), output_field=BooleanField()),
+                          age=ExpressionWrapper(Now() - F("created_at"), output_field=DurationField()),
                           due_in=ExpressionWrapper(F("next_attempt_at") - Now(), output_field=DurationField()),
                           deadline_in=ExpressionWrapper(F("deadline") - Now(), output_field=DurationField())))
 
@@ -244,6 +247,17 @@ class JobAdmin(LargeTableAdmin):
     def status_col(self, obj):
         return status_badge(obj.status)
 
+    @admin.display(description="partition")
+    def partition_col(self, obj):
+        if obj.partition_id is None:
+            return "—"
+        from jobs.models import Partition
+
+        key = Partition.objects.filter(pk=obj.partition_id).values_list("key", flat=True).first()
+        if key is None:
+            return f"#{obj.partition_id}"
+        return format_html('<a href="{}">{}</a>', reverse("admin:jobs_partition_change", args=[obj.partition_id]), key)
+
     @admin.display(description="channel")
     def channel_col(self, obj):
         return obj.channel.channel_id
@@ -285,6 +299,9 @@ class JobAdmin(LargeTableAdmin):
 
     @admin.display(description="payload")
     def message_payload(self, obj):
+        if obj.has_own_payload:  # moved to a later gate with the handler's new data: that is what is delivered
+            return format_html('<p class="help">{}</p>{}', "this job's own payload (set by a handler-driven gate move)",
+                               payload_preview(table="jobs_job", pk=obj.pk))
         return payload_preview(table="broker_message", pk=obj.message_id)
 
     @admin.display(description="attempts")
