@@ -52,6 +52,7 @@ def consumer_repr(consumer: Consumer, *, show_secret: bool) -> dict:
         "Paused": consumer.paused,
         "MaxAckPending": consumer.max_ack_pending,
         "MaxQueued": consumer.max_queued,
+        "NotifyInterval": consumer.notify_interval,
         "PriorityPolicy": consumer.priority_policy,
         "PriorityTimeout": consumer.priority_timeout,
         "PriorityGroups": groups.groups_state(target=groups.target_for(consumer)),
@@ -109,6 +110,9 @@ def consumer_settings_parse(request) -> dict:
         value = _positive_int(request, "maxQueued")
         if value is not None:
             fields["max_queued"] = value
+    value = _positive_float(request, "notifyInterval")
+    if value is not None:
+        fields["notify_interval"] = value
     value = _positive_int(request, "maxRetry", allow_zero=True)
     if value is not None:
         fields["max_retry"] = value
@@ -175,7 +179,9 @@ class ConsumerView(APIView):
         summary="Create or update a consumer",
         description="Form fields (or JSON): token, name, callbackUrl, type (push|pull), maxInFlight, "
                     "maxDeliveriesPerSecond, connectionTimeout, maxRetry, retryBackoff, signingSecret, maxAckPending "
-                    "(default 1000), maxQueued (default unlimited; 0 or 'unlimited' clears it); pull consumers: "
+                    "(default 1000), maxQueued (default unlimited; 0 or 'unlimited' clears it), notifyInterval (seconds "
+                    "> 0, default 1: the doorbell of a pull consumer with a callbackUrl rings at most once "
+                    "per interval); pull consumers: "
                     "priorityPolicy (none|overflow|pinned_client|prioritized), priorityGroups (one group name), "
                     "priorityTimeout (seconds, pinned_client default 120; the only priority field that may "
                     "change later).",

@@ -1,0 +1,234 @@
+"""The doorbell for pull consumers (consumers/doorbell.py): a real ringer loop (in a thread, or in
+a real qcluster) POSTing to a real receiver on 127.0.0.1.
+
+Definition under test: a check that sees no ready QUEUED job arms the doorbell; ready jobs ring
+it when armed or when the consumer took the newest job of the last ring; at most one ring per
+notifyInterval; a failed ring re-arms (tried again after the interval while jobs wait)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import datetime
+
+import pytest
+from standardwebhooks import Webhook
+
+from consumers.models import DoorbellState
+from tests.consumers.conftest import PullClient
+from tests.jobs.conftest import Reply
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+BELL = "/bell"
+
+
+class RingerThread:
+    def __init__(self, use_lock: bool = True) -> None:
+        from consumers.doorbell import Ringer
+
+        self.ringer = Ringer(use_lock=use_lock)
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self.ringer.run, args=(self.stop_event,), daemon=True)
+
+    def start(self) -> "RingerThread":
+        self.thread.start()
+        assert self.ringer.holding.wait(20), "ringer did not take its lock"
+        return self
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.ringer.wake()
+        self.thread.join(timeout=20)
+        self.ringer.close()
+
+
+@pytest.fixture
+def ringer(settings):
+    settings.BROKER_DOORBELL_POLL = 0.2
+    settings.BROKER_DOORBELL_TIMEOUT = 1.0
+    started = []
+
+    def start(use_lock: bool = True) -> RingerThread:
+        r = RingerThread(use_lock).start()
+        started.append(r)
+        return r
+
+    yield start
+    for r in started:
+        r.stop()
+
+
+@pytest.fixture
+def bell(make, receiver):
+    """Channel ch1, producer p1 and pull consumer d1 (token d1-token) ringing receiver /bell."""
+    make.channel()
+    make.producer()
+    body = make.consumer("d1", type="pull", token="d1-token", callback=receiver.url(BELL), notifyInterval="0.5")
+    assert body["Type"] == "pull" and body["CallbackURL"] == receiver.url(BELL) and body["NotifyInterval"] == 0.5
+    return body
+
+
+def puller(client_anon, consumer="d1", token="d1-token"):
+    return PullClient(client_anon, base=f"/channel/ch1/consumer/{consumer}",
+                      headers={"HTTP_X_BROKER_CHANNEL_TOKEN": "ch-token", "HTTP_X_BROKER_CONSUMER_TOKEN": token})
+
+
+def drain(pc) -> int:
+    n = 0
+    while True:
+        jobs = pc.pull(batch=100).json()["Result"]
+        if not jobs:
+            return n
+        n += len(jobs)
+        assert pc.ack([{"ID": j["ID"], "NextState": "DELIVERED"} for j in jobs]).status_code == 200
+
+
+def rings(receiver):
+    return receiver.at(BELL)
+
+
+def test_a_burst_rings_once_with_signed_json_and_not_again_while_nothing_is_drained(bell, make, receiver, ringer):
+    ringer()
+    time.sleep(0.5)  # a first check sees the empty queue (arms)
+    assert rings(receiver) == []
+    for i in range(30):
+        assert make.publish(HTTP_X_BROKER_MESSAGE_ID=f"b{i}").status_code == 201
+    receiver.wait(lambda: rings(receiver), timeout=20, what="the doorbell")
+    time.sleep(2.0)  # four intervals: the queue stays non-empty and nobody pulls
+    assert len(rings(receiver)) == 1
+    ring = rings(receiver)[0]
+    assert ring.headers["content-type"] == "application/json"
+    assert ring.headers["x-broker-event"] == "doorbell"
+    Webhook(bell["SigningSecret"]).verify(ring.body, ring.headers)  # Standard Webhooks signature
+    body = json.loads(ring.body)
+    assert set(body) == {"channel", "consumer", "NumPending", "OldestQueuedAt"}
+    assert body["channel"] == "ch1" and body["consumer"] == "d1"
+    assert 1 <= body["NumPending"] <= 30
+    from jobs.models import Job
+
+    first = Job.objects.filter(consumer__consumer_id="d1").order_by("id").first()
+    assert datetime.fromisoformat(body["OldestQueuedAt"].replace("Z", "+00:00")) == first.created_at
+    assert DoorbellState.objects.get().rings == 1
+
+
+def test_rings_again_once_the_queue_drained_and_new_jobs_arrive(bell, make, receiver, ringer, client_anon):
+    pc = puller(client_anon)
+    ringer()
+    make.publish(HTTP_X_BROKER_MESSAGE_ID="a0")
+    receiver.wait(lambda: rings(receiver), timeout=20, what="the first ring")
+    assert drain(pc) == 1
+    # drained and published again right away (a check may not have seen the empty queue): the
+    # consumer took the job it was rung for, so the new one rings, no sooner than the interval
+    make.publish(HTTP_X_BROKER_MESSAGE_ID="a1")
+    receiver.wait(lambda: len(rings(receiver)) >= 2, timeout=20, what="the second ring")
+    first, second = rings(receiver)[:2]
+    assert second.at - first.at >= 0.5 - 0.15
+    assert json.loads(second.body)["NumPending"] == 1
+    time.sleep(1.2)
+    assert len(rings(receiver)) == 2  # a1 still queued, nothing new drained: quiet
+
+
+def test_ring_rate_is_bounded_by_the_interval_with_two_ringers(bell, make, receiver, ringer, client_anon):
+    """A consumer that drains its queue whenever it is rung, while messages keep arriving: the
+    doorbell rings again and again, but at most once per interval, even with two ringers (no
+    lock) racing for it."""
+    pc = puller(client_anon)
+    ringer(use_lock=False)
+    ringer(use_lock=False)
+    start = time.monotonic()
+    seen = 0
+    while time.monotonic() - start < 3.0:
+        assert make.publish().status_code == 201
+        if len(rings(receiver)) > seen:
+            seen = len(rings(receiver))
+            drain(pc)
+        time.sleep(0.02)
+    time.sleep(0.3)
+    elapsed = time.monotonic() - start
+    times = [r.at for r in rings(receiver)]
+    assert 3 <= len(times) <= elapsed / 0.5 + 1, times
+    assert all(b - a >= 0.5 - 0.15 for a, b in zip(times, times[1:])), times
+
+
+@pytest.mark.parametrize("failure", ["500", "refused"])
+def test_a_failing_doorbell_is_tried_again_at_most_once_per_interval(failure, make, receiver, ringer):
+    make.channel()
+    make.producer()
+    url = receiver.url(BELL)
+    if failure == "refused":
+        from tests.processes import free_port
+
+        url = f"http://127.0.0.1:{free_port()}/bell"  # nothing listens there
+    receiver.behave(BELL, lambda n, request: Reply(500))
+    make.consumer("d1", type="pull", token="d1-token", callback=url, notifyInterval="0.5")
+    ringer()
+    start = time.monotonic()
+    for i in range(5):
+        assert make.publish().status_code == 201
+    time.sleep(3.0)
+    elapsed = time.monotonic() - start
+    state = DoorbellState.objects.get()
+    assert 2 <= state.rings <= elapsed / 0.5 + 1, state.rings  # re-armed by each failure
+    assert state.failures >= state.rings - 1
+    if failure == "500":
+        times = [r.at for r in rings(receiver)]
+        assert len(times) == state.rings
+        assert all(b - a >= 0.5 - 0.15 for a, b in zip(times, times[1:])), times
+
+
+def test_a_hanging_receiver_never_delays_publishing(bell, make, receiver, ringer, client_anon):
+    receiver.behave(BELL, lambda n, request: Reply(204, delay=3.0))  # longer than the ring timeout
+    pc = puller(client_anon)
+    ringer()
+    assert make.publish().status_code == 201
+    receiver.wait(lambda: rings(receiver), timeout=20, what="the first ring")
+    assert receiver.active == 1  # the receiver is hanging on it now
+    for i in range(20):
+        assert make.publish().status_code == 201  # answered while the doorbell hangs
+        if i % 5 == 0:
+            drain(pc)
+    assert receiver.active >= 1
+    time.sleep(1.5)
+    # the first ring timed out (1 s): re-armed and rung again, no more than once per interval
+    times = [r.at for r in rings(receiver)]
+    assert 2 <= len(times) <= (times[-1] - times[0]) / 0.5 + 1
+
+
+def test_push_consumers_and_pull_consumers_without_callback_never_ring(make, receiver, ringer, client_anon):
+    make.channel()
+    make.producer()
+    make.consumer("c1", callback=receiver.url("/push"))  # push: its callbacks are deliveries, never rings
+    make.consumer("c2", type="pull", token="c2-token", callback=None)
+    make.consumer("d1", type="pull", token="d1-token", callback=receiver.url(BELL), notifyInterval="0.5")
+    ringer()
+    for _ in range(5):
+        assert make.publish().status_code == 201
+    receiver.wait(lambda: rings(receiver), timeout=20, what="the ring of d1")
+    time.sleep(1.0)
+    assert [json.loads(r.body)["consumer"] for r in receiver.requests] == ["d1"]
+    assert list(DoorbellState.objects.values_list("consumer__consumer_id", flat=True)) == ["d1"]
+
+
+def test_a_paused_consumer_is_rung_when_it_resumes(bell, make, api, receiver, ringer):
+    assert api.post("/channel/ch1/consumer/d1/pause").status_code == 200
+    ringer()
+    make.publish()
+    time.sleep(1.0)
+    assert rings(receiver) == []  # a pull would get nothing now
+    assert api.post("/channel/ch1/consumer/d1/resume").status_code == 200
+    receiver.wait(lambda: rings(receiver), timeout=20, what="the ring after resume")
+
+
+def test_consumer_api_notify_interval_and_pull_callback(make, api):
+    make.channel()
+    body = make.consumer("d1", type="pull", token="d1-token", callback="http://127.0.0.1:9/bell")
+    assert body["CallbackURL"] == "http://127.0.0.1:9/bell" and body["NotifyInterval"] == 1.0
+    for bad in ("0", "-1", "abc", "nan", "inf"):
+        r = api.put("/channel/ch1/consumer/d1", {"notifyInterval": bad})
+        assert r.status_code == 400 and r.json()["error"] == "invalid_notifyInterval", (bad, r.content)
+    since = api.get("/channel/ch1/consumer/d1")["Last-Modified"]
+    r = api.put("/channel/ch1/consumer/d1", {"notifyInterval": "2.5"}, HTTP_IF_UNMODIFIED_SINCE=since)
+    assert r.status_code == 200 and r.json()["NotifyInterval"] == 2.5, r.content
+    assert api.get("/channel/ch1/consumer/d1").json()["NotifyInterval"] == 2.5
