@@ -245,6 +245,7 @@ class Ringer:
         self.sent = 0
         self.errors = 0
         self.holding = threading.Event()  # set while this ringer holds the lock and rings
+        self.stopping = False
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -272,6 +273,8 @@ class Ringer:
         except (OSError, ssl.SSLError, ProtocolError, ValueError) as exc:
             error = f"{type(exc).__name__}: {exc}"[:300]
         except Exception as exc:  # noqa: BLE001 - a bug in one ring must not stop the others
+            if self.stopping:
+                return  # the ringer is shutting down: this ring dies with its event loop
             logger.exception("doorbell of consumer %s failed unexpectedly", ring.consumer_pk)
             error = f"internal error: {type(exc).__name__}"
         duration_ms = round((time.monotonic() - started) * 1000.0, 1)
@@ -308,6 +311,7 @@ class Ringer:
                     self.holding.clear()
                     connection.close()
         finally:
+            self.stopping = True
             self.client.stop()
 
     def _connect(self):

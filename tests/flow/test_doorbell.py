@@ -232,3 +232,60 @@ def test_consumer_api_notify_interval_and_pull_callback(make, api):
     r = api.put("/channel/ch1/consumer/d1", {"notifyInterval": "2.5"}, HTTP_IF_UNMODIFIED_SINCE=since)
     assert r.status_code == 200 and r.json()["NotifyInterval"] == 2.5, r.content
     assert api.get("/channel/ch1/consumer/d1").json()["NotifyInterval"] == 2.5
+
+
+SEED = """
+[initial-channels]
+ch1=Channel one
+[initial-channel-tokens]
+ch1=ch-token
+[initial-consumers]
+d1=http://127.0.0.1:9/bell
+d2=
+d3=http://127.0.0.1:9/bell
+[d1]
+token=d1-token
+channel=ch1
+type=pull
+notifyInterval=0.25
+[d2]
+token=d2-token
+channel=ch1
+type=pull
+[d3]
+token=d3-token
+channel=ch1
+type=pull
+notifyInterval=0
+"""
+
+
+def test_seed_notify_interval():
+    from broker.services.seed import seed_apply, seed_parse
+    from consumers.models import Consumer
+
+    plan = seed_parse(SEED)
+    assert plan.consumers["d1"]["notify_interval"] == 0.25 and "notify_interval" not in plan.consumers["d2"]
+    assert "d3" not in plan.consumers and any("d3" in e for e in plan.errors)
+    seed_apply(plan)
+    d1 = Consumer.objects.get(consumer_id="d1")
+    assert (d1.type, d1.callback_url, d1.notify_interval) == ("pull", "http://127.0.0.1:9/bell", 0.25)
+    assert Consumer.objects.get(consumer_id="d2").notify_interval == 1.0
+
+
+def test_admin_edits_notify_interval(admin_client, make):
+    from consumers.models import Consumer
+    from tests.admin.test_consumers_admin import URL, form_data
+
+    make.channel()
+    make.consumer("d1", type="pull", token="d1-token", callback="http://127.0.0.1:9/bell")
+    consumer = Consumer.objects.get(consumer_id="d1")
+    r = admin_client.get(f"{URL}{consumer.pk}/change/")
+    assert "notify_interval" in r.context["adminform"].form.fields
+    r = admin_client.post(f"{URL}{consumer.pk}/change/", form_data(r, notify_interval="0"))
+    assert "notify_interval" in r.context["adminform"].form.errors
+    r = admin_client.get(f"{URL}{consumer.pk}/change/")
+    r = admin_client.post(f"{URL}{consumer.pk}/change/", form_data(r, notify_interval="3"), follow=True)
+    assert r.status_code == 200
+    consumer.refresh_from_db()
+    assert consumer.notify_interval == 3.0
