@@ -234,6 +234,64 @@ def test_consumer_api_notify_interval_and_pull_callback(make, api):
     assert api.get("/channel/ch1/consumer/d1").json()["NotifyInterval"] == 2.5
 
 
+def test_one_ringer_holds_the_lock_and_another_takes_over(ringer):
+    first = ringer()
+    second = RingerThread()
+    second.thread.start()
+    try:
+        assert not second.ringer.holding.wait(1.0)  # the first one rings; this one waits
+        first.stop()
+        assert second.ringer.holding.wait(10), "the second ringer did not take over"
+    finally:
+        second.stop()
+
+
+def test_qcluster_rings_for_a_publish_over_http(tmp_path, make, receiver):
+    """Black box: gunicorn publishes, a real qcluster's push dispatcher process runs the ringer,
+    and while the receiver hangs, publishing over HTTP keeps answering 201 at once."""
+    import requests
+
+    from tests.conftest import ADMIN_TOKEN
+    from tests.processes import start_qcluster, start_web
+
+    hang = threading.Event()
+    receiver.behave(BELL, lambda n, request: Reply(204, delay=5.0 if hang.is_set() else 0.0))
+    web = start_web(tmp_path, workers=1, threads=4)
+    cluster = start_qcluster(tmp_path, BROKER_Q_WORKERS="2", BROKER_PUSH_POLL="0.2")
+    admin = {"X-Broker-Admin-Token": ADMIN_TOKEN}
+    publish = {"X-Broker-Channel-Token": "ct", "X-Broker-Producer-ID": "dp", "X-Broker-Producer-Token": "pt",
+               "Content-Type": "application/json"}
+    try:
+        assert requests.put(f"{web.url}/channel/dch", data={"token": "ct"}, headers=admin).status_code == 201
+        assert requests.put(f"{web.url}/producer/dp", data={"token": "pt"}, headers=admin).status_code == 201
+        r = requests.put(f"{web.url}/channel/dch/consumer/dd", headers=admin, data={
+            "token": "dt", "type": "pull", "callbackUrl": receiver.url(BELL), "notifyInterval": "0.5"})
+        assert r.status_code == 201, r.text
+        secret = r.json()["SigningSecret"]
+        receiver.wait(lambda: DoorbellState.objects.exists(), timeout=60, what="the ringer's first check")
+        for _ in range(10):
+            assert requests.post(f"{web.url}/channel/dch/broadcast", data=b"{}", headers=publish).status_code == 201
+        receiver.wait(lambda: rings(receiver), timeout=30, what="the doorbell from the qcluster")
+        ring = rings(receiver)[0]
+        Webhook(secret).verify(ring.body, ring.headers)
+        assert json.loads(ring.body)["consumer"] == "dd" and json.loads(ring.body)["channel"] == "dch"
+        # drain, then make the receiver hang on the next ring: publishing is not slowed down
+        pull = {"X-Broker-Channel-Token": "ct", "X-Broker-Consumer-Token": "dt"}
+        while requests.post(f"{web.url}/channel/dch/consumer/dd/pull", json={"batch": 100},
+                            headers=pull).json()["Result"]:
+            pass
+        hang.set()
+        assert requests.post(f"{web.url}/channel/dch/broadcast", data=b"{}", headers=publish).status_code == 201
+        receiver.wait(lambda: receiver.active, timeout=30, what="a hanging ring")
+        for _ in range(20):
+            r = requests.post(f"{web.url}/channel/dch/broadcast", data=b"{}", headers=publish, timeout=30)
+            assert r.status_code == 201
+        assert receiver.active  # every publish was answered while the receiver still hangs
+    finally:
+        cluster.stop()
+        web.stop()
+
+
 SEED = """
 [initial-channels]
 ch1=Channel one
