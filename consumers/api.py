@@ -161,7 +161,8 @@ class ConsumerView(APIView):
     @extend_schema(
         summary="Get a consumer (admin token, or its channel and consumer tokens)",
         description="Includes statistics: NumPending (queued), NumAckPending (in flight), NumRedelivered, "
-                    "NumWaiting (pulls waiting now, all processes), NumDead, NumDelivered.",
+                    "NumWaiting (pulls waiting now, all processes), NumDead, NumDelivered; pull consumers with a "
+                    "callbackUrl: Doorbell (Armed, RangAt, Rings, Failures).",
         parameters=[ADMIN_PARAM, CHANNEL_TOKEN], responses={200: OBJ, 401: ERROR, 403: ERROR, 404: ERROR},
     )
     def get(self, request, channel_id: str, consumer_id: str):
@@ -173,6 +174,10 @@ class ConsumerView(APIView):
             body.pop("Token", None)
         body.update(consumer_stats(consumer_pk=consumer.pk, sweep=consumer.is_pull))
         body["Backlog"] = body["NumPending"]  # flow control: QUEUED jobs, against MaxQueued
+        if consumer.is_pull and consumer.callback_url:
+            from consumers.doorbell import doorbell_state
+
+            body["Doorbell"] = doorbell_state(consumer_pk=consumer.pk)
         return with_last_modified(body, consumer)
 
     @extend_schema(

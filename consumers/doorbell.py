@@ -236,6 +236,17 @@ def doorbell_prune() -> int:
         return cur.rowcount
 
 
+def doorbell_state(*, consumer_pk: int) -> dict:
+    """The doorbell's state for the consumer GET (one primary-key lookup)."""
+    from consumers.models import DoorbellState
+
+    state = DoorbellState.objects.filter(consumer_id=consumer_pk).first()
+    if state is None:
+        return {"Armed": True, "RangAt": None, "Rings": 0, "Failures": 0}
+    return {"Armed": state.armed, "RangAt": rfc3339(state.rang_at), "Rings": state.rings,
+            "Failures": state.failures}
+
+
 def doorbell_consumers() -> set[int]:
     with connection.cursor() as cur:
         cur.execute("SELECT id FROM consumers_consumer WHERE type = 'pull' AND callback_url <> ''")

@@ -153,7 +153,7 @@ def test_ring_rate_is_bounded_by_the_interval_with_two_ringers(bell, make, recei
 
 
 @pytest.mark.parametrize("failure", ["500", "refused"])
-def test_a_failing_doorbell_is_tried_again_at_most_once_per_interval(failure, make, receiver, ringer):
+def test_a_failing_doorbell_is_tried_again_at_most_once_per_interval(failure, make, api, receiver, ringer, caplog):
     make.channel()
     make.producer()
     url = receiver.url(BELL)
@@ -172,6 +172,10 @@ def test_a_failing_doorbell_is_tried_again_at_most_once_per_interval(failure, ma
     state = DoorbellState.objects.get()
     assert 2 <= state.rings <= elapsed / 0.5 + 1, state.rings  # re-armed by each failure
     assert state.failures >= state.rings - 1
+    logged = [r for r in caplog.records if r.name == "consumers.doorbell" and r.levelname == "WARNING"]
+    assert logged and all(r.consumer_id == "d1" and r.channel_id == "ch1" for r in logged)  # JSON log fields
+    doorbell = api.get("/channel/ch1/consumer/d1").json()["Doorbell"]
+    assert doorbell["Rings"] >= 2 and doorbell["Failures"] >= 1 and doorbell["RangAt"].endswith("Z")
     if failure == "500":
         times = [r.at for r in rings(receiver)]
         assert len(times) == state.rings
