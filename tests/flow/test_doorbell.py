@@ -124,7 +124,7 @@ def test_rings_again_once_the_queue_drained_and_new_jobs_arrive(bell, make, rece
     make.publish(HTTP_X_BROKER_MESSAGE_ID="a1")
     receiver.wait(lambda: len(rings(receiver)) >= 2, timeout=20, what="the second ring")
     first, second = rings(receiver)[:2]
-    assert second.at - first.at >= 0.5 - 0.15
+    assert second.at - first.at >= 0.5 - 0.25
     assert json.loads(second.body)["NumPending"] == 1
     time.sleep(1.2)
     assert len(rings(receiver)) == 2  # a1 still queued, nothing new drained: quiet
@@ -148,8 +148,8 @@ def test_ring_rate_is_bounded_by_the_interval_with_two_ringers(bell, make, recei
     time.sleep(0.3)
     elapsed = time.monotonic() - start
     times = [r.at for r in rings(receiver)]
-    assert 3 <= len(times) <= elapsed / 0.5 + 1, times
-    assert all(b - a >= 0.5 - 0.15 for a, b in zip(times, times[1:])), times
+    assert 2 <= len(times) <= elapsed / 0.5 + 1, times
+    assert all(b - a >= 0.5 - 0.25 for a, b in zip(times, times[1:])), times
 
 
 @pytest.mark.parametrize("failure", ["500", "refused"])
@@ -179,13 +179,14 @@ def test_a_failing_doorbell_is_tried_again_at_most_once_per_interval(failure, ma
     if failure == "500":
         times = [r.at for r in rings(receiver)]
         assert len(times) == state.rings
-        assert all(b - a >= 0.5 - 0.15 for a, b in zip(times, times[1:])), times
+        assert all(b - a >= 0.5 - 0.25 for a, b in zip(times, times[1:])), times
 
 
 def test_a_hanging_receiver_never_delays_publishing(bell, make, receiver, ringer, client_anon):
     receiver.behave(BELL, lambda n, request: Reply(204, delay=3.0))  # longer than the ring timeout
     pc = puller(client_anon)
     ringer()
+    start = time.monotonic()
     assert make.publish().status_code == 201
     receiver.wait(lambda: rings(receiver), timeout=20, what="the first ring")
     assert receiver.active == 1  # the receiver is hanging on it now
@@ -197,7 +198,7 @@ def test_a_hanging_receiver_never_delays_publishing(bell, make, receiver, ringer
     time.sleep(1.5)
     # the first ring timed out (1 s): re-armed and rung again, no more than once per interval
     times = [r.at for r in rings(receiver)]
-    assert 2 <= len(times) <= (times[-1] - times[0]) / 0.5 + 1
+    assert 2 <= len(times) <= (time.monotonic() - start) / 0.5 + 1
 
 
 def test_push_consumers_and_pull_consumers_without_callback_never_ring(make, receiver, ringer, client_anon):
