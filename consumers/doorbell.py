@@ -12,6 +12,10 @@ Definition (what "after its queue was empty" means here). Per consumer, in ``Doo
   records ``mark`` and sets ``next_ring_at`` in the same conditional upsert, so two ringers
   never ring one consumer twice within an interval;
 - paused consumers are not rung (a pull would get nothing); resuming notifies, and they ring.
+The POST: JSON ``{"channel", "consumer", "NumPending" (QUEUED, from the maintained counters),
+"OldestQueuedAt" (creation time of the oldest QUEUED job, RFC 3339)}`` with the push callback
+headers (Standard Webhooks signature with the consumer's signing secret, consumer token header)
+and ``X-Broker-Event: doorbell``. A changed notifyInterval applies from the next ring.
 A failed ring (no 2xx, connection error, timeout) re-arms the doorbell: it is tried again no
 sooner than the next interval, and only while jobs are still waiting. It is never retried
 otherwise.
@@ -42,7 +46,6 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
-from django.db import Error as DatabaseError
 from django.db import connection
 
 from broker.api.representations import rfc3339
