@@ -335,7 +335,17 @@ class Ringer:
                     connection.close()
         finally:
             self.stopping = True
+            self._cancel_sends()
             self.client.stop()
+
+    def _cancel_sends(self) -> None:
+        """Rings still in flight at shutdown are dropped (cancelled, then the loop stops)."""
+        import asyncio
+
+        loop = self.client.loop
+        if loop.is_running():
+            loop.call_soon_threadsafe(lambda: [task.cancel() for task in asyncio.all_tasks(loop)])
+            time.sleep(0.1)
 
     def _connect(self):
         import psycopg
