@@ -255,6 +255,9 @@ BROKER_MIN_SCHEDULE_DELAY = env_float("BROKER_MIN_SCHEDULE_DELAY", 120.0)
 BROKER_ADVISORY_CHANNEL = env_str("BROKER_ADVISORY_CHANNEL")
 # Partitions: a push worker's lease on a partition (database time), renewed every third of it.
 BROKER_PARTITION_LEASE_SECONDS = env_float("BROKER_PARTITION_LEASE_SECONDS", 10.0)
+# Doorbell (pull consumers with a callbackUrl): safety-net check period (<= 0 disables), POST timeout.
+BROKER_DOORBELL_POLL = env_float("BROKER_DOORBELL_POLL", 1.0)
+BROKER_DOORBELL_TIMEOUT = env_float("BROKER_DOORBELL_TIMEOUT", 2.0)
 # Optional HMAC signing of incoming requests (webhook-broker's [gateway-auth] mode=hmac).
 BROKER_HMAC_SECRET = env_str("BROKER_HMAC_SECRET")
 BROKER_HMAC_TOLERANCE = env_float("BROKER_HMAC_TOLERANCE", 300.0)

@@ -60,12 +60,15 @@ class ConsumerForm(forms.ModelForm):
     max_queued = forms.IntegerField(
         required=False, min_value=1,
         help_text="Flow control: publishing answers 429 backlog_full at this many QUEUED jobs (empty: unlimited).")
+    notify_interval = forms.FloatField(
+        required=False, help_text="Doorbell (pull consumers with a callback URL): at most one ring per this many "
+                                  "seconds (empty: 1).")
 
     class Meta:
         model = Consumer
         fields = ("channel", "consumer_id", "name", "type", "callback_url", "max_in_flight",
                   "max_deliveries_per_second", "connection_timeout", "max_retry", "retry_backoff",
-                  "max_ack_pending", "max_queued")
+                  "max_ack_pending", "max_queued", "notify_interval")
         help_texts = {
             "max_deliveries_per_second": "Empty: no rate limit.",
             "connection_timeout": f"Seconds. Empty: the broker default ({settings.BROKER_CONNECTION_TIMEOUT:g}).",
@@ -95,7 +98,7 @@ class ConsumerForm(forms.ModelForm):
             self.add_error("callback_url", exc.detail)
         if data.get("max_in_flight") is not None and data["max_in_flight"] < 1:
             self.add_error("max_in_flight", "must be at least 1")
-        for name in ("max_deliveries_per_second", "connection_timeout"):
+        for name in ("max_deliveries_per_second", "connection_timeout", "notify_interval"):
             value = data.get(name)
             if value is not None and not 0 < value < 1e9:
                 self.add_error(name, "must be positive")
@@ -128,7 +131,7 @@ class ConsumerAdmin(ServiceFormAdmin):
     def get_fieldsets(self, request, obj=None):
         identity = ("channel", "consumer_id", "name", "type")
         delivery = ("callback_url", "max_in_flight", "max_deliveries_per_second", "connection_timeout",
-                    "max_retry", "retry_backoff", "max_ack_pending", "max_queued")
+                    "max_retry", "retry_backoff", "max_ack_pending", "max_queued", "notify_interval")
         if obj is None:
             return ((None, {"fields": (*identity, "new_token")}), ("Delivery", {"fields": delivery}))
         return (
@@ -250,9 +253,11 @@ class ConsumerAdmin(ServiceFormAdmin):
         data = form.cleaned_data
         fields = {name: data.get(name) for name in ("max_in_flight", "max_deliveries_per_second",
                                                     "connection_timeout", "max_retry", "retry_backoff",
-                                                    "max_ack_pending", "max_queued")}
+                                                    "max_ack_pending", "max_queued", "notify_interval")}
         if fields["max_ack_pending"] is None:
             fields["max_ack_pending"] = 1000
+        if fields["notify_interval"] is None:
+            fields["notify_interval"] = 1.0
         fields["retry_backoff"] = fields["retry_backoff"] or ""
         if change:
             loaded = data.get("loaded_at") or int(form.instance.updated_at.timestamp())

@@ -53,6 +53,7 @@ def consumer_repr(consumer: Consumer, *, show_secret: bool) -> dict:
         "MaxAckPending": consumer.max_ack_pending,
         "MaxQueued": consumer.max_queued,
         "Ordered": consumer.ordered,
+        "NotifyInterval": consumer.notify_interval,
         "PriorityPolicy": consumer.priority_policy,
         "PriorityTimeout": consumer.priority_timeout,
         "PriorityGroups": groups.groups_state(target=groups.target_for(consumer)),
@@ -116,6 +117,9 @@ def consumer_settings_parse(request) -> dict:
         if flag not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
             raise ApiError(400, "invalid_ordered", "ordered must be true or false")
         fields["ordered"] = flag in ("true", "1", "yes", "on")
+    value = _positive_float(request, "notifyInterval")
+    if value is not None:
+        fields["notify_interval"] = value
     value = _positive_int(request, "maxRetry", allow_zero=True)
     if value is not None:
         fields["max_retry"] = value
@@ -164,7 +168,8 @@ class ConsumerView(APIView):
     @extend_schema(
         summary="Get a consumer (admin token, or its channel and consumer tokens)",
         description="Includes statistics: NumPending (queued), NumAckPending (in flight), NumRedelivered, "
-                    "NumWaiting (pulls waiting now, all processes), NumDead, NumDelivered.",
+                    "NumWaiting (pulls waiting now, all processes), NumDead, NumDelivered; pull consumers with a "
+                    "callbackUrl: Doorbell (Armed, RangAt, Rings, Failures).",
         parameters=[ADMIN_PARAM, CHANNEL_TOKEN], responses={200: OBJ, 401: ERROR, 403: ERROR, 404: ERROR},
     )
     def get(self, request, channel_id: str, consumer_id: str):
@@ -176,13 +181,19 @@ class ConsumerView(APIView):
             body.pop("Token", None)
         body.update(consumer_stats(consumer_pk=consumer.pk, sweep=consumer.is_pull))
         body["Backlog"] = body["NumPending"]  # flow control: QUEUED jobs, against MaxQueued
+        if consumer.is_pull and consumer.callback_url:
+            from consumers.doorbell import doorbell_state
+
+            body["Doorbell"] = doorbell_state(consumer_pk=consumer.pk)
         return with_last_modified(body, consumer)
 
     @extend_schema(
         summary="Create or update a consumer",
         description="Form fields (or JSON): token, name, callbackUrl, type (push|pull), maxInFlight, "
                     "maxDeliveriesPerSecond, connectionTimeout, maxRetry, retryBackoff, signingSecret, maxAckPending "
-                    "(default 1000), maxQueued (default unlimited; 0 or 'unlimited' clears it); pull consumers: "
+                    "(default 1000), maxQueued (default unlimited; 0 or 'unlimited' clears it), notifyInterval (seconds "
+                    "> 0, default 1: the doorbell of a pull consumer with a callbackUrl rings at most once "
+                    "per interval); pull consumers: "
                     "priorityPolicy (none|overflow|pinned_client|prioritized), priorityGroups (one group name), "
                     "priorityTimeout (seconds, pinned_client default 120; the only priority field that may "
                     "change later).",

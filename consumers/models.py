@@ -144,3 +144,28 @@ class Advisory(models.Model):
 
     def __str__(self) -> str:
         return f"{self.type} {self.channel_id}/{self.consumer_id} {self.group}"
+
+
+class DoorbellState(models.Model):
+    """Doorbell state of a pull consumer with a callback URL (``consumers.doorbell``).
+
+    ``armed``: a check saw no ready QUEUED job since the last ring (or the last ring failed).
+    ``mark``: the newest QUEUED job id when it last rang; once that job has left QUEUED the
+    consumer has drained what it was rung for. ``next_ring_at``: no ring before this time (last
+    ring + notifyInterval). Written only by ``doorbell_ring_due`` (one conditional upsert, so two
+    ringers never ring twice within an interval). Its own small table keeps these writes off the
+    consumer row that every publish joins; no constraint, like ``PullWaiter``: a consumer deletion
+    (raw SQL) never trips on it, and orphans are pruned by the ringer.
+    """
+
+    consumer = models.OneToOneField(Consumer, on_delete=models.CASCADE, primary_key=True,
+                                    related_name="doorbell", db_constraint=False)
+    armed = models.BooleanField(default=True)
+    mark = models.BigIntegerField(null=True, blank=True)
+    rang_at = models.DateTimeField(null=True, blank=True)
+    next_ring_at = models.DateTimeField(null=True, blank=True)
+    rings = models.BigIntegerField(default=0)
+    failures = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"doorbell of consumer {self.consumer_id}"

@@ -79,6 +79,9 @@ def push_dispatch(wait: float = 0.0) -> str:
         number = slot.acquire(slots, wait)
         if number is None:
             return "every dispatcher slot is taken"
+        from consumers.doorbell import doorbell_thread_start
+
+        doorbell_thread_start()  # this process's doorbell ringer thread (rings while it holds its lock)
         claim_for = float(settings.BROKER_PUSH_LOOP_SECONDS)
         # Whatever stays running past the task budget is abandoned (redelivered after its deadline).
         drain_for = max(5.0, float(settings.Q_CLUSTER.get("timeout") or 150) - claim_for - 10.0)

@@ -7,7 +7,9 @@
     [initial-producer-tokens] id=token
     [initial-producer-rate-limits] id=rateLimitPerSecond[,burst]   (flow control)
     [<consumerId>]            token=, channel=, type=push|pull (empty = push), name=,
-                              maxInFlight=, maxDeliveriesPerSecond=, maxAckPending=, maxQueued=, ordered=
+                              maxInFlight=, maxDeliveriesPerSecond=, maxAckPending=, maxQueued=, ordered=,
+                              notifyInterval= (doorbell seconds > 0; a pull consumer with a
+                              callback URL in [initial-consumers] gets the doorbell)
 
 A consumer with an invalid type, an unknown channel or a bad callback URL is skipped with a
 logged error (as the pull-consumer spec says); the rest of the file still applies.
@@ -116,8 +118,13 @@ def seed_parse(text: str) -> SeedPlan:
                 consumer["max_ack_pending"] = max(1, int(options["maxAckPending"]))
             if options.get("maxQueued", "").strip():
                 consumer["max_queued"] = max(1, int(options["maxQueued"]))
+            if options.get("notifyInterval", "").strip():
+                consumer["notify_interval"] = float(options["notifyInterval"])
+                if not 0 < consumer["notify_interval"] < 1e9:
+                    raise ValueError("notifyInterval")
         except ValueError:
-            plan.errors.append(f"consumer {cid}: maxInFlight/maxDeliveriesPerSecond/maxAckPending/maxQueued must be numbers, skipped")
+            plan.errors.append(f"consumer {cid}: maxInFlight/maxDeliveriesPerSecond/maxAckPending/maxQueued/"
+                               f"notifyInterval must be (positive) numbers, skipped")
             continue
         ordered = options.get("ordered", "").strip().lower()
         if ordered:  # partitions: one job of a partition in flight at a time, in publish order
