@@ -116,6 +116,7 @@ class Partition(models.Model):
     manual_checkpoint = models.BooleanField(default=False, db_default=False)
     created_at = models.DateTimeField(db_default=models.functions.Now())
     updated_at = models.DateTimeField(db_default=models.functions.Now())
+    completed_at = models.DateTimeField(null=True, blank=True)  # when it last became COMPLETE (pipeline report)
 
     class Meta:
         constraints = [

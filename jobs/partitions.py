@@ -65,7 +65,7 @@ class PartitionError(Exception):
 _ROW_SQL = """
 SELECT p.id, p.consumer_id, p.key, p.gate, p.status, p.version, p.closed, p.auto_close,
        p.manual_checkpoint, p.owner, p.lease_until, p.created_at, p.updated_at,
-       c.consumer_id, ch.channel_id, p.lease_until > now()
+       c.consumer_id, ch.channel_id, p.lease_until > now(), p.completed_at
   FROM jobs_partition p
   JOIN consumers_consumer c ON c.id = p.consumer_id
   JOIN broker_channel ch ON ch.id = c.channel_id
@@ -91,6 +91,7 @@ class Row:
     consumer_id: str
     channel_id: str
     leased: bool
+    completed_at: object = None
 
 
 def _row(*, partition_pk: int | None = None, consumer_pk: int | None = None, key: str | None = None) -> Row | None:
@@ -100,7 +101,7 @@ def _row(*, partition_pk: int | None = None, consumer_pk: int | None = None, key
         else:
             cur.execute(_ROW_SQL.replace("{WHERE}", "p.consumer_id = %s AND p.key = %s"), [consumer_pk, key])
         r = cur.fetchone()
-    return Row(*r[:15], leased=bool(r[15])) if r else None
+    return Row(*r[:15], leased=bool(r[15]), completed_at=r[16]) if r else None
 
 
 def _require(partition_pk=None, consumer_pk=None, key=None) -> Row:
@@ -140,7 +141,7 @@ def partition_repr(row: Row, *, counts: bool = True) -> dict:
         "autoClose": row.auto_close, "manualCheckpoint": row.manual_checkpoint,
         "owner": row.owner or None, "leaseUntil": ts(row.lease_until) if row.owner else None,
         "leased": bool(row.owner) and row.leased, "version": row.version,
-        "createdAt": ts(row.created_at), "updatedAt": ts(row.updated_at),
+        "createdAt": ts(row.created_at), "updatedAt": ts(row.updated_at), "completedAt": ts(row.completed_at),
     }
     if counts:
         c = counts_repr(_counts(row.id))
@@ -194,7 +195,8 @@ def _next_state(row: Row, counts: dict) -> tuple[int, int]:
 _WRITE_SQL = """
 UPDATE jobs_partition SET gate = %s, status = %s, version = version + 1, updated_at = now(),
        owner = CASE WHEN %s = {COMPLETE} THEN '' ELSE owner END,
-       lease_until = CASE WHEN %s = {COMPLETE} THEN NULL ELSE lease_until END
+       lease_until = CASE WHEN %s = {COMPLETE} THEN NULL ELSE lease_until END,
+       completed_at = CASE WHEN %s = {COMPLETE} THEN now() END
  WHERE id = %s AND version = %s
 RETURNING version
 """.format(COMPLETE=COMPLETE)
@@ -231,7 +233,7 @@ def partition_settle(*, partition_pk: int) -> Settled | None:
             if (gate, status) == (row.gate, row.status):
                 return Settled(row.id, gate, status, row.version, False, attempt)
             with connection.cursor() as cur:
-                cur.execute(_WRITE_SQL, [gate, status, status, status, row.id, row.version])
+                cur.execute(_WRITE_SQL, [gate, status, status, status, status, row.id, row.version])
                 written = cur.fetchone()
             if written is None:
                 continue  # someone wrote first: re-read, never overwrite
@@ -435,7 +437,9 @@ SELECT c.id, k.key, k.gate, {AVAILABLE}, '', 0, false, false, false, now(), now(
 ON CONFLICT (consumer_id, key) DO UPDATE SET
     version = jobs_partition.version + 1, updated_at = now(),
     status = CASE WHEN jobs_partition.status = {COMPLETE} AND NOT jobs_partition.closed
-                  THEN {AVAILABLE} ELSE jobs_partition.status END
+                  THEN {AVAILABLE} ELSE jobs_partition.status END,
+    completed_at = CASE WHEN jobs_partition.status = {COMPLETE} AND NOT jobs_partition.closed
+                        THEN NULL ELSE jobs_partition.completed_at END
 RETURNING id, consumer_id, key, gate, status, closed
 """.format(AVAILABLE=AVAILABLE, COMPLETE=COMPLETE)
 

@@ -13,7 +13,7 @@ Definitions (the tests recompute each with the Django ORM):
   non-2xx code, as "HTTP <code>") and errors (attempts with an error; its first line, trimmed,
   at most 200 characters); ties are broken by the reason text;
 - throughput per hour (UTC): jobs published and jobs delivered in each hour;
-- partition completion times: only when a ``jobs_partition`` table exists (a later feature),
+- partition completion times: from ``jobs_partition`` (created_at to completed_at),
   otherwise the section is skipped and says so.
 
 Outputs under ``out_dir``: ``jobs/day=YYYY-MM-DD/channel=<id>/`` (one row per job, Parquet),
@@ -171,9 +171,11 @@ def report_partitions_build(*, spark):
     end = next((c for c in ("completed_at", "closed_at", "finished_at", "done_at") if c in columns), None)
     if not start or not end or "id" not in columns:
         return None, f"skipped: {PARTITION_TABLE} has no start/completion timestamp columns"
-    status = ", p.status::text AS status" if "status" in columns else ", NULL::text AS status"
+    status = (", CASE p.status WHEN 1 THEN 'AVAILABLE' WHEN 2 THEN 'FAILED' WHEN 3 THEN 'COMPLETE' "
+              "ELSE p.status::text END AS status" if "status" in columns else ", NULL::text AS status")
+    key = ", p.key" if "key" in columns else ", p.id::text AS key"
     frame = jdbc_read(spark=spark, bounds_table=PARTITION_TABLE,
-                      sql=f"SELECT p.id, p.{start} AS started_at, p.{end} AS completed_at{status} "
+                      sql=f"SELECT p.id, p.{start} AS started_at, p.{end} AS completed_at{status}{key} "
                           f"FROM {PARTITION_TABLE} p")
     frame = frame.withColumn("completion_s", (F.unix_micros("completed_at") - F.unix_micros("started_at")) / 1e6)
     return frame, ""

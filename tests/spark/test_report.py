@@ -98,9 +98,25 @@ def orm_figures(since: datetime, until: datetime) -> dict:
             "jobs": scope.count()}
 
 
+def partitions_with_completion_times(now: datetime) -> None:
+    """Three COMPLETE partitions that took 10, 20 and 30 s and one still open (report input only:
+    the partition lifecycle itself is tested in tests/partitions)."""
+    from consumers.models import Consumer
+    from jobs.models import Partition, PartitionStatus
+
+    consumer = Consumer.objects.order_by("pk").first()
+    for i, seconds in enumerate((10, 20, 30)):
+        start = now - timedelta(minutes=5 + i)
+        Partition.objects.create(consumer=consumer, key=f"done-{i}", status=PartitionStatus.COMPLETE, closed=True,
+                                 created_at=start, updated_at=start + timedelta(seconds=seconds),
+                                 completed_at=start + timedelta(seconds=seconds))
+    Partition.objects.create(consumer=consumer, key="open", created_at=now, updated_at=now)
+
+
 def test_report_figures_match_the_orm(spark, tmp_path, pipeline_dir, capsys):
     now = datetime.now(timezone.utc)
     workload_report(now=now)
+    partitions_with_completion_times(now)
     since = now - timedelta(days=10)
     out = tmp_path / "report"
 
@@ -137,8 +153,13 @@ def test_report_figures_match_the_orm(spark, tmp_path, pipeline_dir, capsys):
         "published": r["published"], "delivered": r["delivered"]} for r in figures["throughput"]}
     assert throughput == expected["throughput"]
 
-    assert figures["partitions"] is None
-    assert "jobs_partition does not exist" in figures["sections_skipped"]["partitions"]
+    parts = figures["partitions"]
+    assert "partitions" not in figures["sections_skipped"]
+    assert parts["partitions"] == 4 and parts["completed"] == 3  # the open partition has no completion time
+    assert parts["completion_p50_s"] == pytest.approx(20.0)
+    assert parts["completion_p95_s"] == pytest.approx(29.0)  # interpolated between 20 and 30 s
+    assert parts["completion_max_s"] == pytest.approx(30.0)
+    assert [round(r["completion_s"]) for r in parts["slowest"]] == [30, 20, 10]  # slowest first
 
     # Parquet: one row per job, partitioned by day and channel; aggregates next to it.
     facts = spark.read.parquet(str(out / "jobs"))
@@ -153,7 +174,8 @@ def test_report_figures_match_the_orm(spark, tmp_path, pipeline_dir, capsys):
     assert html.count("<svg") == 5 and "Top failure reasons" in html and "Throughput per hour" in html
     for consumer in ("r-c00", "r-c01", "r-c10", "r-c11"):
         assert consumer in html
-    assert "jobs_partition does not exist" in html
+    assert "Partition completion times" in html and "3 of 4 partitions completed" in html
+    assert "done-2" in html and "COMPLETE" in html
     assert sorted(p.name for p in (out / "charts").iterdir()) == [
         "attempts.svg", "failures.svg", "latency.svg", "outcomes.svg", "throughput.svg"]
     assert SECRET_MARK not in html and SECRET_MARK not in (out / "report.json").read_text()
@@ -183,28 +205,6 @@ def test_admin_link_serves_the_latest_report(spark, tmp_path, pipeline_dir, admi
 
     link = engines["django"].from_string("{% load pipeline_tags %}{% pipeline_latest_report_link %}").render({})
     assert 'href="/pipeline/reports/latest/"' in link
-
-
-def test_partition_completion_times_when_the_table_exists(spark):
-    from pipeline.report import report_partitions_figures, report_partitions_build
-
-    if "jobs_partition" in connection.introspection.table_names():
-        pytest.skip(reason="a real jobs_partition model exists now")
-    with connection.cursor() as cur:
-        cur.execute("CREATE TABLE jobs_partition (id bigserial PRIMARY KEY, status smallint, "
-                    "created_at timestamptz NOT NULL, completed_at timestamptz)")
-        cur.execute("INSERT INTO jobs_partition (status, created_at, completed_at) VALUES "
-                    "(3, now() - interval '100 s', now()), (3, now() - interval '10 s', now()), (1, now(), NULL)")
-    try:
-        frame, why = report_partitions_build(spark=spark)
-        assert why == ""
-        figures = report_partitions_figures(frame)
-        assert figures["partitions"] == 3 and figures["completed"] == 2
-        assert figures["completion_p50_s"] == pytest.approx(55.0)
-        assert figures["completion_max_s"] == pytest.approx(100.0)
-    finally:
-        with connection.cursor() as cur:
-            cur.execute("DROP TABLE jobs_partition")
 
 
 def test_readers_split_on_id_and_never_read_secrets(spark):
