@@ -33,6 +33,7 @@ from tests.processes import start_qcluster, start_web
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
+RECEIVER_DELAY = 0.05  # the push receiver's answer time: callbacks are in flight when the kills land
 RATE = 60.0  # publishes per second, over all publisher threads
 PUBLISHERS = 4
 LOAD_SECONDS = 50.0
@@ -46,6 +47,9 @@ CHILD_ENV = {
     "BROKER_Q_WORKERS": "3",
     "BROKER_PUSH_DISPATCHERS": "2",  # both clusters share the name "broker": two loops in all
     "BROKER_PUSH_POLL": "0.5",
+    # Short dispatcher loops: hand-overs (a successor task through django-q2's queue) happen after
+    # the database restart too, so the queue must work again without a restart.
+    "BROKER_PUSH_LOOP_SECONDS": "15",
     "BROKER_LOG_LEVEL": "WARNING",
 }
 CH_TOKEN, P_TOKEN = "chaos-ch", "chaos-p"
@@ -69,6 +73,7 @@ class Ledger(ThreadingHTTPServer):
 
             def do_POST(self):
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                time.sleep(RECEIVER_DELAY)
                 with ledger.lock:
                     ledger.seen[self.headers.get("X-Broker-Message-Id", "")] += 1
                 self.send_response(200)
@@ -235,6 +240,12 @@ def _wait(predicate, timeout: float, pause: float = 0.5):
         time.sleep(pause)
 
 
+def _listeners() -> set[str]:
+    with connection.cursor() as cur:
+        cur.execute("SELECT DISTINCT application_name FROM pg_stat_activity WHERE query ILIKE 'LISTEN%%'")
+        return {row[0] for row in cur.fetchall()}
+
+
 def _job_counts(by_consumer: bool = False) -> dict:
     """Jobs of the chaos channel by status (COUNT over the table: fine in a test)."""
     from jobs.models import Job, JobStatus
@@ -297,6 +308,17 @@ def test_chaos(tmp_path, api):
         connection.close()  # this process's connection died with the server
         log.append(f"{down_began - t0:5.1f}s PostgreSQL stopped (fast), started again after "
                    f"{down_ended - down_began:.1f}s")
+        # The LISTEN connections come back (web: jobs.wakeup for long-polls; workers: the loops').
+        back: dict = {}
+
+        def listeners_back() -> bool:
+            for name in _listeners() - set(back):
+                back[name] = time.monotonic() - down_ended
+            return {"broker-listen", "broker-push-listen"} <= set(back)
+
+        listening = _wait(listeners_back, 30, pause=0.1)
+        log.append(f"{time.monotonic() - t0:5.1f}s LISTEN connections back, seconds after the restart: "
+                   + ", ".join(f"{k} {v:.1f}" for k, v in sorted(back.items())))
 
         time.sleep(max(0.0, LOAD_SECONDS - (time.monotonic() - t0)))
         publishers.join()
@@ -338,6 +360,7 @@ def test_chaos(tmp_path, api):
 
     assert acked - set(ledger.seen) == set(), f"acknowledged but never pushed: {sorted(acked - set(ledger.seen))[:20]}\n{logs()}"
     assert acked - set(puller.seen) == set(), f"acknowledged but never pulled: {sorted(acked - set(puller.seen))[:20]}\n{logs()}"
+    assert listening, f"LISTEN connections not back after the restart\n{logs()}"
     assert stuck, f"jobs stuck: {counts}\n{logs()}"
     assert set(counts) == {"DELIVERED"}, counts
     # Maintained counters (job-status) agree with the table after the crashes.
