@@ -62,6 +62,7 @@ class Ledger(ThreadingHTTPServer):
 
     def __init__(self):
         self.seen: Counter = Counter()
+        self.times: list[float] = []  # monotonic arrival times
         self.lock = threading.Lock()
         ledger = self
 
@@ -76,6 +77,7 @@ class Ledger(ThreadingHTTPServer):
                 time.sleep(RECEIVER_DELAY)
                 with ledger.lock:
                     ledger.seen[self.headers.get("X-Broker-Message-Id", "")] += 1
+                    ledger.times.append(time.monotonic())
                 self.send_response(200)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -168,6 +170,7 @@ class Puller(threading.Thread):
         super().__init__(daemon=True)
         self.urls = urls
         self.seen: Counter = Counter()
+        self.times: list[float] = []  # monotonic times of pulls that returned jobs
         self.errors: Counter = Counter()
         self.stop = threading.Event()
         self.headers = {"X-Broker-Channel-Token": CH_TOKEN, "X-Broker-Consumer-Token": "chaos-c2",
@@ -196,6 +199,8 @@ class Puller(threading.Thread):
                 time.sleep(0.2)
                 continue
             jobs = body["Result"]
+            if jobs:
+                self.times.append(time.monotonic())
             for job in jobs:
                 self.seen[job["Message"]["MessageID"]] += 1
             ack = {"Jobs": [{"ID": job["ID"], "NextState": "DELIVERED"} for job in jobs]}
@@ -345,6 +350,13 @@ def test_chaos(tmp_path, api):
     during = [(t, d, o) for t, d, o in results if down_began - 0.5 <= t <= down_ended + 0.5]
     during_503 = [d for _, d, o in during if o == "503"]
     max_any = max(d for _, d, _ in results)
+
+    def resumed(times) -> str:
+        after = [t for t in times if t >= down_ended]
+        return f"{min(after) - down_ended:.1f}s" if after else "never"
+
+    recovery = (f"after the restart, first 201 {resumed([t + d for t, d, o in results if o == '201'])}, "
+                f"first pull {resumed(puller.times)}, first push {resumed(ledger.times)}")
     dup_push = sum(c - 1 for c in ledger.seen.values() if c > 1)
     dup_pull = sum(c - 1 for c in puller.seen.values() if c > 1)
     print("\nchaos timeline:\n  " + "\n  ".join(log))
@@ -353,7 +365,7 @@ def test_chaos(tmp_path, api):
           f"pull ledger {len(puller.seen)} ids / {sum(puller.seen.values())} deliveries, {dup_pull} duplicates; "
           f"pull errors {dict(puller.errors)}; during the outage {len(during)} publishes, "
           f"{len(during_503)} x 503, max 503 latency {max(during_503, default=0) * 1000:.0f} ms; "
-          f"slowest publish {max_any * 1000:.0f} ms; job counters {counters}")
+          f"slowest publish {max_any * 1000:.0f} ms; {recovery}; job counters {counters}")
 
     def logs():
         return "\n".join(f"--- {pid}\n{out[-2500:]}" for pid, out in outputs.items())
