@@ -321,7 +321,7 @@ def test_chaos(tmp_path, api):
                 back[name] = time.monotonic() - down_ended
             return {"broker-listen", "broker-push-listen"} <= set(back)
 
-        listening = _wait(listeners_back, 30, pause=0.1)
+        listening = _wait(listeners_back, 60, pause=0.1)
         log.append(f"{time.monotonic() - t0:5.1f}s LISTEN connections back, seconds after the restart: "
                    + ", ".join(f"{k} {v:.1f}" for k, v in sorted(back.items())))
 
