@@ -12,7 +12,8 @@ and pull, the memory of each process (RSS of every gunicorn and qcluster process
 PSS total of the postmaster and its backends, so shared buffers count once) and the rows and size
 of the history tables (jobs_jobtransition, jobs_deliveryattempt, broker_counterdelta; jobs_job and
 broker_message for comparison). The last line is the verdict: RSS growth between the second and
-the last report. History tables grow with traffic by design until the archive job
+the last report (PostgreSQL judged by private memory per process: its PSS grows as table pages
+enter shared buffers). History tables grow with traffic by design until the archive job
 (pipeline/archive.py) prunes them; the counter deltas are compacted by the dispatcher loops.
 Everything is on 127.0.0.1 and stops by itself.
 """
@@ -63,6 +64,18 @@ def _status(pid: int) -> tuple[int, int, int] | None:
         return None
 
 
+def _anon(pid: int) -> int:
+    """Private anonymous memory (kB): what a backend's leak would grow; shared buffers excluded."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 def _pss(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/smaps_rollup") as fh:
@@ -75,12 +88,15 @@ def _pss(pid: int) -> int:
 
 
 def memory(web_pgrp: int, workers_pgrp: int, postmaster: int | None) -> dict:
-    """{"web": [MB per process], "qcluster": [MB per process], "postgres": total MB (PSS), "pg_n": backends}."""
+    """{"web": [MB per process], "qcluster": [MB per process], "postgres": total MB (PSS), "pg_n": processes,
+    "pg_private": private anonymous MB of all of them}. PSS grows as the growing tables' pages enter
+    shared buffers (not a leak); the verdict judges PostgreSQL by private memory per process."""
     procs = {int(p): s for p in os.listdir("/proc") if p.isdigit() and (s := _status(int(p))) is not None}
     web = sorted(rss / 1024 for pid, (_, pgrp, rss) in procs.items() if pgrp == web_pgrp and rss)
     workers = sorted(rss / 1024 for pid, (_, pgrp, rss) in procs.items() if pgrp == workers_pgrp and rss)
     pg = [pid for pid, (ppid, _, _) in procs.items() if postmaster and (pid == postmaster or ppid == postmaster)]
-    return {"web": web, "qcluster": workers, "postgres": sum(_pss(pid) for pid in pg) / 1024, "pg_n": len(pg)}
+    return {"web": web, "qcluster": workers, "postgres": sum(_pss(pid) for pid in pg) / 1024, "pg_n": len(pg),
+            "pg_private": sum(_anon(pid) for pid in pg) / 1024}
 
 
 def postmaster_pid(broker: Broker) -> int | None:
@@ -219,7 +235,7 @@ def main() -> None:
                     + " pull " + "/".join(f"{pct(pull_lat[last['pull_lat']:], p):.0f}" for p in (50, 95, 99))
                     + f" | RSS MB web [{', '.join(f'{m:.0f}' for m in mem['web'])}]"
                     f" qcluster [{', '.join(f'{m:.0f}' for m in mem['qcluster'])}]"
-                    f" postgres {mem['postgres']:.0f} ({mem['pg_n']} procs, PSS)"
+                    f" postgres {mem['postgres']:.0f} PSS, {mem['pg_private']:.0f} private ({mem['pg_n']} procs)"
                     " | " + ", ".join(f"{name.split('_', 1)[1]} {rows} rows {mb:.1f} MB"
                                       for name, (rows, mb) in sizes.items()))
             print(line, flush=True)
@@ -235,10 +251,12 @@ def main() -> None:
 
             web2, webn = sum(m2["web"]), sum(mn["web"])
             q2, qn = sum(m2["qcluster"]), sum(mn["qcluster"])
-            worst = max((b - a) / a for a, b in ((web2, webn), (q2, qn), (m2["postgres"], mn["postgres"])) if a)
+            pg2, pgn = m2["pg_private"] / max(1, m2["pg_n"]), mn["pg_private"] / max(1, mn["pg_n"])
+            worst = max((b - a) / a for a, b in ((web2, webn), (q2, qn), (pg2, pgn)) if a)
             verdict = "stable" if worst < 0.10 else "GROWING (check for a leak)"
             print(f"verdict: RSS growth from the 2nd to the last report: web {growth(web2, webn)}, "
-                  f"qcluster {growth(q2, qn)}, postgres {growth(m2['postgres'], mn['postgres'])} -> {verdict}; "
+                  f"qcluster {growth(q2, qn)}, postgres PSS {growth(m2['postgres'], mn['postgres'])} "
+                  f"(shared buffers filling), private per process {growth(pg2, pgn)} -> {verdict}; "
                   "history rows grew " + ", ".join(f"{name.split('_', 1)[1]} {sn[name][0] - s2[name][0]:+d}"
                                                    for name in HISTORY[:3])
                   + " (pruned by the archive job, not during a soak)", flush=True)
