@@ -351,12 +351,13 @@ def test_chaos(tmp_path, api):
     during_503 = [d for _, d, o in during if o == "503"]
     max_any = max(d for _, d, _ in results)
 
-    def resumed(times) -> str:
+    def resumed(times) -> float:
         after = [t for t in times if t >= down_ended]
-        return f"{min(after) - down_ended:.1f}s" if after else "never"
+        return min(after) - down_ended if after else float("inf")
 
-    recovery = (f"after the restart, first 201 {resumed([t + d for t, d, o in results if o == '201'])}, "
-                f"first pull {resumed(puller.times)}, first push {resumed(ledger.times)}")
+    resumed_at = {"publish": resumed([t + d for t, d, o in results if o == "201"]),
+                  "pull": resumed(puller.times), "push": resumed(ledger.times)}
+    recovery = "after the restart, first " + ", ".join(f"{k} {v:.1f}s" for k, v in resumed_at.items())
     dup_push = sum(c - 1 for c in ledger.seen.values() if c > 1)
     dup_pull = sum(c - 1 for c in puller.seen.values() if c > 1)
     print("\nchaos timeline:\n  " + "\n  ".join(log))
@@ -383,6 +384,11 @@ def test_chaos(tmp_path, api):
     assert max(during_503) < MAX_503_SECONDS
     assert max_any < MAX_503_SECONDS + 5
     assert set(outcomes) <= {"201", "503", "connection-error"}, outcomes
+    # Everything recovers without a restart: typically publish 0.1 s, pull 0.5 s, push ~6 s (the
+    # dispatcher hand-over that fell in the outage waits for django-q2's pusher, which sleeps 10 s
+    # after a failed queue read). Before the late hand-over fix (jobs/tasks.py) push stayed down
+    # for minutes. Bounds are generous for a loaded machine.
+    assert resumed_at["publish"] < 15 and resumed_at["pull"] < 15 and resumed_at["push"] < 45, resumed_at
     # Duplicates stay within the in-flight window. Push: a crash can leave at most maxInFlight
     # callbacks delivered but not recorded (the per-consumer cap holds across all loops); two
     # events can do it (the worker kill, the database restart). Pull: at most one batch is pulled
