@@ -42,6 +42,12 @@ PULL_BATCH = 20
 PUSH_TIMEOUT = 5.0  # push consumer's connectionTimeout: a killed cluster's jobs come back after it
 PULL_TIMEOUT = 10.0  # pull consumer's timeout (connectionTimeout): an un-acked pull comes back after it
 DB_DOWN_SECONDS = 4.0
+# "immediate" is a crash of PostgreSQL (no checkpoint, crash recovery at start). The test server runs
+# with synchronous_commit=off for speed, which would let a crash lose committed publishes; the test
+# database gets synchronous_commit=on for the run (production's default), so every 201 must survive.
+# The push dispatcher still commits its claims and outcomes asynchronously (jobs/state.py); losing the
+# last of them only redelivers (each synchronous publish commit flushes the WAL before it anyway).
+PG_STOP_MODE = "immediate"
 MAX_503_SECONDS = 10.0  # "quickly": generous for a loaded 2-core machine; typically a few ms
 CHILD_ENV = {
     "BROKER_Q_WORKERS": "3",
@@ -211,8 +217,7 @@ class Puller(threading.Thread):
 
 
 def _postgres_restart(down_for: float) -> tuple[float, float]:
-    """Stop the embedded server (fast shutdown: clients are disconnected, committed work is kept),
-    wait, start it again on the same port and data dir with the same options (postmaster.opts).
+    """Stop the embedded server (``PG_STOP_MODE``), wait, start it again on the same port and data dir with the same options (postmaster.opts).
     Returns the monotonic times the outage began and ended."""
     from broker.embedded_db import _bin_dir, _run_as
 
@@ -228,7 +233,7 @@ def _postgres_restart(down_for: float) -> tuple[float, float]:
         options.append(words[i])
         i += 1
     began = time.monotonic()
-    subprocess.run([pg_ctl, "-D", str(pgdata), "-m", "fast", "-w", "-t", "60", "stop"], check=True,
+    subprocess.run([pg_ctl, "-D", str(pgdata), "-m", PG_STOP_MODE, "-w", "-t", "60", "stop"], check=True,
                    capture_output=True, **_run_as())
     time.sleep(down_for)
     subprocess.run([pg_ctl, "-D", str(pgdata), "-w", "-t", "60", "-l", str(pgdata / "server.log"),
@@ -279,6 +284,9 @@ def test_chaos(tmp_path, api):
         "token": "chaos-c2", "type": "pull", "connectionTimeout": str(PULL_TIMEOUT), "maxRetry": "50"})
     assert r.status_code == 201, r.content
 
+    database = connection.settings_dict["NAME"]
+    with connection.cursor() as cur:
+        cur.execute(f'ALTER DATABASE "{database}" SET synchronous_commit = on')
     procs = []
     webs = [start_web(tmp_path, workers=1, threads=8, **CHILD_ENV) for _ in range(2)]
     procs += webs
@@ -311,7 +319,7 @@ def test_chaos(tmp_path, api):
         time.sleep(8)
         down_began, down_ended = _postgres_restart(DB_DOWN_SECONDS)
         connection.close()  # this process's connection died with the server
-        log.append(f"{down_began - t0:5.1f}s PostgreSQL stopped (fast), started again after "
+        log.append(f"{down_began - t0:5.1f}s PostgreSQL stopped ({PG_STOP_MODE}), started again after "
                    f"{down_ended - down_began:.1f}s")
         # The LISTEN connections come back (web: jobs.wakeup for long-polls; workers: the loops').
         back: dict = {}
@@ -344,6 +352,9 @@ def test_chaos(tmp_path, api):
         for p in procs:
             p.stop(grace=3)
         ledger.shutdown()
+        connection.close()
+        with connection.cursor() as cur:
+            cur.execute(f'ALTER DATABASE "{database}" RESET synchronous_commit')
 
     results = publishers.results
     outcomes = Counter(o for _, _, o in results)
