@@ -90,6 +90,9 @@ class Ledger(ThreadingHTTPServer):
 
         super().__init__(("127.0.0.1", 0), Handler)
 
+    def handle_error(self, request, client_address):
+        pass  # a SIGKILLed worker resets its callback connections: expected here
+
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}/cb"
@@ -216,6 +219,13 @@ class Puller(threading.Thread):
                 time.sleep(0.5)
 
 
+def _server_options(pgdata) -> list[str]:
+    """The running server's command-line options (postmaster.opts) without ``-D <dir>`` (pg_ctl
+    passes it): the same port, socket dir and settings on restart."""
+    words = shlex.split((pgdata / "postmaster.opts").read_text())[1:]
+    return [w for i, w in enumerate(words) if w != "-D" and (i == 0 or words[i - 1] != "-D")]
+
+
 def _postgres_restart(down_for: float) -> tuple[float, float]:
     """Stop the embedded server (``PG_STOP_MODE``), wait, start it again on the same port and data dir with the same options (postmaster.opts).
     Returns the monotonic times the outage began and ended."""
@@ -223,15 +233,7 @@ def _postgres_restart(down_for: float) -> tuple[float, float]:
 
     pgdata = settings.EMBEDDED_DB.data_dir
     pg_ctl = str(_bin_dir() / "pg_ctl")
-    words = shlex.split((pgdata / "postmaster.opts").read_text())[1:]
-    options = []
-    i = 0
-    while i < len(words):  # drop -D <dir>: pg_ctl passes it
-        if words[i] == "-D":
-            i += 2
-            continue
-        options.append(words[i])
-        i += 1
+    options = _server_options(pgdata)
     began = time.monotonic()
     subprocess.run([pg_ctl, "-D", str(pgdata), "-m", PG_STOP_MODE, "-w", "-t", "60", "stop"], check=True,
                    capture_output=True, **_run_as())
@@ -239,6 +241,18 @@ def _postgres_restart(down_for: float) -> tuple[float, float]:
     subprocess.run([pg_ctl, "-D", str(pgdata), "-w", "-t", "60", "-l", str(pgdata / "server.log"),
                     "-o", shlex.join(options), "start"], check=True, capture_output=True, **_run_as())
     return began, time.monotonic()
+
+
+def _postgres_ensure_running() -> None:
+    from broker.embedded_db import _running_port
+
+    pgdata = settings.EMBEDDED_DB.data_dir
+    if _running_port(pgdata) is None:
+        from broker.embedded_db import _bin_dir, _run_as
+
+        subprocess.run([str(_bin_dir() / "pg_ctl"), "-D", str(pgdata), "-w", "-t", "60", "-l",
+                        str(pgdata / "server.log"), "-o", shlex.join(_server_options(pgdata)), "start"],
+                       capture_output=True, **_run_as())
 
 
 def _wait(predicate, timeout: float, pause: float = 0.5):
@@ -338,8 +352,8 @@ def test_chaos(tmp_path, api):
         log.append(f"{time.monotonic() - t0:5.1f}s load stopped")
         acked = set(publishers.acked)
 
-        missing_push = _wait(lambda: not (acked - set(ledger.seen)), 120) or acked - set(ledger.seen)
-        missing_pull = _wait(lambda: not (acked - set(puller.seen)), 120) or acked - set(puller.seen)
+        _wait(lambda: not (acked - set(ledger.seen)), 120)  # asserted below, with the logs
+        _wait(lambda: not (acked - set(puller.seen)), 120)
         stuck = _wait(lambda: not ({"QUEUED", "INFLIGHT"} & set(_job_counts())), 60)
         counts = _job_counts()
         log.append(f"{time.monotonic() - t0:5.1f}s drained: jobs {counts}")
@@ -352,6 +366,7 @@ def test_chaos(tmp_path, api):
         for p in procs:
             p.stop(grace=3)
         ledger.shutdown()
+        _postgres_ensure_running()  # whatever happened, leave the session's server up
         connection.close()
         with connection.cursor() as cur:
             cur.execute(f'ALTER DATABASE "{database}" RESET synchronous_commit')
@@ -401,11 +416,13 @@ def test_chaos(tmp_path, api):
     # for minutes. Bounds are generous for a loaded machine.
     assert resumed_at["publish"] < 15 and resumed_at["pull"] < 15 and resumed_at["push"] < 45, resumed_at
     # Duplicates stay within the in-flight window. Push: a crash can leave at most maxInFlight
-    # callbacks delivered but not recorded (the per-consumer cap holds across all loops); two
-    # events can do it (the worker kill, the database restart). Pull: at most one batch is pulled
-    # and not yet acked at a time; an ack lost to the web kill or the restart redelivers it after
-    # the pull timeout (three events: worker kill, web kill, restart, counted generously).
-    assert dup_push <= MAX_IN_FLIGHT * 2, dup_push
+    # callbacks delivered but not recorded (the per-consumer cap holds across all loops): the worker
+    # kill once, the database crash twice (callbacks in flight, plus outcomes committed
+    # asynchronously in the last moment before the crash: at most one window of them, as every
+    # synchronous publish commit flushes the WAL). Pull: at most one batch is pulled and not yet
+    # acked at a time; an ack lost to the web kill or the restart redelivers it after the pull
+    # timeout (three events counted, generously).
+    assert dup_push <= MAX_IN_FLIGHT * 3, dup_push
     assert dup_pull <= PULL_BATCH * 3, dup_pull
 
 
