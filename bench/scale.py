@@ -142,11 +142,10 @@ def main() -> None:
         with broker_database() as url:
             env = base_env(url)
             manage(env, "migrate", "-v0")
-            requests_env = env
             print(f"scale: {os.cpu_count()} CPUs, {args.messages} messages, {args.consumers} push consumers "
                   f"(maxInFlight {args.max_in_flight}), {args.web_workers} gunicorn worker(s) + 1 qcluster "
                   f"(1 dispatcher loop) per pair, logs in {workdir}", flush=True)
-            web = start_gunicorn(requests_env, workers=1, threads=4)
+            web = start_gunicorn(env, workers=1, threads=4)
             try:
                 r = requests.put(f"{web.url}/producer/scale", data={"token": "pt"},
                                  headers={"X-Broker-Admin-Token": ADMIN})
