@@ -281,6 +281,13 @@ Q_CLUSTER = {
     "save_limit": 100,
     "ack_failures": True,
 }
+# Beyond one machine (docs/multi-node.md): django-q2's task queue on Redis instead of the
+# database (needs the ``redis`` package). Tasks carry only wake-ups, never payloads, and the
+# schedules, results and every broker table stay in PostgreSQL; the ORM queue stays the default.
+BROKER_Q_REDIS_URL = env_str("BROKER_Q_REDIS_URL")
+if BROKER_Q_REDIS_URL:
+    del Q_CLUSTER["orm"]
+    Q_CLUSTER["redis"] = BROKER_Q_REDIS_URL
 if TESTING:
     Q_CLUSTER["sync"] = env_bool("BROKER_Q_SYNC", True)
 
