@@ -83,41 +83,29 @@ def max_retry_for(consumer_max_retry: int | None) -> int:
 
 # --- creation ------------------------------------------------------------------------------------
 
-def jobs_fanout_sql(source: str) -> str:
+def jobs_fanout_sql(source: str, *, partitioned: bool = False) -> str:
     """SQL for two CTEs that create one QUEUED job per (message in CTE ``source``, consumer of
     its channel) and NOTIFY the consumers' waiters. ``source`` must expose ``id``, ``priority``
     and ``channel_id``. Publishing composes this into its insert statement so a publish is one
     round trip and one implicit transaction: the message and its jobs exist together or not at all,
-    and the NOTIFY is delivered on commit, when the rows are visible."""
+    and the NOTIFY is delivered on commit, when the rows are visible.
+
+    ``partitioned``: ``source`` also exposes ``pkey`` (text or NULL) and ``gate``, and each job
+    joins its consumer's partition of the key (created by ``jobs.partitions.partitions_for_publish``
+    in the same transaction). Only publishes that carry a partition key use it, so the others run
+    exactly the statement they ran before partitions existed."""
+    columns = values = join = ""
+    if partitioned:
+        columns = ", partition_id, gate"
+        values = ", pt.id, CASE WHEN pt.id IS NULL THEN 0 ELSE src.gate END"
+        join = "\n          LEFT JOIN jobs_partition pt ON pt.consumer_id = c.id AND pt.key = src.pkey"
     return f"""
     jobs_created AS (
         INSERT INTO jobs_job (message_id, consumer_id, channel_id, status, priority, retry_count,
-                              next_attempt_at, incremental_timeout, status_changed_at, created_at)
-        SELECT src.id, c.id, c.channel_id, {QUEUED}, src.priority, 0, now(), 0, now(), now()
-          FROM {source} src JOIN consumers_consumer c ON c.channel_id = src.channel_id
+                              next_attempt_at, incremental_timeout, status_changed_at, created_at{columns})
+        SELECT src.id, c.id, c.channel_id, {QUEUED}, src.priority, 0, now(), 0, now(), now(){values}
+          FROM {source} src JOIN consumers_consumer c ON c.channel_id = src.channel_id{join}
          ORDER BY src.id, c.id  -- job ids follow message order: pulls are "oldest first" by job id
-        RETURNING consumer_id
-    ), jobs_notified AS (
-        SELECT pg_notify('broker_jobs', string_agg(DISTINCT consumer_id::text, ',')) AS n
-          FROM jobs_created HAVING count(*) > 0
-    )"""
-
-
-def jobs_fanout_partitioned_sql(source: str) -> str:
-    """``jobs_fanout_sql`` for messages in partitions: ``source`` also exposes ``pkey`` (text or
-    NULL) and ``gate``; each job joins its consumer's partition of the key (created by
-    ``jobs.partitions.partitions_for_publish`` in the same transaction). Used only when a publish
-    carries a partition key, so other publishes run exactly the statement they ran before."""
-    return f"""
-    jobs_created AS (
-        INSERT INTO jobs_job (message_id, consumer_id, channel_id, status, priority, retry_count,
-                              next_attempt_at, incremental_timeout, status_changed_at, created_at,
-                              partition_id, gate)
-        SELECT src.id, c.id, c.channel_id, {QUEUED}, src.priority, 0, now(), 0, now(), now(),
-               pt.id, CASE WHEN pt.id IS NULL THEN 0 ELSE src.gate END
-          FROM {source} src JOIN consumers_consumer c ON c.channel_id = src.channel_id
-          LEFT JOIN jobs_partition pt ON pt.consumer_id = c.id AND pt.key = src.pkey
-         ORDER BY src.id, c.id
         RETURNING consumer_id
     ), jobs_notified AS (
         SELECT pg_notify('broker_jobs', string_agg(DISTINCT consumer_id::text, ',')) AS n

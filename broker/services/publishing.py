@@ -200,7 +200,7 @@ WITH m AS (
       FROM m JOIN unnest(%(mids)s::text[], %(pkeys)s::text[], %(gates)s::int[]) WITH ORDINALITY
                   AS k(mid, pkey, gate, ord) ON k.mid = m.message_id
      ORDER BY m.id, k.ord
-), {state.jobs_fanout_partitioned_sql("src")}
+), {state.jobs_fanout_sql("src", partitioned=True)}
 SELECT m.message_id, (SELECT count(*) FROM jobs_notified) FROM m
 """
 
