@@ -61,13 +61,13 @@ def test_metrics_match_real_deliveries(make, receiver, dispatcher, caplog, tmp_p
     receiver.behave("/e500", lambda n, r: Reply(status=500))
     receiver.behave("/e404", lambda n, r: Reply(status=404))
     receiver.behave("/redirect", lambda n, r: Reply(status=302, headers={"Location": "/elsewhere"}))
-    receiver.behave("/slow", lambda n, r: Reply(delay=1.5))
+    receiver.behave("/slow", lambda n, r: Reply(delay=6.0))
     make.channel()
     make.producer()
     for cid, (path, _) in PUSH.items():
         url = receiver.url(path) if path else f"http://127.0.0.1:{closed_port()}/x"
         make.consumer(cid, callback=url, token=f"{cid}-token", maxRetry="1" if cid == "e500" else "0",
-                      retryBackoff="0.2", connectionTimeout="0.5")
+                      retryBackoff="0.2", connectionTimeout="2")  # /slow answers after 6 s: a timeout
     make.consumer("p", type="pull", token="p-token", callback=None)
     dispatcher()
     n = 3
