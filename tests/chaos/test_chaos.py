@@ -285,7 +285,7 @@ def _job_counts(by_consumer: bool = False) -> dict:
 
 def test_chaos(tmp_path, api):
     if settings.EMBEDDED_DB is None:
-        pytest.skip("restarts the embedded PostgreSQL; DATABASE_URL points elsewhere")
+        pytest.skip(reason="restarts the embedded PostgreSQL; DATABASE_URL points elsewhere")
     assert api.put("/channel/chaos", {"token": CH_TOKEN}).status_code == 201
     assert api.put("/producer/chaos-p", {"token": P_TOKEN}).status_code == 201
     ledger = Ledger()
