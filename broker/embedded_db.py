@@ -153,6 +153,8 @@ def _start(base: Path, pgdata: Path, *, fsync: bool) -> int:
     )
     if not fsync:
         options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+    # extra server options for profiling, e.g. "-c log_min_duration_statement=20"
+    options += " " + os.environ.get("BROKER_EMBEDDED_PG_OPTIONS", "")
     result = subprocess.run(
         [str(bin_dir / "pg_ctl"), "-D", str(pgdata), "-w", "-t", "60", "-l", str(pgdata / "server.log"),
          "-o", options, "start"],

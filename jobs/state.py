@@ -266,6 +266,10 @@ _PULL_ROOM = """SELECT CASE WHEN k.paused THEN 0 ELSE GREATEST(0, LEAST(%(limit)
 # The common end of every pull claim: move the rows of CTE ``picked`` (ids, already locked with
 # SKIP LOCKED) QUEUED -> INFLIGHT with their deadline, append the history, and return each job with
 # its message. The claims differ only in how they pick.
+# ``= ANY(ARRAY(...))``, not a join with ``picked``: the picked CTE's LIMIT is a subquery (the
+# consumer's room), which the planner estimates at 10% of the table; joined, the generic plan then
+# hashed a sequential scan of every job and every message for a 100-job claim (measured: 320 ms per
+# claim with a 200k backlog, against under 2 ms with the array, which plans as primary-key lookups).
 _CLAIM_TAIL = """
 u AS (
     UPDATE jobs_job j SET
@@ -273,7 +277,7 @@ u AS (
         status_changed_at = now(),
         deadline = now() + (%(timeout)s + COALESCE(%(inc)s, j.incremental_timeout)) * interval '1 second',
         incremental_timeout = COALESCE(%(inc)s, j.incremental_timeout)
-      FROM picked WHERE j.id = picked.id AND j.status = %(queued)s
+     WHERE j.id = ANY(ARRAY(SELECT id FROM picked)) AND j.status = %(queued)s
     RETURNING j.id, j.message_id, j.priority, j.retry_count, j.incremental_timeout, j.deadline,
               j.partition_id, j.gate, j.payload
 ), h AS (
