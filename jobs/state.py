@@ -869,10 +869,26 @@ def job_move_pull_authenticated(*, channel_id: str, consumer_id: str, job_id: in
     secret); the caller still checks the returned tokens in constant time and decides the HTTP
     answer from the row as it was before the move. Returns (auth row, moved) where the row has
     ``consumers.pull._AUTH_SQL``'s columns, or None for an unknown channel."""
+    row = _pull_move_auth_run(_PULL_MOVE_AUTH_SQL, 11, channel_id=channel_id, consumer_id=consumer_id,
+                              job_id=job_id, channel_token=channel_token, consumer_token=consumer_token,
+                              from_statuses=from_statuses, to_status=to_status,
+                              incremental_timeout=incremental_timeout, reason=reason,
+                              connection_timeout=connection_timeout)
+    if row is None:
+        return None, False
+    return row[:11], bool(row[11])
+
+
+def _pull_move_auth_run(sql: str, moved_col: int, *, channel_id, consumer_id, job_id, channel_token,
+                        consumer_token, from_statuses, to_status, incremental_timeout, reason,
+                        connection_timeout) -> tuple | None:
+    """Run one of the spec path's auth-and-move statements (plain or grouped): check the
+    transition, execute, settle the job's partition when it finished. ``moved_col`` is the
+    statement's "moved" column; the partition id follows it. None for an unknown channel."""
     for from_status in from_statuses:
         if (from_status, to_status) not in ALLOWED:
             raise IllegalTransition(f"{from_status} -> {to_status}")
-    rows = prepared_fetchall(_PULL_MOVE_AUTH_SQL, {
+    rows = prepared_fetchall(sql, {
         "channel": channel_id, "consumer": consumer_id, "job": job_id,
         "ch_token": channel_token, "c_token": consumer_token,
         "from_s": list(from_statuses), "to_s": to_status, "inc": incremental_timeout,
@@ -880,11 +896,9 @@ def job_move_pull_authenticated(*, channel_id: str, consumer_id: str, job_id: in
         "reason": reason[:32],
     })
     row = rows[0] if rows else None
-    if row is None:
-        return None, False
-    if row[11] and to_status in (DELIVERED, DEAD):
-        _settle_on_commit([row[12]])
-    return row[:11], bool(row[11])
+    if row is not None and row[moved_col] and to_status in (DELIVERED, DEAD):
+        _settle_on_commit([row[moved_col + 1]])
+    return row
 
 
 # Priority groups (consumers.groups): on a consumer with a priority policy every claim goes
@@ -906,21 +920,13 @@ def job_move_pull_authenticated_grouped(*, channel_id: str, consumer_id: str, jo
                                         connection_timeout: float | None = None) -> tuple[tuple | None, bool, str]:
     """``job_move_pull_authenticated`` that never moves a job to INFLIGHT on a consumer with a
     priority policy. Returns (auth row, moved, the consumer's priority policy or '')."""
-    for from_status in from_statuses:
-        if (from_status, to_status) not in ALLOWED:
-            raise IllegalTransition(f"{from_status} -> {to_status}")
-    rows = prepared_fetchall(_PULL_MOVE_AUTH_GROUPED_SQL, {
-        "channel": channel_id, "consumer": consumer_id, "job": job_id,
-        "ch_token": channel_token, "c_token": consumer_token,
-        "from_s": list(from_statuses), "to_s": to_status, "inc": incremental_timeout,
-        "dead": DEAD, "inflight": INFLIGHT, "timeout": inflight_timeout(0, connection_timeout),
-        "reason": reason[:32],
-    })
-    row = rows[0] if rows else None
+    row = _pull_move_auth_run(_PULL_MOVE_AUTH_GROUPED_SQL, 12, channel_id=channel_id, consumer_id=consumer_id,
+                              job_id=job_id, channel_token=channel_token, consumer_token=consumer_token,
+                              from_statuses=from_statuses, to_status=to_status,
+                              incremental_timeout=incremental_timeout, reason=reason,
+                              connection_timeout=connection_timeout)
     if row is None:
         return None, False, ""
-    if row[12] and to_status in (DELIVERED, DEAD):
-        _settle_on_commit([row[13]])
     return row[:11], bool(row[12]), row[11] or ""
 
 
