@@ -26,6 +26,7 @@ from broker.api.views import (
 from broker.auth import is_admin, require_admin, tokens_equal
 from broker.counters import JOB, counts_for
 from broker.models import Channel, ScheduledMessage
+from broker.xid import job_xid
 from consumers.api import consumer_or_404, require_consumer_or_admin
 from consumers.models import Consumer
 from consumers.services import consumer_rotate_secret
@@ -64,7 +65,7 @@ class DeadLetterQueueView(APIView):
 
         def item(job: Job) -> dict:
             return {
-                "ID": str(job.pk),
+                "ID": job_xid(job.pk),
                 "ListenerEndpoint": consumer.callback_url,
                 "ListenerName": consumer.name,
                 "Status": "DEAD",
@@ -72,7 +73,7 @@ class DeadLetterQueueView(APIView):
                 "RetryCount": job.retry_count,
                 "MessageID": job.message.message_id,
                 "MessageURL": message_url(_q(channel_id), _q(job.message.message_id)),
-                "JobRequeueURL": f"{base}/job/{job.pk}/requeue-dead-job",
+                "JobRequeueURL": f"{base}/job/{job_xid(job.pk)}/requeue-dead-job",
             }
 
         page = paginate(request, dead, path=f"{base}/dlq", item=item)

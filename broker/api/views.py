@@ -25,6 +25,7 @@ from broker.counters import JOB, MESSAGE, counts_for
 from broker.models import Channel, Message, Producer, ScheduledMessage, SeedState
 from broker.services import publishing
 from broker.services.registry import Precondition, channel_upsert, producer_upsert
+from broker.xid import job_xid
 
 ERROR = ERROR_RESPONSE  # the JSON error body (component "Error")
 ADMIN_PARAM = OpenApiParameter(ADMIN_HEADER, OpenApiTypes.STR, OpenApiParameter.HEADER,
@@ -429,7 +430,7 @@ class MessageView(APIView):
             "Headers": message.headers or {},
             "Jobs": [
                 {
-                    "ID": str(j.pk),
+                    "ID": job_xid(j.pk),
                     "ListenerEndpoint": j.consumer.callback_url,
                     "ListenerName": j.consumer.name,
                     "ConsumerID": j.consumer.consumer_id,
