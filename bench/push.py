@@ -194,20 +194,20 @@ class Broker:
         self.session.headers["X-Broker-Admin-Token"] = ADMIN
         if self.session.get(f"{self.url}/producer/bench-producer").status_code == 404:
             r = self.session.put(f"{self.url}/producer/bench-producer", data={"token": "bench-p"})
-            assert r.status_code == 201, r.text
+            assert r.status_code == 200, r.text
 
     def setup_channel(self, consumers: int, receiver_port: int, max_in_flight: int | None) -> tuple[str, list[str]]:
         tag = uuid.uuid4().hex[:8]
         channel = f"bench-{consumers}-{tag}"
         s = self.session
-        assert s.put(f"{self.url}/channel/{channel}", data={"token": "bench-c"}).status_code == 201
+        assert s.put(f"{self.url}/channel/{channel}", data={"token": "bench-c"}).status_code == 200
         ids = []
         for i in range(consumers):
             data = {"token": f"t{i}", "callbackUrl": f"http://127.0.0.1:{receiver_port}/{channel}/c{i}"}
             if max_in_flight:
                 data["maxInFlight"] = str(max_in_flight)
             r = s.put(f"{self.url}/channel/{channel}/consumer/c{i}", data=data)
-            assert r.status_code == 201, r.text
+            assert r.status_code == 200, r.text
             ids.append(f"c{i}")
         return channel, ids
 
