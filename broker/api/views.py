@@ -25,6 +25,7 @@ from broker.counters import JOB, MESSAGE, counts_for
 from broker.models import Channel, Message, Producer, ScheduledMessage, SeedState
 from broker.services import publishing
 from broker.services.registry import Precondition, channel_upsert, producer_upsert
+from broker.services.seed import seed_applied
 from broker.xid import job_xid
 
 ERROR = ERROR_RESPONSE  # the JSON error body (component "Error")
@@ -490,20 +491,28 @@ class MessagesStatusView(APIView):
 # --- health and metrics ---------------------------------------------------------------------------
 
 class StatusView(APIView):
-    @extend_schema(summary="Health: database reachable and seed applied", responses={200: OBJ, 503: OBJ})
+    @extend_schema(
+        summary="Health: database reachable, and the seed this process applied",
+        description="SeedApplied / SeedHash / SeedAppliedAt: the seed configuration this broker process applied "
+                    "(BROKER_SEED_CONFIG at start-up), so brokers sharing a database each show their own; "
+                    "AppStatus 3 once any seed was applied to the database. SeedData (without tokens) "
+                    "with the admin token.",
+        responses={200: OBJ, 503: OBJ})
     def get(self, request):
         try:
             with connection.cursor() as cur:
                 cur.execute("SELECT 1")
-            seed = SeedState.objects.filter(pk=1).first()
+            database_seeded = SeedState.objects.filter(pk=1, applied_at__isnull=False).exists()
         except Exception:  # noqa: BLE001 - any database failure means unhealthy
             return Response({"Database": "unreachable", "AppStatus": 1}, status=503)
+        applied = seed_applied()
         body = {
             "Database": "ok",
-            "SeedApplied": bool(seed and seed.applied_at),
-            "SeedHash": seed.data_hash if seed else "",
-            "AppStatus": 3 if seed and seed.applied_at else 1,
+            "SeedApplied": applied is not None,
+            "SeedHash": applied.digest if applied else "",
+            "SeedAppliedAt": rfc3339(applied.applied_at) if applied else None,
+            "AppStatus": 3 if database_seeded else 1,
         }
-        if seed and is_admin(request):
-            body["SeedData"] = seed.data
+        if applied and is_admin(request):
+            body["SeedData"] = applied.data
         return Response(body)
