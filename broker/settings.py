@@ -307,7 +307,11 @@ LOGGING = {
     "handlers": {"stderr": {"class": "logging.StreamHandler",
                             "formatter": env_str("BROKER_LOG_FORMAT", "plain" if DEBUG or TESTING else "json")}},
     "root": {"handlers": ["stderr"], "level": env_str("BROKER_LOG_LEVEL", "INFO")},
+    # django-q2 logs an INFO line per task run (several a second with the broker's schedules):
+    # dropped unless BROKER_Q_TASK_LOG; its banner, warnings and failures stay (broker.logs).
+    "filters": {"q_task_heartbeat": {"()": "broker.logs.QuietTaskHeartbeat"}},
     "loggers": {
+        "django-q": {"filters": [] if env_bool("BROKER_Q_TASK_LOG", False) else ["q_task_heartbeat"]},
         "django.db.backends": {"level": "WARNING"},
         # 4xx answers are normal traffic for a broker (lost claim races, duplicates): not warnings.
         "django.request": {"level": "ERROR"},
