@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.processes import start_web
+from tests.processes import start_web, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -18,15 +18,6 @@ def sockets(folder) -> set[str]:
     if not run.exists():
         return set()
     return {p.name for p in run.iterdir() if stat.S_ISSOCK(p.stat().st_mode)}
-
-
-def wait_for(predicate, timeout: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return predicate()
 
 
 def test_two_instances_keep_their_own_control_sockets(tmp_path):

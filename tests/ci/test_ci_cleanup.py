@@ -6,13 +6,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.processes import ROOT, child_env, start_qcluster
+from tests.processes import ROOT, child_env, start_qcluster, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the qclusters read the test database
 
@@ -30,15 +29,6 @@ def group_pids(pgid: int) -> set[int]:
         if fields[0] != "Z" and int(fields[2]) == pgid:
             pids.add(int(name))
     return pids
-
-
-def wait_for(predicate, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return predicate()
 
 
 def alive(pid: int) -> bool:
