@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jobs.push.http import MAX_BODY, MAX_HEAD, Client, ProtocolError
+from tests.jobs.rawhttp import LoopbackServer, request_read
 
 GOOD = b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\nX-Good: 1\r\n\r\ngood"
 TIMEOUT = 2.0  # deadline of an attempt whose answer ends (by its framing or by a close)
@@ -46,53 +47,30 @@ class Plan:
     end: str = "keep"  # after sending: keep (serve the next request), close, hang
 
 
-class ScriptServer:
+class ScriptServer(LoopbackServer):
     """One loopback server for a whole test: each connection's first request that is not
     ``X-Case: good`` gets the current plan, every other request gets ``GOOD``."""
 
     def __init__(self) -> None:
         self.plan: Plan | None = None
-        self.connections = 0
         self.release = threading.Event()
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.port = self.sock.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__()
 
     def reset(self, plan: Plan) -> None:
         self.release.set()  # let the previous example's hanging connections go
         self.release = threading.Event()
         self.plan, self.connections = plan, 0
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.connections += 1
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.Thread(target=self._serve, args=(conn, self.plan, self.release), daemon=True).start()
+    def serve_args(self) -> tuple:
+        return self.plan, self.release
 
-    def _serve(self, conn: socket.socket, plan: Plan, release: threading.Event) -> None:
+    def serve(self, conn: socket.socket, plan: Plan, release: threading.Event) -> None:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         buf = b""
         try:
-            while True:
-                while b"\r\n\r\n" not in buf:
-                    data = conn.recv(65536)
-                    if not data:
-                        return
-                    buf += data
-                head, _, rest = buf.partition(b"\r\n\r\n")
-                length = int(head.lower().split(b"\r\ncontent-length:")[1].split(b"\r\n")[0])
-                while len(rest) < length:
-                    data = conn.recv(65536)
-                    if not data:
-                        return
-                    rest += data
-                buf = rest[length:]
-                if b"\r\nX-Case: good" in head:
+            while (read := request_read(conn, buf)) is not None:
+                request, buf = read
+                if b"\r\nX-Case: good\r\n" in request:
                     conn.sendall(GOOD)
                     continue
                 for piece, pause in plan.segments or [(plan.data, 0.0)]:
@@ -115,7 +93,7 @@ def server():
     s = ScriptServer()
     yield s
     s.release.set()
-    s.sock.close()
+    s.close()
 
 
 def run(server: ScriptServer, plan: Plan, *, timeout: float = TIMEOUT):
