@@ -3,12 +3,19 @@
     .venv/bin/python bench/push.py                       # throw-away embedded PostgreSQL
     .venv/bin/python bench/push.py --messages 20000 --rate 200 --seconds 20
     DATABASE_URL=postgres://... .venv/bin/python bench/push.py   # an existing (migrated here) database
+    .venv/bin/python bench/push.py --compare-clients     # today's push client vs the hand-written one
 
 Prints, for a channel with 1 and with 5 push consumers, the deliveries per second of N messages
 published in batches (first publish to last callback), then the publish-to-callback latency
 p50/p95/p99 at a steady single-message publish rate (one consumer). The receiver is a raw
 asyncio HTTP/1.1 server in its own process answering 204; latency is measured from the moment
 the publisher sends the request (``X-Sent-At`` metadata header) to the callback's arrival.
+
+``--compare-clients``: the same measurements in one run with the workers restarted in turns on
+today's push client (``jobs/push/http.py``, llhttp) and on the hand-written HTTP/1.1 parser it
+replaced (that file as of ``--legacy-ref``, read from git and put in place of the module in the
+qcluster process before anything imports it), then the ratios. Each worker process records which
+client file it built its client from; the run stops if a phase ran the wrong one.
 """
 
 from __future__ import annotations
@@ -35,9 +42,42 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 ADMIN = "bench-admin-token"
+# The last commit whose jobs/push/http.py parsed answers by hand (for --compare-clients).
+LEGACY_CLIENT_REF = "7fe865567c7a6e99f85b726df0e3722068d9daae"
+
+# qcluster with a chosen push client: BENCH_PUSH_CLIENT_SOURCE (a file) replaces jobs.push.http
+# before anything imports it (django-q2 forks its workers, so they inherit the module), and every
+# Client built appends "pid file" to BENCH_PUSH_CLIENT_LOG.
+QCLUSTER_LAUNCH = """
+import importlib.util, os, sys
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "broker.settings")
+source = os.environ.get("BENCH_PUSH_CLIENT_SOURCE")
+if source:
+    import jobs.push
+    spec = importlib.util.spec_from_file_location("jobs.push.http", source)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["jobs.push.http"] = module
+    spec.loader.exec_module(module)
+else:
+    import jobs.push.http as module
+log, init = os.environ.get("BENCH_PUSH_CLIENT_LOG"), module.Client.__init__
+def traced_init(self, *args, **kwargs):
+    with open(log, "a") as fh:
+        fh.write(f"{os.getpid()} {module.__file__}\\n")
+    init(self, *args, **kwargs)
+if log:
+    module.Client.__init__ = traced_init
+from django.core.management import execute_from_command_line
+execute_from_command_line(["manage.py", "qcluster"])
+"""
 
 
 # --- receiver (own process) ---------------------------------------------------------------------
+
+RICH_BODY = b'{"status":"ok","id":"0123456789abcdef","accepted":true}'
+RICH_ANSWER = (b"HTTP/1.1 200 OK\r\nDate: Mon, 01 Jan 2024 00:00:00 GMT\r\nServer: bench\r\n"
+               b"Content-Type: application/json; charset=utf-8\r\nX-Request-ID: 0123456789abcdef0123456789abcdef\r\n"
+               b"Vary: Accept-Encoding\r\nContent-Length: %d\r\n\r\n%s" % (len(RICH_BODY), RICH_BODY))
 
 def _receiver_main(port: int, conn) -> None:
     arrivals: list[float] = []
@@ -60,6 +100,9 @@ def _receiver_main(port: int, conn) -> None:
                 if len(self.buf) < end + 4 + length:
                     return
                 self.buf = self.buf[end + 4 + length:]
+                if head.startswith(b"post /rich "):  # --compare-clients, client alone: a typical framework answer
+                    self.transport.write(RICH_ANSWER)
+                    continue
                 now = time.time()
                 arrivals.append(now)
                 j = head.find(b"\r\nx-sent-at:")
@@ -180,7 +223,7 @@ class Broker:
         self.url = f"http://127.0.0.1:{port}"
         self.web = _spawn([sys.executable, "-m", "gunicorn", "broker.wsgi:application"],
                           {**self.env, "BROKER_BIND": f"127.0.0.1:{port}"}, workdir / "web.log")
-        self.workers = _spawn([sys.executable, "manage.py", "qcluster"], self.env, workdir / "qcluster.log")
+        self.workers = self.workers_start()
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -195,6 +238,19 @@ class Broker:
         if self.session.get(f"{self.url}/producer/bench-producer").status_code == 404:
             r = self.session.put(f"{self.url}/producer/bench-producer", data={"token": "bench-p"})
             assert r.status_code == 200, r.text
+
+    def workers_start(self, client_source: Path | None = None, tag: str = "") -> subprocess.Popen:
+        """A qcluster, on today's push client or (``client_source``) on another jobs/push/http.py."""
+        if client_source is None and not tag:
+            return _spawn([sys.executable, "manage.py", "qcluster"], self.env, self.workdir / "qcluster.log")
+        env = {**self.env, "BENCH_PUSH_CLIENT_LOG": str(self.workdir / f"client-{tag}.log")}
+        if client_source is not None:
+            env["BENCH_PUSH_CLIENT_SOURCE"] = str(client_source)
+        return _spawn([sys.executable, "-c", QCLUSTER_LAUNCH], env, self.workdir / f"qcluster-{tag}.log")
+
+    def workers_restart(self, client_source: Path | None, tag: str) -> None:
+        _kill(self.workers)
+        self.workers = self.workers_start(client_source, tag)
 
     def setup_channel(self, consumers: int, receiver_port: int, max_in_flight: int | None) -> tuple[str, list[str]]:
         tag = uuid.uuid4().hex[:8]
@@ -319,6 +375,154 @@ def latency(broker: Broker, receiver: Receiver, *, rate: float, seconds: float, 
             "cpu_share": cpu_share}
 
 
+def client_check(workdir: Path, tag: str, expected: Path) -> int:
+    """How many worker processes built their push client from ``expected``; stops the run if any
+    built it from another file (the comparison would be void)."""
+    try:
+        lines = (workdir / f"client-{tag}.log").read_text().split("\n")
+    except OSError:
+        lines = []
+    files = {line.split(" ", 1)[1] for line in lines if " " in line}
+    if files != {str(expected)}:
+        raise SystemExit(f"phase {tag}: push clients built from {sorted(files) or 'nothing'}, expected {expected}")
+    return sum(1 for line in lines if line)
+
+
+def legacy_client(ref: str, workdir: Path) -> Path:
+    """jobs/push/http.py as of ``ref`` (the hand-written parser), written to a file of its own."""
+    try:
+        source = subprocess.run(["git", "show", f"{ref}:jobs/push/http.py"], cwd=ROOT, check=True,
+                                capture_output=True).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise SystemExit(f"--compare-clients needs git and the commit {ref} in this repository: {exc}")
+    path = workdir / "legacy_http.py"
+    path.write_bytes(source)
+    return path
+
+
+def print_throughput(result: dict, label: str = "") -> None:
+    print(f"throughput  {label}{result['consumers']} consumer(s): {result['deliveries']}/{result['expected']} "
+          f"deliveries in {result['elapsed_s']:.2f} s = {result['per_s']:,.0f} deliveries/s "
+          f"(publishing took {result['publish_s']:.2f} s)")
+    print("            CPU per delivery: " + ", ".join(f"{name} {us:.0f} us" for name, us in result["cpu_us"].items()))
+
+
+def print_latency(result: dict, label: str = "") -> None:
+    print(f"latency     {label}{result['consumers']} consumer(s) at {result['rate']:.0f} msg/s "
+          f"(achieved {result['achieved_rate']:.0f}/s, {result['published']} messages, "
+          f"{result['deliveries']} callbacks, {result['errors']} publish errors): "
+          f"p50 {result['p50_ms']:.1f} ms, p95 {result['p95_ms']:.1f} ms, p99 {result['p99_ms']:.1f} ms, "
+          f"max {result['max_ms']:.1f} ms; the publish request alone: p50 {result['publish_p50_ms']:.1f} ms, "
+          f"p99 {result['publish_p99_ms']:.1f} ms")
+    print("            CPU use (% of one core): " + ", ".join(f"{name} {pct:.0f}%" for name, pct in result["cpu_share"].items())
+          + f"; load average {os.getloadavg()[0]:.1f}")
+
+
+def client_alone(module, port: int, *, requests: int, concurrency: int, path: str) -> dict:
+    """``requests`` keep-alive POSTs through ``module.Client`` in this process, ``concurrency`` at a
+    time, against the receiver: this process's CPU per request (the client's loop thread does
+    all of the work) and requests per second."""
+    client = module.Client()
+    headers = {"Content-Type": "application/json", "X-Broker-Message-ID": "m", "X-Broker-Channel-ID": "c",
+               "X-Broker-Consumer-ID": "k", "X-Request-ID": uuid.uuid4().hex, "User-Agent": "bench"}
+    body = json.dumps({"n": 1, "pad": "x" * 200}).encode()
+
+    async def one_by_one(n: int) -> None:
+        for _ in range(n):
+            answer = await client.post(scheme="http", host="127.0.0.1", port=port, path=path, headers=headers,
+                                       body=body, timeout=10.0)
+            assert 200 <= answer.status < 300, answer.status
+
+    async def run() -> None:
+        await asyncio.gather(*[one_by_one(requests // concurrency) for _ in range(concurrency)])
+
+    try:
+        asyncio.run_coroutine_threadsafe(run(), client.loop).result()  # warm-up: connections, caches
+        cpu, wall = time.process_time(), time.perf_counter()
+        asyncio.run_coroutine_threadsafe(run(), client.loop).result()
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    finally:
+        client.stop()
+    done = requests // concurrency * concurrency
+    return {"cpu_us": 1e6 * cpu / done, "per_s": done / wall}
+
+
+def compare_clients_alone(args, clients: dict, port: int) -> None:
+    """Both client modules in this process, alternating, on the 204 the receiver sends to the
+    dispatchers and on a typical framework answer (six headers and a JSON body)."""
+    import importlib.util
+
+    from django.conf import settings
+
+    if not settings.configured:
+        settings.configure(BROKER_CALLBACK_DENY_PRIVATE=False)  # loopback receiver; no policy lookups
+    modules = {}
+    for name, (source, expected) in clients.items():
+        spec = importlib.util.spec_from_file_location(f"bench_client_{len(modules)}", expected)
+        modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(modules[name])
+    for path, answer in (("/plain", "204 No Content"), ("/rich", "200 with 6 headers and a 56-byte JSON body")):
+        samples: dict = {name: [] for name in modules}
+        for rnd in range(args.rounds * 2):
+            for name in (list(modules) if rnd % 2 == 0 else list(modules)[::-1]):
+                samples[name].append(client_alone(modules[name], port, requests=args.client_requests,
+                                                  concurrency=args.client_concurrency, path=path))
+        cpu = {name: statistics.median(r["cpu_us"] for r in rows) for name, rows in samples.items()}
+        rate = {name: statistics.median(r["per_s"] for r in rows) for name, rows in samples.items()}
+        print(f"client alone, answer {answer}: {args.client_requests:,} keep-alive POSTs x {args.rounds * 2} per "
+              f"client, {args.client_concurrency} at a time, medians: llhttp {cpu['llhttp']:.1f} us CPU/request "
+              f"({rate['llhttp']:,.0f}/s), hand-written {cpu['hand-written']:.1f} us ({rate['hand-written']:,.0f}/s); "
+              f"CPU ratio llhttp / hand-written {cpu['llhttp'] / cpu['hand-written']:.3f}; "
+              f"load average {os.getloadavg()[0]:.1f}")
+
+
+def compare_clients(args, broker: Broker, receiver: Receiver, workdir: Path) -> None:
+    """The clients alone, then rounds of (llhttp, hand-written) phases of the whole broker, the order
+    swapped every round, then mean ratios."""
+    import jobs.push.http as current
+
+    legacy = legacy_client(args.legacy_ref, workdir)
+    clients = {"llhttp": (None, Path(current.__file__)), "hand-written": (legacy, legacy)}
+    compare_clients_alone(args, clients, receiver.port)
+    consumers_list = [int(x) for x in args.consumers.split(",") if x.strip()]
+    results: dict = {name: [] for name in clients}
+    for rnd in range(args.rounds):
+        for name in list(clients) if rnd % 2 == 0 else list(clients)[::-1]:
+            source, expected = clients[name]
+            tag = f"{rnd}-{name}"
+            broker.workers_restart(source, tag)
+            time.sleep(2.0)  # let the dispatcher loops start
+            label = f"[{name}, round {rnd + 1}] "
+            phase = {"load": os.getloadavg()[0]}
+            for consumers in consumers_list:
+                phase[consumers] = throughput(broker, receiver, consumers=consumers, messages=args.messages,
+                                              max_in_flight=args.max_in_flight)
+                print_throughput(phase[consumers], label)
+            phase["latency"] = latency(broker, receiver, rate=args.rate, seconds=args.seconds,
+                                       consumers=args.latency_consumers, max_in_flight=args.max_in_flight)
+            print_latency(phase["latency"], label)
+            print(f"            {client_check(workdir, tag, expected)} worker processes built their client "
+                  f"from {expected}")
+            results[name].append(phase)
+    loads = ", ".join(f"{phase['load']:.1f}" for name in clients for phase in results[name])
+    print(f"\nllhttp client vs hand-written parser (git {args.legacy_ref[:12]}), means of {args.rounds} round(s) "
+          f"each; ratio = llhttp / hand-written; load average at the phase starts {loads}")
+    dispatchers = "dispatchers (qcluster)"
+    rows = []
+    for consumers in consumers_list:
+        rows.append((f"deliveries/s, {consumers} consumer(s)", lambda p, c=consumers: p[c]["per_s"], "higher"))
+        rows.append((f"dispatcher CPU us/delivery, {consumers} consumer(s)",
+                     lambda p, c=consumers: p[c]["cpu_us"][dispatchers], "lower"))
+    rows.append(("latency p50 ms", lambda p: p["latency"]["p50_ms"], "lower"))
+    rows.append(("latency p99 ms", lambda p: p["latency"]["p99_ms"], "lower"))
+    rows.append((f"dispatcher CPU % at {args.rate:.0f} msg/s", lambda p: p["latency"]["cpu_share"][dispatchers],
+                 "lower"))
+    for title, pick, better in rows:
+        new, old = (statistics.fmean(pick(phase) for phase in results[name]) for name in clients)
+        ratio = new / old if old else float("nan")
+        print(f"  {title:<44} llhttp {new:>9,.1f}   hand-written {old:>9,.1f}   ratio {ratio:.3f} ({better} is better)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=10000, help="messages per throughput run")
@@ -329,6 +533,17 @@ def main() -> None:
     parser.add_argument("--max-in-flight", type=int, default=None, help="consumers' maxInFlight (default: broker's 10)")
     parser.add_argument("--web-workers", type=int, default=2)
     parser.add_argument("--no-fsync", action="store_true", help="embedded server with fsync off")
+    parser.add_argument("--compare-clients", action="store_true",
+                        help="measure today's push client and the hand-written parser it replaced in one run, "
+                             "alternating, and print the ratios")
+    parser.add_argument("--legacy-ref", default=LEGACY_CLIENT_REF,
+                        help="git commit whose jobs/push/http.py is the other client (default: the last "
+                             "hand-written parser)")
+    parser.add_argument("--rounds", type=int, default=2, help="with --compare-clients: phases per client")
+    parser.add_argument("--client-requests", type=int, default=20000,
+                        help="with --compare-clients: POSTs per client-alone sample")
+    parser.add_argument("--client-concurrency", type=int, default=32,
+                        help="with --compare-clients: client-alone POSTs in flight")
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-push-"))
@@ -338,23 +553,16 @@ def main() -> None:
         time.sleep(2.0)  # let the dispatcher loops start
         print(f"push benchmark: {os.cpu_count()} CPUs, maxInFlight={args.max_in_flight or 'default (10)'}, "
               f"logs in {workdir}")
+        if args.compare_clients:
+            compare_clients(args, broker, receiver, workdir)
+            return
         for consumers in [int(x) for x in args.consumers.split(",") if x.strip()]:
             result = throughput(broker, receiver, consumers=consumers, messages=args.messages,
                                 max_in_flight=args.max_in_flight)
-            print(f"throughput  {consumers} consumer(s): {result['deliveries']}/{result['expected']} deliveries "
-                  f"in {result['elapsed_s']:.2f} s = {result['per_s']:,.0f} deliveries/s "
-                  f"(publishing took {result['publish_s']:.2f} s)")
-            print("            CPU per delivery: " + ", ".join(f"{name} {us:.0f} us" for name, us in result["cpu_us"].items()))
+            print_throughput(result)
         result = latency(broker, receiver, rate=args.rate, seconds=args.seconds, consumers=args.latency_consumers,
                          max_in_flight=args.max_in_flight)
-        print(f"latency     {result['consumers']} consumer(s) at {result['rate']:.0f} msg/s "
-              f"(achieved {result['achieved_rate']:.0f}/s, {result['published']} messages, "
-              f"{result['deliveries']} callbacks, {result['errors']} publish errors): "
-              f"p50 {result['p50_ms']:.1f} ms, p95 {result['p95_ms']:.1f} ms, p99 {result['p99_ms']:.1f} ms, "
-              f"max {result['max_ms']:.1f} ms; the publish request alone: p50 {result['publish_p50_ms']:.1f} ms, "
-              f"p99 {result['publish_p99_ms']:.1f} ms")
-        print("            CPU use (% of one core): " + ", ".join(f"{name} {pct:.0f}%" for name, pct in result["cpu_share"].items())
-              + f"; load average {os.getloadavg()[0]:.1f}")
+        print_latency(result)
     finally:
         broker.stop()
         receiver.stop()

@@ -1,4 +1,5 @@
-"""A small HTTP/1.1 client on one asyncio event loop thread, for callbacks only.
+"""A small HTTP/1.1 client on one asyncio event loop thread, for callbacks only; answers are
+parsed by llhttp (Node.js's HTTP parser, through ``httptools``), not by hand.
 
 Why not requests or http.client in a thread pool: measured on the 2-core machine against a
 loopback receiver, a keep-alive POST costs ~900 us of CPU through ``requests.Session``, ~270 us
@@ -7,16 +8,20 @@ package), and ~40 us here; and one loop thread serves hundreds of concurrent cal
 without 64 threads fighting over the GIL. CPU is what bounds deliveries per second. An aiohttp
 version of this client (same interface) was measured too: bench/push.py, 5 consumers, quiet
 machine, same run conditions: aiohttp 1,294 deliveries/s (dispatcher 380 us CPU per delivery) vs
-2,630/s here (168 us); the 1,500/s target is only met with this client.
+2,630/s here (168 us); the 1,500/s target is only met with this client. Why llhttp: it is
+maintained and fuzzed as Node's parser, strict where a hand-written parser is lenient, and costs
+no more CPU than the hand-written parser this module had (``bench/push.py --compare-clients``,
+client alone, same run: 1.008x on a 204, 1.004x on a 200 with six headers and a JSON body).
 
 What it does: POST with a body, keep-alive reuse per (scheme, host, port), TLS with certificate
 verification and SNI, one total deadline per attempt (connect + send + full answer), no
 redirects followed (a 3xx is an answer like any other), 1xx interim answers skipped, bodies by
-Content-Length, chunked or until close, and at most ``MAX_BODY`` bytes of an answer kept (a longer
-one closes the connection). A request on a kept-alive connection that the server had already
-closed is retried once on a new connection (nothing was received, so nothing was processed).
+Content-Length, chunked or until close, at most ``MAX_HEAD`` bytes of header section and
+``MAX_BODY`` bytes of body kept (a longer body closes the connection). A connection goes back to
+the pool only after a complete keep-alive answer with nothing after it. A request on a
+kept-alive connection that the server had already closed is retried once on a new connection
+(nothing was received, so nothing was processed).
 """
-
 from __future__ import annotations
 
 import asyncio
@@ -28,19 +33,24 @@ import time
 from collections import defaultdict
 from urllib.parse import quote
 
+import httptools
+
 from broker import netpolicy
 
 logger = logging.getLogger(__name__)
 
 MAX_BODY = 64 * 1024
 MAX_HEAD = 64 * 1024
+MAX_ANSWER = MAX_HEAD + 8 * MAX_BODY  # raw bytes of one answer before its body is settled
 IDLE_LIMIT = 30.0  # seconds an idle connection is kept for reuse
-
-HEAD, LENGTH, UNTIL_CLOSE, CHUNK_SIZE, CHUNK_DATA, CHUNK_END, TRAILER, DONE = range(8)
 
 
 class ProtocolError(Exception):
     """The server's answer is not valid HTTP/1.x."""
+
+
+class _Stop(Exception):
+    """Raised from a parser callback to stop reading: the answer is settled (see ``Connection``)."""
 
 
 class Answer:
@@ -52,19 +62,26 @@ class Answer:
         self.body = body
 
 
+def _chunked(transfer_encoding: str) -> bool:
+    """RFC 9112 6.3: a body is chunked when chunked is the last transfer coding."""
+    return transfer_encoding.rpartition(",")[2].strip().lower() == "chunked"
+
+
 class Connection(asyncio.Protocol):
-    """One connection, one request at a time; parses the answer as bytes arrive."""
+    """One connection, one request at a time; llhttp parses the answer as bytes arrive and calls
+    the ``on_*`` methods below. ``final`` is set once the head of a non-1xx answer is read,
+    ``complete`` once its body is (or once enough of it is kept)."""
 
     def __init__(self, key: tuple) -> None:
         self.key = key
         self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
         self.closed = False
         self.idle_since = 0.0
         self.reusable = False
         self.received = False
-        self.buf = bytearray()
         self.waiter: asyncio.Future | None = None
-        self.state = DONE
+        self.complete = True
 
     # --- asyncio callbacks ---------------------------------------------------------------------
     def connection_made(self, transport) -> None:
@@ -73,8 +90,8 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         self.closed = True
         if self.waiter is not None and not self.waiter.done():
-            if self.state == UNTIL_CLOSE:
-                self._finish(keep=False)
+            if self.final and self.until_close:
+                self._finish(keep=False)  # a body without Content-Length or chunks ends at close
             else:
                 self.waiter.set_exception(ConnectionResetError("server closed the connection before answering"
                                                                if not self.received else
@@ -85,23 +102,79 @@ class Connection(asyncio.Protocol):
             self.close()  # bytes nobody asked for: the connection is unusable
             return
         self.received = True
-        self.buf += data
+        self.taken += len(data)
+        if len(self.lead) < 16:
+            self.lead += data[:16]
+        error = None
         try:
-            self._parse()
-        except (ProtocolError, ValueError, IndexError) as exc:
-            self.waiter.set_exception(ProtocolError(f"invalid HTTP answer: {exc}"))
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            error = ProtocolError("invalid HTTP answer: 101 Switching Protocols to a POST")
+        except httptools.HttpParserError as exc:
+            cause = exc.__context__  # what a callback below raised, if one did
+            if cause is None:
+                error = ProtocolError(f"invalid HTTP answer: {exc}")  # llhttp's reason
+            elif isinstance(cause, ProtocolError):
+                error = cause
+            elif not isinstance(cause, _Stop):
+                raise cause  # a bug here, not the server's: asyncio logs it and drops the connection
+        if self.complete:
+            self._finish(keep=self.keep and error is None)
+        elif error is None and self.taken > (MAX_ANSWER if self.final else MAX_HEAD):
+            error = ProtocolError("header section too large" if not self.final else
+                                  "answer framing too large (chunk extensions or trailers)")
+        if error is not None and not self.complete:
+            self.waiter.set_exception(error)
             self.close()
+
+    # --- llhttp callbacks (httptools): raising stops the parser -----------------------------------
+    def on_message_begin(self) -> None:
+        if self.complete:
+            self.keep = False  # bytes after the answer: the server is out of step, drop the connection
+            raise _Stop
+        self.headers = {}
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.head_size += len(name) + len(value) + 4
+        if self.head_size > MAX_HEAD:
+            raise ProtocolError("header section too large")
+        if not self.final:  # trailers after a chunked body are not kept
+            self.headers[name.strip().lower().decode("latin-1")] = value.strip().decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        # llhttp also reads RTSP/ and ICE/ answers and HTTP/2.0 heads: none is an HTTP/1.x answer
+        http1 = self.parser.get_http_version()[:2] == "1." and self.lead.lstrip(b"\r\n").startswith(b"HTTP/")
+        if status < 100 or not http1:
+            raise ProtocolError(f"invalid HTTP answer: status {status}, {bytes(self.lead[:12])!r}...")
+        if status < 200:
+            return  # interim answer (100 Continue, 103 Early Hints): the real one follows
+        self.status, self.final = status, True
+        headers = self.headers
+        self.until_close = "content-length" not in headers and not _chunked(headers.get("transfer-encoding", ""))
+
+    def on_body(self, body: bytes) -> None:
+        if not self.final:
+            return
+        kept = len(self.body)
+        if kept + len(body) <= MAX_BODY:
+            self.body += body
+            return
+        self.body += body[:MAX_BODY - kept]  # too long to read to the end: keep the start, give up the connection
+        self.complete, self.keep = True, False
+        raise _Stop
+
+    def on_message_complete(self) -> None:
+        if self.final:
+            self.complete, self.keep = True, self.parser.should_keep_alive()
 
     # --- request -------------------------------------------------------------------------------
     def request(self, data: bytes) -> asyncio.Future:
-        self.buf.clear()
-        self.received = False
-        self.state = HEAD
-        self.status = 0
+        self.received = self.final = self.complete = self.keep = self.until_close = False
+        self.status = self.taken = self.head_size = 0
         self.headers: dict = {}
         self.body = bytearray()
-        self.remaining = 0
-        self.keep = False
+        self.lead = b""  # the answer's first bytes, for its protocol name
         self.waiter = asyncio.get_running_loop().create_future()
         self.transport.write(data)
         return self.waiter
@@ -111,113 +184,7 @@ class Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    # --- answer parsing ------------------------------------------------------------------------
-    def _take(self, n: int) -> None:
-        """Move up to n bytes of body from the buffer (keeping at most MAX_BODY)."""
-        chunk = self.buf[:n]
-        del self.buf[:n]
-        if len(self.body) < MAX_BODY:
-            self.body += chunk[:MAX_BODY - len(self.body)]
-        self.remaining -= len(chunk)
-
-    def _parse(self) -> None:
-        buf = self.buf
-        while True:
-            if self.state == HEAD:
-                end = buf.find(b"\r\n\r\n")
-                if end < 0:
-                    if len(buf) > MAX_HEAD:
-                        raise ProtocolError("header section too large")
-                    return
-                lines = bytes(buf[:end]).split(b"\r\n")
-                del buf[:end + 4]
-                version, _, rest = lines[0].partition(b" ")
-                if not version.startswith(b"HTTP/1."):
-                    raise ProtocolError(f"bad status line {lines[0][:60]!r}")
-                status = int(rest[:3])
-                if not 100 <= status <= 999:
-                    raise ProtocolError(f"bad status {status}")
-                headers = {}
-                for line in lines[1:]:
-                    name, sep, value = line.partition(b":")
-                    if sep:
-                        headers[name.strip().lower().decode("latin-1")] = value.strip().decode("latin-1")
-                if 100 <= status < 200:
-                    continue  # interim answer (100 Continue, 103 Early Hints): the real one follows
-                self.status, self.headers = status, headers
-                connection = headers.get("connection", "").lower()
-                self.keep = version == b"HTTP/1.1" and "close" not in connection
-                if status in (204, 304):
-                    self.state = DONE
-                elif "chunked" in headers.get("transfer-encoding", "").lower():
-                    self.state = CHUNK_SIZE
-                elif "content-length" in headers:
-                    self.remaining = int(headers["content-length"])
-                    if self.remaining < 0:
-                        raise ProtocolError("negative Content-Length")
-                    self.state = LENGTH
-                else:
-                    self.state = UNTIL_CLOSE
-                    self.keep = False
-            elif self.state == LENGTH:
-                self._take(min(self.remaining, len(buf)))
-                if self.remaining == 0:
-                    self.state = DONE
-                elif len(self.body) >= MAX_BODY:
-                    self.keep = False  # too long to read to the end: give up the connection
-                    self.state = DONE
-                else:
-                    return
-            elif self.state == UNTIL_CLOSE:
-                self._take(len(buf))
-                if len(self.body) >= MAX_BODY:
-                    self.state = DONE
-                else:
-                    return
-            elif self.state == CHUNK_SIZE:
-                end = buf.find(b"\r\n")
-                if end < 0:
-                    if len(buf) > 1024:
-                        raise ProtocolError("chunk size line too long")
-                    return
-                size = int(bytes(buf[:end]).split(b";", 1)[0].strip(), 16)
-                del buf[:end + 2]
-                if size < 0:
-                    raise ProtocolError("negative chunk size")
-                self.remaining = size
-                self.state = TRAILER if size == 0 else CHUNK_DATA
-            elif self.state == CHUNK_DATA:
-                self._take(min(self.remaining, len(buf)))
-                if self.remaining:
-                    if len(self.body) >= MAX_BODY:
-                        self.keep = False
-                        self.state = DONE
-                        continue
-                    return
-                self.state = CHUNK_END
-            elif self.state == CHUNK_END:
-                if len(buf) < 2:
-                    return
-                if buf[:2] != b"\r\n":
-                    raise ProtocolError("chunk not followed by CRLF")
-                del buf[:2]
-                self.state = CHUNK_SIZE
-                if len(self.body) >= MAX_BODY:
-                    self.keep = False
-                    self.state = DONE
-            elif self.state == TRAILER:
-                end = buf.find(b"\r\n")
-                if end < 0:
-                    return
-                del buf[:end + 2]
-                if end == 0:
-                    self.state = DONE
-            if self.state == DONE:
-                self._finish(keep=self.keep and not buf)
-                return
-
     def _finish(self, *, keep: bool) -> None:
-        self.state = DONE
         self.reusable = keep and not self.closed
         self.waiter.set_result(Answer(self.status, self.headers, bytes(self.body)))
         if not self.reusable:

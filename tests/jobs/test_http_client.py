@@ -9,39 +9,24 @@ import shutil
 import socket
 import ssl
 import subprocess
-import threading
 import time
 
 import pytest
 
 from jobs.push.http import MAX_BODY, Client, ProtocolError
+from tests.jobs.rawhttp import LoopbackServer, request_read
 
 
-class RawServer:
+class RawServer(LoopbackServer):
     """Reads one request at a time per connection; ``script(n, request_bytes) -> (reply_bytes, close)``."""
 
     def __init__(self, script, tls: ssl.SSLContext | None = None):
         self.script = script
         self.requests: list[bytes] = []
-        self.connections = 0
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.port = self.sock.getsockname()[1]
         self.tls = tls
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__()
 
-    def _accept(self):
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.connections += 1
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn):
+    def serve(self, conn):
         if self.tls is not None:
             try:
                 conn = self.tls.wrap_socket(conn, server_side=True)
@@ -50,21 +35,9 @@ class RawServer:
                 return
         buf = b""
         try:
-            while True:
-                while b"\r\n\r\n" not in buf:
-                    data = conn.recv(65536)
-                    if not data:
-                        return
-                    buf += data
-                head, _, rest = buf.partition(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n")[1:]:
-                    if line.lower().startswith(b"content-length:"):
-                        length = int(line.split(b":")[1])
-                while len(rest) < length:
-                    rest += conn.recv(65536)
-                buf = rest[length:]
-                self.requests.append(head + b"\r\n\r\n" + rest[:length])
+            while (read := request_read(conn, buf)) is not None:
+                request, buf = read
+                self.requests.append(request)
                 reply, close = self.script(len(self.requests), self.requests[-1])
                 if reply:
                     conn.sendall(reply)
@@ -73,9 +46,7 @@ class RawServer:
                     return
         except OSError:
             pass
-
-    def close(self):
-        self.sock.close()
+        conn.close()
 
 
 @pytest.fixture
