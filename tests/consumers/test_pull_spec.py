@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import re
 import time
+from functools import partial
 
 import pytest
 from rest_framework.test import APIClient
 
 from broker.xid import job_pk, job_xid
 from jobs import state
+from tests import processes
 from tests.conftest import ADMIN_TOKEN
 from tests.consumers.conftest import PULL_HEADERS, PullClient, job_status, publish_n
 
@@ -260,14 +262,7 @@ def short_timeouts(settings):
     return settings
 
 
-def wait_for(predicate, timeout=10.0, interval=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    return predicate()
+wait_for = partial(processes.wait_for, timeout=10.0, interval=0.05)
 
 
 @pytest.mark.django_db(transaction=True)  # now() must move: no wrapping test transaction
