@@ -19,7 +19,7 @@ import threading
 import time
 
 from broker_client.errors import JobError, PinMismatch, error_from_response
-from broker_client.http import RetryPolicy, Transport, path_segment, server_time
+from broker_client.http import Client, RetryPolicy, Transport, path_segment, server_time
 from broker_client.jobs import DEAD, DELIVERED, QUEUED, Job, timestamp_parse
 
 logger = logging.getLogger("broker_client")
@@ -31,7 +31,7 @@ LONG_POLL_MARGIN = 15.0  # seconds of read timeout beyond ``expires``
 PINNED = "pinned_client"
 
 
-class PullConsumer:
+class PullConsumer(Client):
     """One pull consumer of a channel. Thread-safe: each thread gets its own HTTP session.
 
     ``group`` (and, by the consumer's policy, ``priority``, ``min_pending``, ``min_ack_pending``)
@@ -59,15 +59,6 @@ class PullConsumer:
         self.stopping = threading.Event()
 
     # --- lifecycle -------------------------------------------------------------------------------
-
-    def close(self) -> None:
-        self.transport.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def stop(self) -> None:
         """Ask a running ``consume`` to stop pulling, finish the jobs in hand and return (safe from

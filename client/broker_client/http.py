@@ -177,6 +177,21 @@ class Transport:
                 time.sleep(pause)
 
 
+class Client:
+    """What producers and consumers share: a ``transport``, ``close()`` and ``with`` support."""
+
+    transport: Transport
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 def is_transient(exc: BaseException) -> bool:
     """A failure worth trying again later (a consumer keeps going; a producer's retries ran out)."""
     if isinstance(exc, (requests.ConnectionError, requests.Timeout)):

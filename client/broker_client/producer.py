@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from broker_client.errors import error_from_response
-from broker_client.http import RetryPolicy, Transport, path_segment
+from broker_client.http import Client, RetryPolicy, Transport, path_segment
 
 BATCH_MAX = 1000  # the broker's BROKER_MAX_BATCH_MESSAGES
 BATCH_MAX_BYTES = 16 * 1024 * 1024  # keep each batch request well under the broker's body limit
@@ -64,7 +64,7 @@ class BatchResult:
     duplicates: list[str] = field(default_factory=list)
 
 
-class Producer:
+class Producer(Client):
     """Publishes to one channel as one producer.
 
     >>> p = Producer("http://127.0.0.1:8080", "sample-channel", "sample-channel-token",
@@ -81,15 +81,6 @@ class Producer:
             "X-Broker-Producer-ID": producer_id,
             "X-Broker-Producer-Token": producer_token,
         }, timeout=timeout, retry=retry, hmac_secret=hmac_secret)
-
-    def close(self) -> None:
-        self.transport.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def publish(self, body, *, message_id: str | None = None, priority: int = 0, content_type: str | None = None,
                 headers: dict | None = None, message_type: str | None = None, partition_key: str | None = None,

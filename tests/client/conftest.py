@@ -91,13 +91,17 @@ class World:
         return r.json()
 
     def wait(self, predicate, timeout: float = 20.0, what: str = "condition"):
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            value = predicate()
-            if value:
-                return value
-            time.sleep(0.05)
-        raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        return wait_until(predicate, timeout, what)
+
+
+def wait_until(predicate, timeout: float = 20.0, what: str = "condition"):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture

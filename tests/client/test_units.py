@@ -17,7 +17,6 @@ from broker_client import RetryPolicy, WebhookVerificationError, verify_webhook
 from broker_client.config import ConfigError, settings_load
 from broker_client.consumer import PullConsumer, answer_error
 from broker_client.http import retry_after_parse
-from broker_client.jobs import Job
 from broker_client.producer import batch_item, body_encode
 
 XID = "9m4e2mr0ui3e8a215n4g"  # 20 characters of [0-9a-v], as job ids look after the drop-in change

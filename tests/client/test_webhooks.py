@@ -15,6 +15,7 @@ import pytest
 
 from broker_client import WebhookVerificationError, verify_webhook, webhook_app
 from jobs.models import Job, JobStatus
+from tests.client.conftest import wait_until
 from tests.jobs.conftest import dispatcher, push_settings  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -56,12 +57,7 @@ class Receiver:
         self.thread.start()
 
     def wait(self, predicate, timeout=20.0):
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if predicate():
-                return
-            time.sleep(0.05)
-        raise AssertionError("timed out")
+        return wait_until(predicate, timeout, "the receiver")
 
     def close(self):
         self.server.shutdown()
