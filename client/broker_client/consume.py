@@ -127,6 +127,7 @@ class ConsumeLoop:
         last_empty = 0.0
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="broker-client-handler") as pool:
             while not self.stopping.is_set():
+                futures = {f for f in futures if not f.done()}
                 if len(self.outcomes) >= self.batch:
                     self.outcomes_flush()
                 room = self.batch - len(futures)
@@ -138,7 +139,7 @@ class ConsumeLoop:
                     if not jobs:
                         last_empty = time.monotonic()
                 else:
-                    done, futures = futures_wait(futures, timeout=0.2, return_when=FIRST_COMPLETED)
+                    futures_wait(futures, timeout=0.2, return_when=FIRST_COMPLETED)
                     continue
                 futures |= {pool.submit(self.job_run, job) for job in jobs}
             futures_wait(futures)

@@ -24,7 +24,8 @@ CONSUMER_SCRIPT = """
 import json, sys, time
 from broker_client import PullConsumer
 
-url, ledger, batch, sleep, expires = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+url, ledger, batch, sleep, expires, concurrency = (sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]),
+                                                  float(sys.argv[5]), int(sys.argv[6]))
 consumer = PullConsumer(url, "ch", "pc", "ct", "pt")
 
 def handler(job):
@@ -35,7 +36,7 @@ def handler(job):
         fh.write(f"done {job.id} {job.message_id} {job.attempt}\\n")
 
 print("ready", flush=True)
-stats = consumer.consume(handler, batch=batch, expires=expires)
+stats = consumer.consume(handler, batch=batch, expires=expires, concurrency=concurrency)
 print(json.dumps(stats.__dict__), flush=True)
 """
 
@@ -46,10 +47,11 @@ def ledger_lines(path, kind):
     return [line.split() for line in path.read_text().splitlines() if line.startswith(kind + " ")]
 
 
-def start_consumer(tmp_path, url, *, batch, sleep, expires=5.0):
+def start_consumer(tmp_path, url, *, batch, sleep, expires=5.0, concurrency=1):
     ledger = tmp_path / f"ledger-{time.monotonic_ns()}.txt"
     path = script(tmp_path, "consume.py", CONSUMER_SCRIPT)
-    proc = subprocess.Popen([sys.executable, str(path), url, str(ledger), str(batch), str(sleep), str(expires)],
+    proc = subprocess.Popen([sys.executable, str(path), url, str(ledger), str(batch), str(sleep), str(expires),
+                             str(concurrency)],
                             env=client_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
@@ -90,9 +92,10 @@ def test_a_consumer_killed_mid_batch_has_its_jobs_come_back_after_the_deadline(w
     assert (s["NumDelivered"], s["NumAckPending"], s["NumPending"]) == (10, 0, 0)
 
 
-def test_sigterm_finishes_the_jobs_in_hand_acks_them_and_stops_pulling(world, tmp_path):
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_sigterm_finishes_the_jobs_in_hand_acks_them_and_stops_pulling(world, tmp_path, concurrency):
     world.producer().publish_batch([f"job {i}" for i in range(20)])
-    proc, ledger = start_consumer(tmp_path, world.url, batch=5, sleep=0.4)
+    proc, ledger = start_consumer(tmp_path, world.url, batch=5, sleep=1.0, concurrency=concurrency)
     try:
         world.wait(lambda: ledger_lines(ledger, "start"), what="the first job")
         proc.send_signal(signal.SIGTERM)
