@@ -42,40 +42,47 @@ class Job:
     extended (``progress``). Settle it once with ``ack()``, ``nack(delay=...)``, ``dead()`` or
     ``move_to_gate(...)``."""
 
-    __slots__ = ("id", "message_id", "payload", "content_type", "priority", "attempt", "deadline",
+    __slots__ = ("id", "message_id", "_payload", "content_type", "priority", "attempt", "deadline",
                  "incremental_timeout", "headers", "partition_key", "gate", "message_type", "pin_id", "raw",
                  "_consumer", "_lease_start", "_lease", "_lock", "settled", "lost")
 
     def __init__(self, item: dict, consumer: PullConsumer, *, received: float, server_now: float | None,
                  pin_id: str | None = None):
         message = item.get("Message") or {}
-        payload = message.get("Payload")
-        if payload is None:
-            data = b""
-        elif message.get("PayloadEncoding") == "base64":
-            data = base64.b64decode(payload)
-        else:
-            data = str(payload).encode("utf-8")
+        self.raw = item
         self.id = str(item["ID"])
         self.message_id = str(message.get("MessageID", ""))
-        self.payload = data
+        self._payload = None  # decoded on first use (a handler may never read it)
         self.content_type = message.get("ContentType") or "application/octet-stream"
         self.priority = item.get("Priority", 0)
         self.attempt = item.get("Attempt")
         self.deadline = timestamp_parse(item.get("Deadline"))
         self.incremental_timeout = item.get("IncrementalTimeout")
-        self.headers = dict(message.get("Headers") or {})
+        self.headers = message.get("Headers") or {}
         self.partition_key = item.get("PartitionKey")
         self.gate = item.get("Gate")
         self.message_type = item.get("Type", message.get("Type"))
         self.pin_id = item.get("PinId") or pin_id or None
-        self.raw = item
         self._consumer = consumer
         self._lock = threading.Lock()
         self.settled = False  # an outcome was reported (by the handler or by consume)
         self.lost = False  # the broker no longer holds it for us (deadline passed, progress answered 409)
         self._lease_start = received
         self._lease = self._lease_from(server_now)
+
+    @property
+    def payload(self) -> bytes:
+        """The message body as bytes (the broker sends text as is and other bytes as base64)."""
+        if self._payload is None:
+            message = self.raw.get("Message") or {}
+            value = message.get("Payload")
+            if value is None:
+                self._payload = b""
+            elif message.get("PayloadEncoding") == "base64":
+                self._payload = base64.b64decode(value)
+            else:
+                self._payload = str(value).encode("utf-8")
+        return self._payload
 
     def _lease_from(self, server_now: float | None) -> float | None:
         """Seconds from receipt to the deadline, on the broker's clock when known (``Date``)."""
