@@ -34,7 +34,10 @@ import requests
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench.common import smoke_args_parse, smoke_problems_exit  # noqa: E402
+
 ADMIN = "bench-admin-token"
+SMOKE_TABLE = r"^throughput +\d+ consumer\(s\): \d+/\d+ deliveries .*\n(?s:.*)^latency +\d+ consumer\(s\) at .* p50 .* ms"
 
 
 # --- receiver (own process) ---------------------------------------------------------------------
@@ -329,7 +332,8 @@ def main() -> None:
     parser.add_argument("--max-in-flight", type=int, default=None, help="consumers' maxInFlight (default: broker's 10)")
     parser.add_argument("--web-workers", type=int, default=2)
     parser.add_argument("--no-fsync", action="store_true", help="embedded server with fsync off")
-    args = parser.parse_args()
+    args = smoke_args_parse(parser, messages=200, rate=20.0, seconds=2.0)
+    problems = []  # counted failures, fatal in --smoke
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-push-"))
     receiver = Receiver()
@@ -344,6 +348,8 @@ def main() -> None:
             print(f"throughput  {consumers} consumer(s): {result['deliveries']}/{result['expected']} deliveries "
                   f"in {result['elapsed_s']:.2f} s = {result['per_s']:,.0f} deliveries/s "
                   f"(publishing took {result['publish_s']:.2f} s)")
+            if result["deliveries"] < result["expected"] or result["deliveries"] == 0:
+                problems.append(f"throughput {consumers}: {result['deliveries']}/{result['expected']} deliveries")
             print("            CPU per delivery: " + ", ".join(f"{name} {us:.0f} us" for name, us in result["cpu_us"].items()))
         result = latency(broker, receiver, rate=args.rate, seconds=args.seconds, consumers=args.latency_consumers,
                          max_in_flight=args.max_in_flight)
@@ -353,11 +359,15 @@ def main() -> None:
               f"p50 {result['p50_ms']:.1f} ms, p95 {result['p95_ms']:.1f} ms, p99 {result['p99_ms']:.1f} ms, "
               f"max {result['max_ms']:.1f} ms; the publish request alone: p50 {result['publish_p50_ms']:.1f} ms, "
               f"p99 {result['publish_p99_ms']:.1f} ms")
+        if result["errors"] or result["deliveries"] < result["published"] * result["consumers"]:
+            problems.append(f"latency: {result['errors']} publish errors, {result['deliveries']} callbacks")
         print("            CPU use (% of one core): " + ", ".join(f"{name} {pct:.0f}%" for name, pct in result["cpu_share"].items())
               + f"; load average {os.getloadavg()[0]:.1f}")
     finally:
         broker.stop()
         receiver.stop()
+    if args.smoke:
+        smoke_problems_exit(problems=problems)
 
 
 if __name__ == "__main__":
