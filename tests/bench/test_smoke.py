@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -83,24 +84,32 @@ def _run(args: list[str], env: dict) -> tuple[int, str, str, float]:
     return proc.returncode, out, err, time.monotonic() - started
 
 
-@pytest.fixture(scope="module")
-def migrated_template():
-    """A database migrated once, copied for each script (so each script's own ``migrate`` is a
-    quick no-op); dropped at the end."""
+@contextmanager
+def scratch_database(name: str, *, template: str | None = None):
+    """A new database on the test session's server (a copy of ``template`` if given), dropped after."""
     import psycopg
 
     admin = _server_admin()
-    name = f"bench_smoke_template_{os.getpid()}"
+    copy = f' TEMPLATE "{template}"' if template else ""
     with psycopg.connect(autocommit=True, **admin) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"{copy}')
     try:
-        code, out, err, _ = _run([sys.executable, "manage.py", "migrate", "-v0"], _child_env(_url(admin, name)))
-        assert code == 0, f"migrate failed:\n{out[-2000:]}\n{err[-3000:]}"
-        yield name
+        yield _url(admin, name)
     finally:
         with psycopg.connect(autocommit=True, **admin) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="module")
+def migrated_template():
+    """A database migrated once, copied for each script (so each script's own ``migrate`` is a
+    quick no-op)."""
+    name = f"bench_smoke_template_{os.getpid()}"
+    with scratch_database(name) as url:
+        code, out, err, _ = _run([sys.executable, "manage.py", "migrate", "-v0"], _child_env(url))
+        assert code == 0, f"migrate failed:\n{out[-2000:]}\n{err[-3000:]}"
+        yield name
 
 
 def _child_env(database_url: str) -> dict:
@@ -116,18 +125,8 @@ def test_bench_script_smoke(script: Path, migrated_template: str):
     assert pattern, f"{script.name} defines no SMOKE_TABLE (the convention in bench/common.py)"
     if "spark" in (module_constant(script, "SMOKE_NEEDS") or ()):
         spark_prerequisites_require()
-    import psycopg
-
-    admin = _server_admin()
-    database = f"bench_smoke_{script.stem}_{os.getpid()}"
-    with psycopg.connect(autocommit=True, **admin) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{database}" TEMPLATE "{migrated_template}"')
-    try:
-        code, out, err, seconds = _run([sys.executable, str(script), "--smoke"], _child_env(_url(admin, database)))
-    finally:
-        with psycopg.connect(autocommit=True, **admin) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+    with scratch_database(f"bench_smoke_{script.stem}_{os.getpid()}", template=migrated_template) as url:
+        code, out, err, seconds = _run([sys.executable, str(script), "--smoke"], _child_env(url))
     print(f"{script.name} --smoke: exit {code} in {seconds:.1f} s")
     tail = f"\n--- stdout (end) ---\n{out[-3000:]}\n--- stderr (end) ---\n{err[-3000:]}"
     assert code == 0, f"{script.name} --smoke exited {code}{tail}"
