@@ -37,9 +37,11 @@ import requests  # noqa: E402
 from bench.common import (  # noqa: E402
     ADMIN, _read_response, base_env, broker_database, build_request, manage, start_gunicorn,
 )
+from bench.common import smoke_args_parse  # noqa: E402
 
 PAYLOAD = json.dumps({"event": "order.created", "id": 12345, "items": [1, 2, 3], "note": "x" * 200}).encode()
 CONSUMERS = ("spec", "fast", "raw", "client")
+SMOKE_TABLE = r"^path +jobs/s +vs raw .*\n^spec: .*\n^spec: .*\n^fast: .*\n^raw SQL .*\n^client: .*\n^targets: "
 
 
 def setup(url: str) -> None:
@@ -329,7 +331,8 @@ def main() -> None:
     parser.add_argument("--spec-clients", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=60.0, help="cap per fast/raw phase")
     parser.add_argument("--workers", type=int, default=2)
-    args = parser.parse_args()
+    # --smoke: fast and raw end when the tiny backlog is drained; 15 s only covers slow process start-up
+    args = smoke_args_parse(parser, backlog=400, clients=2, spec_seconds=1.0, spec_clients=2, seconds=15.0)
     load_before = " ".join(f"{x:.1f}" for x in os.getloadavg())
     with broker_database() as database_url:
         env = base_env(database_url)
