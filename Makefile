@@ -15,8 +15,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e .
 	touch $(STAMP)
 
-$(TEST_STAMP): $(STAMP) pyproject.toml
-	$(PY) -m pip install -q -e ".[test,spark]"
+# The Python client (client/, its own package) is installed with the test extras: tests/client
+# exercises it against the broker.
+$(TEST_STAMP): $(STAMP) pyproject.toml client/pyproject.toml
+	$(PY) -m pip install -q -e ".[test,spark]" -e ./client
 	touch $(TEST_STAMP)
 
 install: $(STAMP)

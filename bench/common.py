@@ -6,6 +6,7 @@ Everything runs on 127.0.0.1 and stops by itself.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import shutil
@@ -166,3 +167,64 @@ def percentile(values, p: float) -> float:
     ordered = sorted(values)
     k = min(len(ordered) - 1, max(0, int(round(p / 100 * (len(ordered) - 1)))))
     return ordered[k]
+
+
+# --- smoke mode: every script runs its own code paths at tiny sizes (tests/bench/test_smoke.py) ------
+#
+# Convention for every bench/<name>.py (the test globs them, so a new script is covered at once):
+#   - parse its arguments with ``smoke_args_parse(parser, <size>=<tiny value>, ...)``, which adds
+#     ``--smoke`` (those sizes replace the defaults; explicit options still win);
+#   - define ``SMOKE_TABLE``, a regular expression (re.MULTILINE) that its printed table matches;
+#   - exit non-zero on any error or failed request (``smoke_problems_exit`` for the ones that are
+#     counted rather than raised).
+
+
+def smoke_args_parse(parser: argparse.ArgumentParser, **sizes) -> argparse.Namespace:
+    """Parse the command line; with ``--smoke`` the options named in ``sizes`` that were left at
+    their defaults take the tiny values, so the same code runs in seconds."""
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes, a few seconds: checks that the benchmark still runs (CI)")
+    args = parser.parse_args()
+    if args.smoke:
+        for name, value in sizes.items():
+            if getattr(args, name) == parser.get_default(name):
+                setattr(args, name, value)
+    return args
+
+
+def smoke_problems_exit(*, problems: list[str]) -> None:
+    """Exit 1 naming each problem (lost deliveries, failed requests) when there is any."""
+    for problem in problems:
+        print(f"FAILED: {problem}", file=sys.stderr, flush=True)
+    if problems:
+        sys.exit(1)
+
+
+def registry_create(*, channels: list[str], producers: list[str], consumers: list[tuple[str, str, str, str]]) -> None:
+    """Channels, producers and consumers (channel, id, type, callback URL) through the broker's own
+    services, as PUT would create them: new NOT NULL columns get their values from the model, so
+    scripts that bulk-insert messages and jobs with SQL need no change when the registry grows.
+    Django must be set up (``BROKER_CALLBACK_ALLOW`` must allow loopback callbacks)."""
+    from broker.models import Channel
+    from broker.services.registry import Precondition, channel_upsert, producer_upsert
+    from consumers.services import consumer_upsert
+
+    create = Precondition(None)  # never read on create
+    for channel_id in channels:
+        channel_upsert(channel_id=channel_id, name=None, token=f"{channel_id}-token", precondition=create)
+    for producer_id in producers:
+        producer_upsert(producer_id=producer_id, name=None, token=f"{producer_id}-token", precondition=create)
+    for channel_id, consumer_id, type_, callback_url in consumers:
+        consumer_upsert(channel=Channel.objects.get(channel_id=channel_id), consumer_id=consumer_id, name=None,
+                        token=f"{consumer_id}-token", callback_url=callback_url or None, type=type_, settings={},
+                        precondition=create)
+
+
+def django_setup(database_url: str) -> None:
+    """Django in this process against ``database_url`` (the environment a bench child gets)."""
+    os.environ.update(base_env(database_url))
+    os.environ["DJANGO_SETTINGS_MODULE"] = "broker.settings"
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()

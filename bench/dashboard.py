@@ -15,7 +15,6 @@ Uses DATABASE_URL when set (it must be a throw-away database), else an embedded 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -25,25 +24,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psycopg  # noqa: E402
 
-from bench.common import base_env, broker_database, manage  # noqa: E402
+from bench.common import (  # noqa: E402
+    base_env, broker_database, django_setup, manage, registry_create, smoke_args_parse,
+)
 
 CONSUMERS_PER_CHANNEL = 5
+SMOKE_TABLE = r"^write cost of the triggers:\n(?s:.*)^render times .*\n(?s:.*)^  a dead job's page +median +[\d.]+ ms"
 
 
 def build(url: str, jobs: int, channels: int) -> None:
     messages = jobs // CONSUMERS_PER_CHANNEL
+    names = [f"ch{i}" for i in range(1, channels + 1)]
+    registry_create(channels=names, producers=["p"], consumers=[
+        (ch, f"c{i}", "pull" if i % 2 == 0 else "push", "http://127.0.0.1:9/")
+        for ch in names for i in range(1, CONSUMERS_PER_CHANNEL + 1)])
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("INSERT INTO broker_channel (channel_id, name, token, created_at, updated_at) "
-                     "SELECT 'ch' || i, 'ch' || i, md5(i::text), now(), now() FROM generate_series(1, %s) i",
-                     [channels])
-        conn.execute("INSERT INTO broker_producer (producer_id, name, token, created_at, updated_at) "
-                     "VALUES ('p', 'p', 'pt', now(), now())")
-        conn.execute(
-            "INSERT INTO consumers_consumer (channel_id, consumer_id, name, token, callback_url, type, max_in_flight,"
-            " signing_secret, previous_signing_secret, retry_backoff, created_at, updated_at)"
-            " SELECT c.id, 'c' || i, 'c' || i, md5(c.id::text || i), 'http://127.0.0.1:9/', "
-            " CASE WHEN i %% 2 = 0 THEN 'pull' ELSE 'push' END, 10, 'whsec_x', '', '', now(), now()"
-            " FROM broker_channel c, generate_series(1, %s) i", [CONSUMERS_PER_CHANNEL])
         step = 100_000
         for start in range(0, messages, step):
             n = min(step, messages - start)
@@ -57,7 +52,7 @@ def build(url: str, jobs: int, channels: int) -> None:
                                'm' || g, (SELECT id FROM broker_producer LIMIT 1),
                                convert_to('{"n": ' || g || '}', 'UTF8'), 'application/json', 0, '{}', 102,
                                now() - (%(total)s - g) * interval '100 ms', now()
-                          FROM generate_series(%(start)s, %(end)s) g
+                          FROM generate_series(%(start)s::int, %(end)s::int) g
                         RETURNING id, channel_id, received_at
                     )
                     INSERT INTO jobs_job (message_id, consumer_id, channel_id, status, priority, retry_count,
@@ -106,12 +101,7 @@ def trigger_costs(url: str) -> None:
                 print(f"  ack of {size:>3} job(s): {name:<32} median {statistics.median(values):.3f} ms")
 
 
-def render_times(url: str) -> None:
-    os.environ.update(base_env(url))
-    os.environ["DJANGO_SETTINGS_MODULE"] = "broker.settings"
-    import django
-
-    django.setup()
+def render_times() -> None:
     from django.conf import settings
     from django.contrib.auth.models import User
     from django.test import Client
@@ -151,9 +141,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=1_000_000)
     parser.add_argument("--channels", type=int, default=4)
-    args = parser.parse_args()
+    args = smoke_args_parse(parser, jobs=2000, channels=2)
     with broker_database() as url:
         manage(base_env(url), "migrate", "-v", "0")
+        django_setup(url)
         print(f"building {args.jobs:,} jobs for {args.channels * CONSUMERS_PER_CHANNEL} consumers ...", flush=True)
         started = time.perf_counter()
         build(url, args.jobs, args.channels)
@@ -161,7 +152,7 @@ def main() -> None:
         print("write cost of the triggers:")
         trigger_costs(url)
         print("render times (Django test client, in process):")
-        render_times(url)
+        render_times()
 
 
 if __name__ == "__main__":

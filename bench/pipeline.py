@@ -1,25 +1,29 @@
 """Benchmark of the Spark pipeline: the report and archive-and-prune over 1,000,000 jobs.
 
-    .venv/bin/python bench/pipeline.py [--jobs 1000000] [--master local[*]] [--keep]
+    .venv/bin/python bench/pipeline.py [--jobs 1000000] [--master local[*]] [--keep] [--smoke]
 
 Uses a database of its own (``broker_bench_pipeline``) on the embedded PostgreSQL under
-``.data/postgres`` (or on the server of ``DATABASE_URL``), fills it server-side with
-``INSERT ... SELECT generate_series`` (4 consumers on 2 channels, one message per 2 jobs, spread
-over 60 days; ~90% delivered, 4% dead, 6% pending; 0-3 attempts and 0-6 transitions per job),
-runs the report over every job and archive-and-prune (older than 30 days, dead ones 45), prints
-wall times and rows/s, then drops the database and its output (unless ``--keep``).
-Target: the report in under 90 s including Spark start-up, on the 2-core machine.
+``.data/postgres`` (or on the server of ``DATABASE_URL``; with ``--smoke`` and no DATABASE_URL a
+throw-away server), creates the channels, producer and consumers through the broker's services
+(so new registry columns need no change here) and fills messages, jobs and their history
+server-side with ``INSERT ... SELECT generate_series`` (4 consumers on 2 channels, one message per
+2 jobs, spread over 60 days; ~90% delivered, 4% dead, 6% pending; 0-3 attempts and 0-6 transitions
+per job), runs the report over every job and archive-and-prune (older than 30 days, dead ones 45),
+prints wall times, the Spark JVM's CPU seconds and the load average, then drops the database and
+its output (unless ``--keep``). ``--smoke``: 2,000 jobs, the same steps.
+Target: the report in under 60 s including Spark start-up, on the 2-core machine.
 
-Recorded 2026-11-22 (2 cores, 24 GB, Java 17, pyspark 4.3.0, local[*], driver 4g, embedded
-PostgreSQL 18; the machine was shared with other work, load average 5-9, so times vary ~1.5x):
+Recorded 2026-11-23 (2 cores, 24 GB, Java 17, pyspark 4.3.0, local[*], driver 4g, embedded
+PostgreSQL 18, fsync on; the machine was shared with four other engineers' test runs):
 
-    rows:    500,000 messages, 1,000,000 jobs, 2,080,000 transitions, 1,020,000 attempts (generated in 47 s)
-    report:  1,000,000 jobs in 48.9 s + 16.8 s Spark start-up = 65.7 s  (target < 90 s; 15k jobs/s)
-             phases: JDBC read 13.6 s, Parquet by day/channel 12.1 s, aggregates + HTML 23.0 s
-             (an earlier run at load ~3: 35.9 s + 8.1 s start-up = 44.0 s)
-    archive: --older-than 30d --dead-older-than 45d: 210,008 messages, 420,016 jobs, 880,032 transitions,
-             440,016 attempts (1.95M rows) in 86.1 s = 22.6k rows/s
-             phases: export 52.9 s, read-back verify 19.3 s, publish 0.3 s, prune (211 batches) 13.6 s
+    rows:    500,000 messages, 1,000,000 jobs, 2,250,000 transitions, 1,110,000 attempts (generated in 99.7 s)
+    report:  1,000,000 jobs in 62.0 s + 16.5 s Spark start-up = 78.5 s, JVM CPU 62.9 s, load average 6.0-7.8
+             phases: JDBC read 18.5 s, Parquet by day/channel 12.9 s, aggregates + HTML 30.1 s
+             (before the shuffle-free Parquet write and the one-scan throughput, at load 2-4:
+             67.6 s + 12.7 s = 80.3 s; a fresh JVM spent 84-94 CPU seconds on the report)
+    archive: --older-than 30d --dead-older-than 45d: 210,016 messages, 420,032 jobs, 962,572 transitions,
+             481,286 attempts (2.07M rows) in 114.7 s = 18.1k rows/s, JVM CPU 61.3 s
+             phases: export 78.9 s, read-back verify 19.7 s, publish 0.2 s, prune 15.8 s
 """
 
 from __future__ import annotations
@@ -29,35 +33,53 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bench.common import broker_database, django_setup, registry_create, smoke_args_parse  # noqa: E402
+
 BENCH_DB = "broker_bench_pipeline"
+SMOKE_TABLE = (r"^report: \d+ jobs in [\d.]+s \([\d.]+s with Spark start-up; JVM CPU .*\)$(?s:.*)"
+               r"^archive: \{.*\} in [\d.]+s \(\d+ rows/s, export \+ verify \+ prune; .*\)$")
+SMOKE_NEEDS = ("spark",)
+# --smoke: the C1 JIT only (the time zone option is repeated because this replaces the default
+# one): tiny data never repays C2 compilation; measured about half the JVM CPU of a smoke run.
+SMOKE_SPARK_CONF = {"spark.driver.extraJavaOptions": "-Duser.timezone=UTC -XX:TieredStopAtLevel=1"}
+CHANNELS = ["bench-ch0", "bench-ch1"]
+PRODUCERS = ["bench-producer"]
+CONSUMERS = [(ch, f"{ch}-c{k}", "push", "http://127.0.0.1:9/cb") for ch in CHANNELS for k in range(2)]
 
 
-def database_prepare() -> tuple[str, dict]:
-    """Create (fresh) the bench database and return its URL; Django is not set up yet."""
+def database_prepare(server_url: str) -> tuple[str, dict]:
+    """Create (fresh) the bench database on the server of ``server_url`` and return its URL and
+    the admin connection keywords; Django is not set up yet."""
+    import dj_database_url
     import psycopg
 
-    url = os.environ.get("DATABASE_URL")
-    if url:
-        import dj_database_url
-
-        cfg = dj_database_url.parse(url)
-        admin = dict(host=cfg["HOST"], port=cfg["PORT"] or 5432, user=cfg["USER"], password=cfg["PASSWORD"] or None)
-        base = url.rsplit("/", 1)[0]
-    else:
-        from broker.embedded_db import server_ensure
-
-        server = server_ensure(Path(os.environ.get("BROKER_DATA_DIR", ROOT / ".data")) / "postgres")
-        admin = dict(host="127.0.0.1", port=server.port, user="postgres", password=None)
-        base = server.url.rsplit("/", 1)[0]
+    cfg = dj_database_url.parse(server_url)
+    admin = dict(host=cfg["HOST"], port=cfg["PORT"] or 5432, user=cfg["USER"], password=cfg["PASSWORD"] or None)
     with psycopg.connect(dbname="postgres", autocommit=True, **admin) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{BENCH_DB}"')
-    return f"{base}/{BENCH_DB}", admin
+    return f"{server_url.rsplit('/', 1)[0]}/{BENCH_DB}", admin
+
+
+@contextmanager
+def database_server(*, smoke: bool):
+    """URL of the server to use: DATABASE_URL's, else the embedded one under .data/postgres (a
+    throw-away one in smoke mode, so a CI run leaves no server behind)."""
+    if os.environ.get("DATABASE_URL") or smoke:
+        with broker_database() as url:
+            yield url
+        return
+    from broker.embedded_db import server_ensure
+
+    yield server_ensure(Path(os.environ.get("BROKER_DATA_DIR", ROOT / ".data")) / "postgres").url
 
 
 def database_drop(admin: dict) -> None:
@@ -70,16 +92,7 @@ def database_drop(admin: dict) -> None:
 
 
 GENERATE_SQL = [
-    # 2 channels, 1 producer, 4 consumers (2 per channel)
-    """INSERT INTO broker_channel (channel_id, name, token, created_at, updated_at)
-       SELECT 'bench-ch' || g, 'Bench ' || g, 'secret-token-' || g, now(), now() FROM generate_series(0, 1) g""",
-    """INSERT INTO broker_producer (producer_id, name, token, created_at, updated_at)
-       VALUES ('bench-producer', 'Bench', 'secret-producer-token', now(), now())""",
-    """INSERT INTO consumers_consumer (channel_id, consumer_id, name, token, callback_url, type, max_in_flight,
-                                      retry_backoff, signing_secret, previous_signing_secret, created_at, updated_at)
-       SELECT c.id, c.channel_id || '-c' || k, 'C' || k, 'secret-consumer-token', 'http://127.0.0.1:9/cb', 'push', 10,
-              '', 'whsec_secret', '', now(), now()
-         FROM broker_channel c, generate_series(0, 1) k""",
+    # channels, producer and consumers come from registry_create (CHANNELS, PRODUCERS, CONSUMERS)
     # messages spread evenly over the last 60 days
     """INSERT INTO broker_message (channel_id, message_id, producer_id, payload, content_type, priority, headers,
                                   status, received_at, dispatched_at)
@@ -132,6 +145,25 @@ GENERATE_SQL = [
 ]
 
 
+def jvm_cpu_seconds() -> float:
+    """CPU seconds used so far by this process's children (the Spark JVM in local mode): a
+    figure that other work on a shared machine changes far less than wall time."""
+    tick, total = os.sysconf("SC_CLK_TCK"), 0
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == os.getpid():
+            total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
 def table_counts() -> dict[str, int]:
     from django.db import connection
 
@@ -149,76 +181,87 @@ def main() -> None:
     parser.add_argument("--master", default=None, help="Spark master (default SPARK_MASTER or local[*])")
     parser.add_argument("--keep", action="store_true", help="keep the bench database and the output")
     parser.add_argument("--generate-only", action="store_true", help="only fill the bench database (kept)")
-    args = parser.parse_args()
+    args = smoke_args_parse(parser, jobs=2000)
     args.keep = args.keep or args.generate_only
 
-    os.environ.setdefault("DJANGO_SECRET_KEY", "bench-only-not-secret")
     os.environ.setdefault("BROKER_LOG_LEVEL", "WARNING")
-    url, admin = database_prepare()
-    os.environ["DATABASE_URL"] = url
-    os.environ["DJANGO_SETTINGS_MODULE"] = "broker.settings"
-    out = ROOT / "bench" / "out" / "pipeline"
+    out = Path(tempfile.mkdtemp(prefix="bench-pipeline-")) if args.smoke else ROOT / "bench" / "out" / "pipeline"
     shutil.rmtree(out, ignore_errors=True)
     results: dict = {"jobs_requested": args.jobs}
-    try:
-        import django
-
-        django.setup()
-        from django.core.management import call_command
-        from django.db import connection
-
-        call_command("migrate", verbosity=0)
-        t = time.monotonic()
-        with connection.cursor() as cur:
-            for sql in GENERATE_SQL:
-                cur.execute(sql, {"messages": args.jobs // 2})
-        counts = table_counts()
-        results["generate_s"] = round(time.monotonic() - t, 1)
-        results["rows"] = counts
-        print(f"generated {counts} in {results['generate_s']}s", flush=True)
-        if args.generate_only:
-            return
-
-        from pipeline.archive import messages_archive
-        from pipeline.report import pipeline_report_build
-        from pipeline.session import spark_session_build
-        from pipeline.timeparse import moment_parse
-
-        t = time.monotonic()
-        spark = spark_session_build(master=args.master)
-        results["spark_start_s"] = round(time.monotonic() - t, 1)
-        print(f"Spark {spark.version} on {spark.sparkContext.master} started in {results['spark_start_s']}s", flush=True)
-
-        t = time.monotonic()
-        report = pipeline_report_build(spark=spark, since=moment_parse("61d"), out_dir=out / "report",
-                                       record_latest=False, progress=lambda m: print("  report:", m, flush=True))
-        results["report_s"] = round(time.monotonic() - t, 1)
-        results["report_with_startup_s"] = round(results["report_s"] + results["spark_start_s"], 1)
-        results["report_jobs"] = report.jobs
-        results["report_jobs_per_s"] = round(report.jobs / results["report_with_startup_s"])
-        results["report_phases_s"] = {k: round(v, 1) for k, v in report.timings.items()}
-        print(f"report: {report.jobs} jobs in {results['report_s']}s "
-              f"({results['report_with_startup_s']}s with Spark start-up)", flush=True)
-
-        t = time.monotonic()
-        archive = messages_archive(spark=spark, out_dir=out / "archive", older_than="30d", dead_older_than="45d",
-                                   progress=lambda m: print("  archive:", m, flush=True))
-        results["archive_s"] = round(time.monotonic() - t, 1)
-        exported = sum(archive.exported.values())
-        results["archive_exported"] = archive.exported
-        results["archive_pruned"] = archive.pruned
-        results["archive_phases_s"] = {k: round(v, 1) for k, v in archive.timings.items()}
-        results["archive_rows_per_s"] = round(exported / results["archive_s"]) if results["archive_s"] else 0
-        print(f"archive: {archive.exported} in {results['archive_s']}s ({results['archive_rows_per_s']} rows/s, "
-              f"export + verify + prune)", flush=True)
-        after = table_counts()
-        assert after["broker_message"] == counts["broker_message"] - archive.pruned["messages"]
-        spark.stop()
-    finally:
-        if not args.keep:
-            database_drop(admin)
-            shutil.rmtree(out, ignore_errors=True)
+    with database_server(smoke=args.smoke) as server_url:
+        url, admin = database_prepare(server_url)
+        try:
+            results.update(run(args, url, out))
+        finally:
+            if not args.keep:
+                database_drop(admin)
+                shutil.rmtree(out, ignore_errors=True)
     print(json.dumps(results, indent=1))
+
+
+def run(args, url: str, out: Path) -> dict:
+    """Generate the rows, then time the report and the archive; returns the figures."""
+    django_setup(url)
+    from django.core.management import call_command
+    from django.db import connection
+
+    results: dict = {}
+    call_command("migrate", verbosity=0)
+    t = time.monotonic()
+    registry_create(channels=CHANNELS, producers=PRODUCERS, consumers=CONSUMERS)
+    with connection.cursor() as cur:
+        for sql in GENERATE_SQL:
+            cur.execute(sql, {"messages": args.jobs // 2})
+    counts = table_counts()
+    results["generate_s"] = round(time.monotonic() - t, 1)
+    results["rows"] = counts
+    print(f"generated {counts} in {results['generate_s']}s", flush=True)
+    if args.generate_only:
+        return results
+
+    from pipeline.archive import messages_archive
+    from pipeline.report import pipeline_report_build
+    from pipeline.session import spark_session_build
+    from pipeline.timeparse import moment_parse
+
+    t = time.monotonic()
+    spark = spark_session_build(master=args.master, conf=SMOKE_SPARK_CONF if args.smoke else None)
+    results["spark_start_s"] = round(time.monotonic() - t, 1)
+    print(f"Spark {spark.version} on {spark.sparkContext.master} started in {results['spark_start_s']}s", flush=True)
+
+    t, cpu = time.monotonic(), jvm_cpu_seconds()
+    results["load_avg_before_report"] = load_average()
+    report = pipeline_report_build(spark=spark, since=moment_parse("61d"), out_dir=out / "report",
+                                   record_latest=False, progress=lambda m: print("  report:", m, flush=True))
+    results["report_s"] = round(time.monotonic() - t, 1)
+    results["report_jvm_cpu_s"] = round(jvm_cpu_seconds() - cpu, 1)
+    results["report_with_startup_s"] = round(results["report_s"] + results["spark_start_s"], 1)
+    results["report_jobs"] = report.jobs
+    results["report_jobs_per_s"] = round(report.jobs / results["report_with_startup_s"])
+    results["report_phases_s"] = {k: round(v, 1) for k, v in report.timings.items()}
+    print(f"report: {report.jobs} jobs in {results['report_s']}s "
+          f"({results['report_with_startup_s']}s with Spark start-up; JVM CPU {results['report_jvm_cpu_s']}s; "
+          f"load average before {results['load_avg_before_report']})", flush=True)
+    assert report.jobs == counts["jobs_job"], (report.jobs, counts)  # every job is inside the 61 days
+
+    t, cpu = time.monotonic(), jvm_cpu_seconds()
+    archive = messages_archive(spark=spark, out_dir=out / "archive", older_than="30d", dead_older_than="45d",
+                               progress=lambda m: print("  archive:", m, flush=True))
+    results["archive_s"] = round(time.monotonic() - t, 1)
+    results["archive_jvm_cpu_s"] = round(jvm_cpu_seconds() - cpu, 1)
+    exported = sum(archive.exported.values())
+    results["archive_exported"] = archive.exported
+    results["archive_pruned"] = archive.pruned
+    results["archive_phases_s"] = {k: round(v, 1) for k, v in archive.timings.items()}
+    results["archive_rows_per_s"] = round(exported / results["archive_s"]) if results["archive_s"] else 0
+    print(f"archive: {archive.exported} in {results['archive_s']}s ({results['archive_rows_per_s']} rows/s, "
+          f"export + verify + prune; JVM CPU {results['archive_jvm_cpu_s']}s; load average after {load_average()})",
+          flush=True)
+    after = table_counts()
+    assert archive.pruned["messages"] > 0, archive.pruned  # messages are spread over 60 days
+    assert after["broker_message"] == counts["broker_message"] - archive.pruned["messages"]
+    spark.stop()
+    return results
 
 
 if __name__ == "__main__":

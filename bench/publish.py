@@ -26,8 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import psycopg  # noqa: E402
 import requests  # noqa: E402
 
-from bench.common import ADMIN, base_env, broker_database, build_request, manage, run_load, start_gunicorn  # noqa: E402
+from bench.common import (  # noqa: E402
+    ADMIN, base_env, broker_database, build_request, manage, run_load, smoke_args_parse, start_gunicorn,
+)
 
+SMOKE_TABLE = r"^case +HTTP msg/s +raw psycopg msg/s +ratio$(?s:.*)^batch of 1000, 5 consumer\(s\) +\d+ +\d+ +[\d.]+$"
 PAYLOAD = json.dumps({"event": "order.created", "id": 12345, "items": [1, 2, 3], "note": "x" * 200}).encode()
 
 
@@ -124,7 +127,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=40)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--workers", type=int, default=2)
-    args = parser.parse_args()
+    args = smoke_args_parse(parser, messages=200, batches=2, concurrency=4)
     with broker_database() as database_url:
         env = base_env(database_url)
         manage(env, "migrate", "--verbosity", "0")
@@ -132,7 +135,7 @@ def main() -> None:
         try:
             setup(server.url, "bench-1", 1)
             setup(server.url, "bench-5", 5)
-            single(server.url, "bench-1", 500, args.concurrency)  # warm-up
+            single(server.url, "bench-1", min(500, args.messages), args.concurrency)  # warm-up
             rows = []
             for channel, n in (("bench-1", 1), ("bench-5", 5)):
                 http = single(server.url, channel, args.messages, args.concurrency)

@@ -7,6 +7,8 @@ For a backlog of 200,000 jobs per consumer, prints jobs/s through
   2. the fast path: POST pull (batch 100) + POST ack (100 outcomes), 4 concurrent clients,
   3. the raw PostgreSQL limit in the same run: the same claim (SKIP LOCKED, batch 100, returning
      the payloads) and ack straight through psycopg, 4 client processes, no HTTP,
+  4. the Python client (client/): broker_client's consume() with batch 100, 4 processes (target:
+     >= 80% of the fast path in the same run),
 and the ratios. Targets on the 2-core machine: fast path >= 1/3 of the raw limit, spec path >= 500/s.
 
     python bench/pull.py [--backlog 200000] [--clients 4] [--batch 100] [--spec-seconds 10] [--seconds 60]
@@ -23,6 +25,7 @@ import multiprocessing
 import os
 import random
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -34,9 +37,11 @@ import requests  # noqa: E402
 from bench.common import (  # noqa: E402
     ADMIN, _read_response, base_env, broker_database, build_request, manage, start_gunicorn,
 )
+from bench.common import smoke_args_parse  # noqa: E402
 
 PAYLOAD = json.dumps({"event": "order.created", "id": 12345, "items": [1, 2, 3], "note": "x" * 200}).encode()
-CONSUMERS = ("spec", "fast", "raw")
+CONSUMERS = ("spec", "fast", "raw", "client")
+SMOKE_TABLE = r"^path +jobs/s +vs raw .*\n^spec: .*\n^spec: .*\n^fast: .*\n^raw SQL .*\n^client: .*\n^targets: "
 
 
 def setup(url: str) -> None:
@@ -228,6 +233,46 @@ def run_http(make_clients, seconds: float) -> tuple[float, dict]:
     return counts["jobs"] / elapsed, counts
 
 
+# --- the Python client (client/, broker_client): consume() with batch 100, one process per client ---------
+
+def _client_worker(url: str, batch: int, stop_at: float, out) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "client"))  # when not pip-installed
+    from broker_client import PullConsumer
+
+    consumer = PullConsumer(url, "bench", "client", "ct", "t")
+    done, last = [0], [time.time()]
+
+    def handler(job) -> None:
+        done[0] += 1
+        last[0] = time.time()
+
+    def watch() -> None:  # stop at the cap, or once the backlog is gone (no job for 3 s)
+        while time.time() < stop_at and time.time() - last[0] < 3.0:
+            time.sleep(0.05)
+        consumer.stop()
+
+    start = time.time()
+    threading.Thread(target=watch, daemon=True).start()
+    consumer.consume(handler, batch=batch, expires=1, signals=())
+    out.put((done[0], start, last[0]))
+
+
+def run_client(url: str, clients: int, batch: int, seconds: float) -> tuple[float, int]:
+    """consume() in ``clients`` processes; jobs/s from the first start to the last handled job."""
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    stop_at = time.time() + seconds
+    procs = [ctx.Process(target=_client_worker, args=(url, batch, stop_at, out)) for _ in range(clients)]
+    for p in procs:
+        p.start()
+    results = [out.get() for _ in procs]
+    for p in procs:
+        p.join()
+    total = sum(r[0] for r in results)
+    elapsed = max(r[2] for r in results) - min(r[1] for r in results)
+    return total / max(elapsed, 1e-9), total
+
+
 # --- the raw limit: the same claim and ack straight in SQL ---------------------------------------------
 
 RAW_CLAIM = """
@@ -286,7 +331,8 @@ def main() -> None:
     parser.add_argument("--spec-clients", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=60.0, help="cap per fast/raw phase")
     parser.add_argument("--workers", type=int, default=2)
-    args = parser.parse_args()
+    # --smoke: fast and raw end when the tiny backlog is drained; 15 s only covers slow process start-up
+    args = smoke_args_parse(parser, backlog=400, clients=2, spec_seconds=1.0, spec_clients=2, seconds=15.0)
     load_before = " ".join(f"{x:.1f}" for x in os.getloadavg())
     with broker_database() as database_url:
         env = base_env(database_url)
@@ -312,6 +358,10 @@ def main() -> None:
                                                           for _ in range(args.clients)], args.seconds)
             with psycopg.connect(database_url, autocommit=True) as conn:
                 vacuum(conn)
+            with Cpu(web_pid, db_pid) as cpuc:
+                client, client_jobs = run_client(url, args.clients, args.batch, args.seconds)
+            with psycopg.connect(database_url, autocommit=True) as conn:
+                vacuum(conn)
             with Cpu(None, db_pid) as cpur:
                 raw, raw_jobs = run_raw(database_url, args.clients, args.batch, args.seconds)
         finally:
@@ -325,6 +375,8 @@ def main() -> None:
          f", {cn['lost']} lost claim races"),
         (f"fast: pull + ack, batch {args.batch}, {args.clients} clients", fast, cpuf, cf["jobs"], ""),
         (f"raw SQL claim + ack (SKIP LOCKED), batch {args.batch}, {args.clients} clients", raw, cpur, raw_jobs, ""),
+        (f"client: broker_client consume(), batch {args.batch}, {args.clients} processes", client, cpuc, client_jobs,
+         f", {client / fast:.2f} of fast, target >= 0.80: {'met' if client >= 0.8 * fast else 'NOT met'}"),
     ]
     for name, rate, cpu, jobs, extra in rows:
         print(f"{name:66} {rate:8.0f} {rate / raw:7.3f}   {cpu.per_job(jobs)}  ({jobs} jobs{extra})")

@@ -41,6 +41,8 @@ import requests
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench.common import smoke_args_parse, smoke_problems_exit  # noqa: E402
+
 ADMIN = "bench-admin-token"
 # The last commit whose jobs/push/http.py parsed answers by hand (for --compare-clients).
 LEGACY_CLIENT_REF = "7fe865567c7a6e99f85b726df0e3722068d9daae"
@@ -70,6 +72,7 @@ if log:
 from django.core.management import execute_from_command_line
 execute_from_command_line(["manage.py", "qcluster"])
 """
+SMOKE_TABLE = r"^throughput +\d+ consumer\(s\): \d+/\d+ deliveries .*\n(?s:.*)^latency +\d+ consumer\(s\) at .* p50 .* ms"
 
 
 # --- receiver (own process) ---------------------------------------------------------------------
@@ -544,7 +547,8 @@ def main() -> None:
                         help="with --compare-clients: POSTs per client-alone sample")
     parser.add_argument("--client-concurrency", type=int, default=32,
                         help="with --compare-clients: client-alone POSTs in flight")
-    args = parser.parse_args()
+    args = smoke_args_parse(parser, messages=200, rate=20.0, seconds=2.0)
+    problems = []  # counted failures, fatal in --smoke
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-push-"))
     receiver = Receiver()
@@ -560,12 +564,18 @@ def main() -> None:
             result = throughput(broker, receiver, consumers=consumers, messages=args.messages,
                                 max_in_flight=args.max_in_flight)
             print_throughput(result)
+            if result["deliveries"] < result["expected"] or result["deliveries"] == 0:
+                problems.append(f"throughput {consumers}: {result['deliveries']}/{result['expected']} deliveries")
         result = latency(broker, receiver, rate=args.rate, seconds=args.seconds, consumers=args.latency_consumers,
                          max_in_flight=args.max_in_flight)
         print_latency(result)
+        if result["errors"] or result["deliveries"] < result["published"] * result["consumers"]:
+            problems.append(f"latency: {result['errors']} publish errors, {result['deliveries']} callbacks")
     finally:
         broker.stop()
         receiver.stop()
+    if args.smoke:
+        smoke_problems_exit(problems=problems)
 
 
 if __name__ == "__main__":

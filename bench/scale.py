@@ -39,10 +39,14 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import ADMIN, base_env, broker_database, build_request, manage, run_load, start_gunicorn  # noqa: E402
+from bench.common import (  # noqa: E402
+    ADMIN, base_env, broker_database, build_request, manage, run_load, smoke_args_parse, smoke_problems_exit,
+    start_gunicorn,
+)
 from bench.push import Receiver  # noqa: E402
 
 PAYLOAD = json.dumps({"event": "order.created", "id": 12345, "note": "x" * 200}).encode()
+SMOKE_TABLE = r"^\d pair\(s\): publish [\d,]+ msg/s .* push [\d,]+ deliveries/s .*; load average [\d.]+$"
 HEADERS = {"X-Broker-Channel-Token": "ct", "X-Broker-Producer-ID": "scale", "X-Broker-Producer-Token": "pt",
            "Content-Type": "application/json"}
 
@@ -134,7 +138,8 @@ def main() -> None:
     parser.add_argument("--consumers", type=int, default=2, help="push consumers on the channel")
     parser.add_argument("--max-in-flight", type=int, default=100, help="push consumers' maxInFlight")
     parser.add_argument("--web-workers", type=int, default=1, help="gunicorn workers per pair")
-    args = parser.parse_args()
+    args = smoke_args_parse(parser, pairs="2", messages=200, concurrency=4)
+    problems = []  # counted failures, fatal in --smoke
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-scale-"))
     receiver = Receiver()
@@ -162,8 +167,13 @@ def main() -> None:
                       f"push {result['push_per_s']:,.0f} deliveries/s "
                       f"(x{result['push_per_s'] / base['push_per_s']:.2f}; {result['deliveries']}/{result['expected']}); "
                       f"load average {os.getloadavg()[0]:.1f}", flush=True)
+                if set(result["statuses"]) != {201} or not 0 < result["deliveries"] == result["expected"]:
+                    problems.append(f"{pairs} pair(s): publish statuses {result['statuses']}, "
+                                    f"{result['deliveries']}/{result['expected']} deliveries")
     finally:
         receiver.stop()
+    if args.smoke:
+        smoke_problems_exit(problems=problems)
 
 
 if __name__ == "__main__":

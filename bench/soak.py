@@ -35,8 +35,10 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.common import smoke_args_parse, smoke_problems_exit  # noqa: E402
 from bench.push import PUBLISH_HEADERS, Broker, Receiver  # noqa: E402
 
+SMOKE_TABLE = r"^t= +\d+s publish .* push .* pull .* \| latency ms push .* \| RSS MB web .*\n(?s:.*)^verdict: RSS growth "
 HISTORY = ["jobs_jobtransition", "jobs_deliveryattempt", "broker_counterdelta", "jobs_job", "broker_message"]
 
 
@@ -129,6 +131,7 @@ class Load:
         self.published = 0
         self.publish_errors = 0
         self.pulled = 0
+        self.pull_errors = 0  # failed pull or ack requests
         self.pull_latencies: list[float] = []
         self.local = threading.local()
 
@@ -174,14 +177,22 @@ class Load:
                 r = session.post(f"{base}/pull", data=body, headers=headers, timeout=30)
                 jobs = r.json()["Result"] if r.status_code == 200 else []
                 now = time.time()
+                if r.status_code != 200:
+                    with self.lock:
+                        self.pull_errors += 1
                 if not jobs:
                     continue
                 ack = {"Jobs": [{"ID": j["ID"], "NextState": "DELIVERED"} for j in jobs]}
-                session.post(f"{base}/ack", data=json.dumps(ack), headers=headers, timeout=30)
+                r = session.post(f"{base}/ack", data=json.dumps(ack), headers=headers, timeout=30)
+                if r.status_code != 200:
+                    with self.lock:
+                        self.pull_errors += 1
                 with self.lock:
                     self.pulled += len(jobs)
                     self.pull_latencies += [now - json.loads(j["Message"]["Payload"])["t"] for j in jobs]
             except (requests.RequestException, ValueError, KeyError):
+                with self.lock:
+                    self.pull_errors += 1
                 time.sleep(0.2)
 
 
@@ -194,7 +205,7 @@ def main() -> None:
     parser.add_argument("--max-in-flight", type=int, default=None, help="push consumer's maxInFlight")
     parser.add_argument("--web-workers", type=int, default=2)
     parser.add_argument("--no-fsync", action="store_true", help="embedded server with fsync off")
-    args = parser.parse_args()
+    args = smoke_args_parse(parser, seconds=3.0, rate=20.0, every=1.0)
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-soak-"))
     receiver = Receiver()
@@ -262,11 +273,18 @@ def main() -> None:
                   + " (pruned by the archive job, not during a soak)", flush=True)
         else:
             print("verdict: too short for a verdict (needs 3 reports)")
+        count = receiver.ask("count")
+        problems = [f"{n} {what}" for n, what in ((load.publish_errors, "failed publishes"),
+                                                  (load.pull_errors, "failed pull/ack requests")) if n]
+        problems += [f"no {what}" for n, what in ((load.published, "publish"), (count, "push delivery"),
+                                                  (load.pulled, "pulled job")) if not n]
     finally:
         if load is not None:
             load.stop.set()
         broker.stop()
         receiver.stop()
+    if args.smoke:
+        smoke_problems_exit(problems=problems)
 
 
 if __name__ == "__main__":
