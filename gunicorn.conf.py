@@ -5,7 +5,9 @@ database connection, while the other threads keep serving, so long polls never s
 other requests. Tune with BROKER_WEB_WORKERS / BROKER_WEB_THREADS / BROKER_BIND.
 """
 
+import hashlib
 import os
+import re
 
 bind = os.environ.get("BROKER_BIND", "127.0.0.1:8080")
 workers = int(os.environ.get("BROKER_WEB_WORKERS", "2"))
@@ -19,6 +21,31 @@ accesslog = os.environ.get("BROKER_ACCESS_LOG") or None
 errorlog = "-"
 loglevel = os.environ.get("BROKER_LOG_LEVEL", "info").lower()
 proc_name = "broker-web"
+
+
+def _control_socket() -> str | None:
+    """gunicorn (25.1+) opens a control socket for ``gunicornc``, by default one path per user
+    ($XDG_RUNTIME_DIR or ~/.gunicorn/gunicorn.ctl), so two brokers on one host delete each
+    other's. Each instance gets its own, named for its bind address, under BROKER_DATA_DIR;
+    BROKER_GUNICORN_CONTROL_SOCKET sets another path, or "off" turns it off (None)."""
+    value = os.environ.get("BROKER_GUNICORN_CONTROL_SOCKET", "").strip()
+    if value.lower() in ("off", "none", "false", "0"):
+        return None
+    if value:
+        return value
+    data = os.environ.get("BROKER_DATA_DIR") or os.path.join(os.path.dirname(os.path.abspath(__file__)), ".data")
+    name = re.sub(r"[^A-Za-z0-9.]+", "-", bind).strip("-")
+    path = os.path.join(os.path.abspath(data), "run", f"gunicorn-{name}.ctl")
+    if len(path.encode()) > 100:  # AF_UNIX paths end at 107 bytes: a shorter, hashed name
+        path = os.path.join(os.path.abspath(data), "run", f"gunicorn-{hashlib.sha1(bind.encode()).hexdigest()[:12]}.ctl")
+    return path if len(path.encode()) <= 100 else None
+
+
+_CONTROL_SOCKET = _control_socket()
+if _CONTROL_SOCKET:
+    control_socket = _CONTROL_SOCKET
+else:
+    control_socket_disable = True
 
 
 def on_starting(server):

@@ -107,6 +107,7 @@ def render_times() -> None:
     from django.test import Client
 
     from broker.dashboard import dashboard_snapshot
+    from broker.xid import job_xid
     from consumers.models import Consumer
     from jobs.models import Job
 
@@ -123,7 +124,7 @@ def render_times() -> None:
         "one consumer's dead jobs": f"/admin/jobs/job/?status__exact=1004&consumer={consumer.pk}",
         "/admin/jobs/job/ (all)": "/admin/jobs/job/",
         "/admin/consumers/consumer/": "/admin/consumers/consumer/",
-        "a dead job's page": f"/admin/jobs/job/{job.pk}/change/",
+        "a dead job's page": f"/admin/jobs/job/{job_xid(job.pk)}/change/",  # addressed by its job ID
     }
     for label, url_ in pages.items():
         times = []

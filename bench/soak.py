@@ -215,7 +215,7 @@ def main() -> None:
         channel, _ = broker.setup_channel(1, receiver.port, args.max_in_flight)
         r = broker.session.put(f"{broker.url}/channel/{channel}/consumer/puller",
                                data={"token": "pull-token", "type": "pull"})
-        assert r.status_code == 201, r.text
+        assert r.status_code == 200, r.text
         time.sleep(2.0)  # dispatcher loops start
         receiver.ask("reset")
         postmaster = postmaster_pid(broker)

@@ -260,12 +260,13 @@ class MessageAdmin(PayloadSizeMixin, LargeTableAdmin):
 
     @admin.display(description="jobs")
     def jobs_table(self, obj):
-        from jobs.admin import status_badge
+        from broker.xid import job_xid
+        from jobs.admin import job_admin_url, status_badge
         from jobs.models import Job
 
         jobs = Job.objects.filter(message_id=obj.pk).select_related("consumer").order_by("consumer__consumer_id")[:500]
         return table(["job", "consumer", "status", "retries", "status changed"],
-                     [[format_html('<a href="{}">{}</a>', admin_url(j), j.pk), j.consumer.consumer_id,
+                     [[format_html('<a href="{}">{}</a>', job_admin_url(j.pk), job_xid(j.pk)), j.consumer.consumer_id,
                        status_badge(j.status), j.retry_count, f"{j.status_changed_at:%Y-%m-%d %H:%M:%S}"]
                       for j in jobs], empty="No jobs (no consumer, or not dispatched yet).")
 

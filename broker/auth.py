@@ -38,3 +38,22 @@ def require_admin(request) -> None:
     if request.headers.get(ADMIN_HEADER) is None:
         raise ApiError(401, "unauthorized", f"{ADMIN_HEADER} header is required")
     raise ApiError(403, "forbidden", "admin token does not match")
+
+
+def registry_allowed(request) -> bool:
+    """May this request use the registry (producers, channels, consumers; /dlq-status and
+    /job-status)? The admin token or a staff session; with HMAC request signing on, a validly
+    signed request too (webhook-broker's model: under ``[gateway-auth] mode=hmac`` the signature
+    is the credential, so such a deployment switches without client changes); and anyone when
+    ``BROKER_REGISTRY_AUTH=open`` (an authenticating gateway in front)."""
+    if settings.BROKER_REGISTRY_AUTH == "open":
+        return True
+    if getattr(request, "broker_signed", False):  # set by broker.middleware after verifying it
+        return True
+    return is_admin(request)
+
+
+def require_registry(request) -> None:
+    """As ``require_admin`` (401 without credentials, 403 with wrong ones), for the registry."""
+    if not registry_allowed(request):
+        require_admin(request)

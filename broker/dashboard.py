@@ -26,6 +26,7 @@ from broker.counters import JOB, MESSAGE, REDELIVERED, counts_for
 from jobs.state import DEAD, DELIVERED, INFLIGHT, QUEUED
 
 MINUTES = 60  # the charts' window
+RATE_MINUTES = 5  # the "delivered / min" figures: the charts' last five bars
 SCHEDULED_SCOPE = 3  # broker_counter scope of scheduled messages (broker/migrations/0002)
 SCHEDULED = 101
 
@@ -78,6 +79,13 @@ class Series:
         end = MINUTES - 1 if complete else MINUTES
         return sum(values[end - minutes:end])
 
+    def per_minute(self, name: str, minutes: int, elapsed: float) -> float:
+        """``name`` per minute over the chart's last ``minutes`` bars, the current (partial) one
+        included: their sum over the time they cover (``elapsed``: seconds into the current
+        minute). The figure and the chart read the same bars, so a delivery drawn in the chart is
+        never missing from the figure."""
+        return self.last(name, minutes) / (minutes - 1 + min(max(elapsed, 1.0), 60.0) / 60.0)
+
     def backlog(self, now_value: int) -> list[int]:
         """Queued + in-flight jobs at the end of each minute, rebuilt backwards from the current
         value: each minute adds its created and requeued jobs and removes the delivered and dead."""
@@ -101,6 +109,7 @@ class ConsumerStats:
     pin_changes: int = 0  # priority-group pins taken in the last hour
     series: Series = field(default_factory=Series)
     alerts: list[Alert] = field(default_factory=list)
+    minute_elapsed: float = 60.0  # seconds into the current minute (database clock)
 
     @property
     def backlog_now(self) -> int:
@@ -108,8 +117,8 @@ class ConsumerStats:
 
     @property
     def delivered_per_minute(self) -> float:
-        """Average over the last five complete minutes."""
-        return self.series.last("delivered", 5, complete=True) / 5
+        """Deliveries per minute over the chart's last RATE_MINUTES bars (``Series.per_minute``)."""
+        return self.series.per_minute("delivered", RATE_MINUTES, self.minute_elapsed)
 
     @property
     def attempts_hour(self) -> int:
@@ -340,6 +349,7 @@ def dashboard_snapshot(*, channel_pks: list[int] | None = None) -> Dashboard:
     channels = {ch.pk: ChannelStats(channel=ch) for ch in channels_qs}
     consumers = list(consumers_qs)
     pks = [c.pk for c in consumers]
+    now = db_now()
 
     job_counts = counts_for(scope=JOB, owner_ids=pks)
     series = minute_series(consumer_pks=pks)
@@ -356,6 +366,7 @@ def dashboard_snapshot(*, channel_pks: list[int] | None = None) -> Dashboard:
             delivered=counts.get(DELIVERED, 0), dead=counts.get(DEAD, 0),
             redelivered=counts.get(REDELIVERED, 0), oldest_queued_age=oldest.get(consumer.pk),
             pin_changes=pins.get(consumer.pk, 0), series=series.get(consumer.pk) or Series(),
+            minute_elapsed=now.second + now.microsecond / 1e6,
         )
         for rule in ALERT_RULES:
             for alert in rule(stats):
@@ -379,7 +390,7 @@ def dashboard_snapshot(*, channel_pks: list[int] | None = None) -> Dashboard:
     for channel in channels.values():
         alerts.extend(channel.alerts)
     alerts.sort(key=lambda a: a.level != "error")
-    return Dashboard(now=db_now(), channels=list(channels.values()), alerts=alerts, series=total,
+    return Dashboard(now=now, channels=list(channels.values()), alerts=alerts, series=total,
                      overdue_inflight=overdue)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from datetime import datetime, timezone
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
@@ -28,3 +29,15 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str)
+
+
+class QuietTaskHeartbeat(logging.Filter):
+    """Drops django-q2's INFO lines about single task runs (enqueued, created from a schedule,
+    processing, processed): the broker's schedules run tasks every second, which buried the
+    console. Its banner, worker start and stop lines, warnings and failures pass. Installed on
+    the ``django-q`` logger unless ``BROKER_Q_TASK_LOG`` is on (broker/settings.py)."""
+
+    PER_TASK = re.compile(r"^Enqueued \[|^Processed '| processing .* '| created task .* from schedule \[")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno != logging.INFO or not self.PER_TASK.search(record.getMessage())

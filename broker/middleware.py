@@ -3,7 +3,9 @@
 With ``BROKER_HMAC_SECRET`` (base64) set, every request outside ``BROKER_HMAC_EXEMPT_PATHS`` must
 carry ``X-Broker-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<raw body>")>``:
 missing or malformed 401, timestamp outside ``BROKER_HMAC_TOLERANCE`` seconds 403, wrong signature
-403 (constant-time compare). Per-object tokens are still checked after it.
+403 (constant-time compare). Per-object tokens are still checked after it; a verified request is
+marked (``request.broker_signed``) so the registry endpoints accept it without the admin token
+(``broker.auth.registry_allowed``), as webhook-broker's gateway auth does.
 """
 
 from __future__ import annotations
@@ -12,11 +14,13 @@ import base64
 import binascii
 import hashlib
 import hmac
+import logging
 import time
 
 from django.conf import settings
 from django.http import JsonResponse
 
+logger = logging.getLogger("broker.auth")
 
 def _error(status: int, code: str, detail: str) -> JsonResponse:
     return JsonResponse({"error": code, "detail": detail}, status=status)
@@ -46,6 +50,11 @@ def signature_make(secret: bytes, timestamp: int, body: bytes) -> str:
 class HmacSignatureMiddleware:
     def __init__(self, get_response):
         self.get_response = get_response
+        # Built once per web process when it loads its middleware: the start-up warning.
+        if settings.BROKER_REGISTRY_AUTH == "open":
+            logger.warning("BROKER_REGISTRY_AUTH=open: the registry endpoints (producers, channels, consumers, "
+                           "/dlq-status, /job-status) accept requests without credentials; only run this "
+                           "behind a gateway that authenticates every request")
 
     def __call__(self, request):
         secret_b64 = settings.BROKER_HMAC_SECRET
@@ -65,4 +74,5 @@ class HmacSignatureMiddleware:
         expected = signature_make(secret, timestamp, request.body)
         if not any(hmac.compare_digest(expected, s) for s in signatures):
             return _error(403, "signature_mismatch", "signature does not match")
+        request.broker_signed = True
         return self.get_response(request)

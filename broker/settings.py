@@ -264,6 +264,12 @@ BROKER_HMAC_TOLERANCE = env_float("BROKER_HMAC_TOLERANCE", 300.0)
 BROKER_HMAC_EXEMPT_PATHS = [p.strip() for p in env_str(
     "BROKER_HMAC_EXEMPT_PATHS", "/_status,/metrics,/admin/,/static/,/api/schema/,/api/docs/,/api/redoc/"
 ).split(",") if p.strip()]
+# Who may use the registry (producers, channels, consumers; /dlq-status, /job-status): "token" = the
+# admin token, a staff session, or with BROKER_HMAC_SECRET a validly signed request (webhook-broker's
+# gateway model); "open" = anyone, for deployments behind an authenticating gateway (broker.auth).
+BROKER_REGISTRY_AUTH = env_str("BROKER_REGISTRY_AUTH", "token").strip().lower() or "token"
+if BROKER_REGISTRY_AUTH not in ("token", "open"):
+    raise ImproperlyConfigured(f"BROKER_REGISTRY_AUTH must be token or open, got {BROKER_REGISTRY_AUTH!r}")
 
 # --- django-q2 ----------------------------------------------------------------------------------
 Q_CLUSTER = {
@@ -301,7 +307,11 @@ LOGGING = {
     "handlers": {"stderr": {"class": "logging.StreamHandler",
                             "formatter": env_str("BROKER_LOG_FORMAT", "plain" if DEBUG or TESTING else "json")}},
     "root": {"handlers": ["stderr"], "level": env_str("BROKER_LOG_LEVEL", "INFO")},
+    # django-q2 logs an INFO line per task run (several a second with the broker's schedules):
+    # dropped unless BROKER_Q_TASK_LOG; its banner, warnings and failures stay (broker.logs).
+    "filters": {"q_task_heartbeat": {"()": "broker.logs.QuietTaskHeartbeat"}},
     "loggers": {
+        "django-q": {"filters": [] if env_bool("BROKER_Q_TASK_LOG", False) else ["q_task_heartbeat"]},
         "django.db.backends": {"level": "WARNING"},
         # 4xx answers are normal traffic for a broker (lost claim races, duplicates): not warnings.
         "django.request": {"level": "ERROR"},

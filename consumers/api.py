@@ -14,7 +14,7 @@ from broker.api.views import (
     ADMIN_PARAM, CHANNEL_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, PRECONDITION, channel_or_404, form_value,
     with_last_modified,
 )
-from broker.auth import is_admin, require_admin, tokens_equal
+from broker.auth import is_admin, registry_allowed, require_admin, require_registry, tokens_equal
 from broker.services.registry import Precondition
 from consumers import groups, services
 from consumers.models import Consumer
@@ -142,7 +142,7 @@ class ConsumerListView(APIView):
     @extend_schema(summary="List the consumers of a channel", parameters=[ADMIN_PARAM, *PAGE_PARAMS],
                    responses={200: LIST, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR})
     def get(self, request, channel_id: str):
-        require_admin(request)
+        require_registry(request)
         channel = channel_or_404(channel_id)
         return Response(paginate(request, Consumer.objects.filter(channel=channel),
                                  path=f"/channel/{channel_id}/consumers",
@@ -175,7 +175,7 @@ class ConsumerView(APIView):
     def get(self, request, channel_id: str, consumer_id: str):
         channel = channel_or_404(channel_id)
         consumer = consumer_or_404(channel, consumer_id)
-        admin = require_consumer_or_admin(request, channel, consumer)
+        admin = registry_allowed(request) or require_consumer_or_admin(request, channel, consumer)
         body = consumer_repr(consumer, show_secret=admin)
         if not admin:
             body.pop("Token", None)
@@ -198,10 +198,10 @@ class ConsumerView(APIView):
                     "priorityTimeout (seconds, pinned_client default 120; the only priority field that may "
                     "change later).",
         parameters=[ADMIN_PARAM, PRECONDITION], request=OpenApiTypes.OBJECT,
-        responses={200: OBJ, 201: OBJ, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 412: ERROR, 415: ERROR},
+        responses={200: OBJ, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 412: ERROR, 415: ERROR},
     )
     def put(self, request, channel_id: str, consumer_id: str):
-        require_admin(request)
+        require_registry(request)
         channel = channel_or_404(channel_id)
         consumer_type = services.consumer_type_parse(form_value(request, "type"))
         fields = consumer_settings_parse(request)
@@ -209,19 +209,19 @@ class ConsumerView(APIView):
         fields.update(groups.priority_config_parse(
             request.data, existing=existing,
             consumer_type=consumer_type or (existing.type if existing else Consumer.Type.PUSH)))
-        consumer, created = services.consumer_upsert(
+        consumer, _created = services.consumer_upsert(
             channel=channel, consumer_id=consumer_id, name=form_value(request, "name"),
             token=form_value(request, "token"), callback_url=form_value(request, "callbackUrl"),
             type=consumer_type, settings=fields,
             precondition=Precondition(request.headers.get("If-Unmodified-Since")),
         )
         consumer.channel = channel
-        return with_last_modified(consumer_repr(consumer, show_secret=True), consumer, 201 if created else 200)
+        return with_last_modified(consumer_repr(consumer, show_secret=True), consumer)  # 200 on create too
 
     @extend_schema(summary="Delete a consumer and its jobs", parameters=[ADMIN_PARAM, PRECONDITION],
                    responses={204: None, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 412: ERROR})
     def delete(self, request, channel_id: str, consumer_id: str):
-        require_admin(request)
+        require_registry(request)
         channel = channel_or_404(channel_id)
         consumer = consumer_or_404(channel, consumer_id)
         services.consumer_delete(consumer=consumer,

@@ -140,6 +140,7 @@ class Advisory(models.Model):
     created_at = models.DateTimeField()
 
     class Meta:
+        verbose_name_plural = "advisories"
         indexes = [models.Index(fields=["consumer_pk", "id"], name="advisory_consumer")]
 
     def __str__(self) -> str:

@@ -20,6 +20,8 @@ from django.db import connection
 from broker.api.errors import ApiError
 from broker.auth import tokens_equal
 from broker.counters import JOB, REDELIVERED, counts_for
+from broker import xid
+from broker.xid import job_xid
 from jobs import state
 from jobs.state import DEAD, DELIVERED, INFLIGHT, QUEUED
 from jobs.wakeup import wakeups
@@ -57,10 +59,9 @@ class PullContext:
 
 
 def job_id_parse(raw: str) -> int | None:
-    """Job ids in URLs are the job's integer id; anything else names no job (404)."""
-    if not raw or not raw.isascii() or not raw.isdigit() or len(raw) > 18:
-        return None
-    return int(raw)
+    """Job IDs are xid strings (``broker.xid``, decoded without the database); anything else,
+    an integer string too, names no job (404, or a per-job not_found in an ack)."""
+    return xid.job_pk(raw)
 
 
 _AUTH_SQL = """
@@ -148,7 +149,7 @@ def rfc3339(value) -> str | None:
 
 def claimed_repr(job: state.ClaimedJob) -> dict:
     body = {
-        "ID": str(job.id),
+        "ID": job_xid(job.id),
         "Priority": job.priority,
         "IncrementalTimeout": seconds_repr(job.incremental_timeout),
         "Attempt": job.retry_count + 1,
@@ -212,7 +213,7 @@ def queued_jobs_list(*, ctx: PullContext, limit: int) -> list[dict]:
     rows = state.prepared_fetchall(_QUEUED_SQL, {"consumer": ctx.consumer_pk, "queued": QUEUED, "limit": limit})
     result = []
     for r in rows:
-        result.append({"ID": str(r[0]), "Priority": r[1], "IncrementalTimeout": seconds_repr(r[2]),
+        result.append({"ID": job_xid(r[0]), "Priority": r[1], "IncrementalTimeout": seconds_repr(r[2]),
                        "Message": message_repr(r[3], bytes(r[4]), r[5], r[6])})
     return result
 
@@ -292,7 +293,7 @@ def job_detail(*, ctx: PullContext) -> dict:
     base = f"/channel/{ctx.channel_id}/consumer/{ctx.consumer_id}"
     status = row[1]
     return {
-        "ID": str(row[0]),
+        "ID": job_xid(row[0]),
         "Status": STATUS_NAMES.get(status, str(status)),
         "ListenerEndpoint": row[10],
         "ListenerName": row[11],
@@ -301,7 +302,7 @@ def job_detail(*, ctx: PullContext) -> dict:
         "ChannelURL": f"/channel/{ctx.channel_id}",
         "ConsumerURL": base,
         "ProducerURL": f"/producer/{row[9]}",
-        "JobRequeueURL": f"{base}/job/{row[0]}/requeue-dead-job" if status == DEAD else "",
+        "JobRequeueURL": f"{base}/job/{job_xid(row[0])}/requeue-dead-job" if status == DEAD else "",
         "RetryCount": row[2],
         "Priority": row[3],
         "IncrementalTimeout": seconds_repr(row[4]),
@@ -634,7 +635,7 @@ def job_progress(*, ctx: PullContext, incremental_timeout: float | None) -> dict
     if ctx.job[0] not in extended:
         raise ApiError(409, "job_not_inflight", "job is not INFLIGHT")
     deadline, retry = extended[ctx.job[0]]
-    return {"ID": str(ctx.job[0]), "Status": "INFLIGHT", "Deadline": rfc3339(deadline), "RetryCount": retry}
+    return {"ID": job_xid(ctx.job[0]), "Status": "INFLIGHT", "Deadline": rfc3339(deadline), "RetryCount": retry}
 
 
 # --- statistics --------------------------------------------------------------------------------------

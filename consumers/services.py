@@ -61,7 +61,7 @@ def consumer_type_parse(value: str | None) -> str | None:
 def consumer_upsert(*, channel, consumer_id: str, name: str | None, token: str | None,
                     callback_url: str | None, type: str | None, settings: dict,
                     precondition: Precondition) -> tuple[Consumer, bool]:
-    """PUT semantics: create (201) or update under If-Unmodified-Since (200).
+    """PUT semantics: create, or update under If-Unmodified-Since (both answered 200).
 
     ``settings`` holds already-validated model fields (max_in_flight, signing_secret, ...).
     A push consumer needs an absolute callback URL; a pull consumer needs none.

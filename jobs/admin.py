@@ -14,6 +14,7 @@ from collections import defaultdict
 from datetime import timedelta
 
 from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db.models import BooleanField, DateTimeField, DurationField, ExpressionWrapper, F, Q
 from django.db.models.functions import Now
@@ -26,6 +27,7 @@ from django.utils.text import Truncator
 from broker.admin_helpers import ChannelFilter, LargeTableAdmin, admin_url, json_block, payload_preview, table
 from broker.counters import JOB, counts_for
 from broker.dashboard import duration_text
+from broker.xid import job_pk, job_xid
 from jobs import state
 from jobs.models import DeliveryAttempt, Job, JobStatus, JobTransition
 
@@ -34,6 +36,11 @@ logger = logging.getLogger("broker.admin")
 STATUS_NAMES = {s.value: s.name for s in JobStatus}
 CHUNK = 5000  # job ids handed to one state-machine call (its statements lock at most this many rows)
 DETAIL_ROWS = 200  # attempts / state changes listed on a job's page
+
+
+def job_admin_url(pk: int) -> str:
+    """A job's admin page, addressed by its job ID (the xid the API shows), not the bigint key."""
+    return reverse("admin:jobs_job_change", args=[job_xid(pk)])
 
 
 def status_badge(status: int):
@@ -147,26 +154,31 @@ from jobs.admin_partitions import JobPartitionFilter  # noqa: E402  (registers t
 
 # --- jobs -----------------------------------------------------------------------------------------------
 
+class JobChangeList(ChangeList):
+    def url_for_result(self, result):
+        return job_admin_url(result.pk)
+
+
 @admin.register(Job)
 class JobAdmin(LargeTableAdmin):
-    list_display = ("id", "status_col", "channel_col", "consumer_col", "message_col", "priority",
+    list_display = ("job_id_col", "status_col", "channel_col", "consumer_col", "message_col", "priority",
                     "retry_count", "age_col", "timing_col")
-    list_display_links = ("id",)
+    list_display_links = ("job_id_col",)
     list_filter = ("status", ChannelFilter, ConsumerFilter, JobPartitionFilter, PriorityGroupFilter, AttemptsFilter,
                    AgeFilter)
     list_select_related = False  # done in get_queryset, with the payload deferred
     search_fields = ("=message__message_id",)  # see get_search_results
-    search_help_text = "A job id, or a message id (exact)."
+    search_help_text = "A job ID, or a message id (exact)."
     actions = ("requeue", "mark_dead", "delete_dead")
     fieldsets = (
-        (None, {"fields": ("id", "status_col", "channel_col", "consumer_col", "message_col", "partition_col",
+        (None, {"fields": ("job_id_col", "status_col", "channel_col", "consumer_col", "message_col", "partition_col",
                            "gate", "priority", "retry_count", "created_at", "status_changed_at", "next_attempt_at", "deadline",
                            "incremental_timeout")}),
         ("Message", {"fields": ("message_content_type", "message_headers", "message_payload")}),
         ("Delivery attempts", {"fields": ("attempts_table",)}),
         ("State changes", {"fields": ("history_table",)}),
     )
-    readonly_fields = ("id", "status_col", "channel_col", "consumer_col", "message_col", "partition_col", "gate",
+    readonly_fields = ("job_id_col", "status_col", "channel_col", "consumer_col", "message_col", "partition_col", "gate",
                        "priority", "retry_count",
                        "created_at", "status_changed_at", "next_attempt_at", "deadline", "incremental_timeout",
                        "message_content_type", "message_headers", "message_payload", "attempts_table",
@@ -184,9 +196,17 @@ class JobAdmin(LargeTableAdmin):
                           due_in=ExpressionWrapper(F("next_attempt_at") - Now(), output_field=DurationField()),
                           deadline_in=ExpressionWrapper(F("deadline") - Now(), output_field=DurationField())))
 
+    def get_changelist(self, request, **kwargs):
+        return JobChangeList
+
+    def get_object(self, request, object_id, from_field=None):
+        """Job pages are addressed by job ID; anything else is "doesn't exist"."""
+        pk = job_pk(object_id)
+        return None if pk is None else super().get_object(request, str(pk), from_field)
+
     def get_search_results(self, request, queryset, search_term):
-        """Exact matches only, each served by an index: the job's primary key, or the message id
-        (messages by (channel, message_id), then jobs by message)."""
+        """Exact matches only, each served by an index: the job ID (its primary key), or the
+        message id (messages by (channel, message_id), then jobs by message)."""
         from broker.models import Message
 
         term = search_term.strip()
@@ -196,8 +216,9 @@ class JobAdmin(LargeTableAdmin):
         # index scans, where a subquery made it walk the whole primary key
         message_pks = list(Message.objects.filter(message_id=term).values_list("pk", flat=True)[:1000])
         by_message = Q(message_id__in=message_pks)
-        if term.isdigit() and len(term) <= 18:
-            return queryset.filter(Q(pk=int(term)) | by_message), False
+        pk = job_pk(term)
+        if pk is not None:
+            return queryset.filter(Q(pk=pk) | by_message), False
         return queryset.filter(by_message), False
 
     def exact_count(self, request) -> int | None:
@@ -238,10 +259,14 @@ class JobAdmin(LargeTableAdmin):
         extra = {"show_save": False, "show_save_and_continue": False, "show_save_and_add_another": False,
                  "show_delete": False, "can_act": self.has_change_permission(request),
                  "can_delete_dead": self.has_delete_dead_permission(request), "title": "Job",
-                 **(extra_context or {})}
+                 "job_xid": object_id, **(extra_context or {})}
         return super().change_view(request, object_id, form_url, extra)
 
     # columns
+
+    @admin.display(description="ID", ordering="id")
+    def job_id_col(self, obj):
+        return job_xid(obj.pk)
 
     @admin.display(description="status")
     def status_col(self, obj):
@@ -387,11 +412,11 @@ class JobAdmin(LargeTableAdmin):
                    else self.has_change_permission(request))
         if not allowed:
             raise PermissionDenied
-        job = get_object_or_404(Job.objects.only("pk"), pk=object_id if str(object_id).isdigit() else -1)
+        job = get_object_or_404(Job.objects.only("pk"), pk=job_pk(object_id) or -1)
         getattr(self, action)(request, Job.objects.filter(pk=job.pk))
         if action == "delete_dead" and not Job.objects.filter(pk=job.pk).exists():
             return HttpResponseRedirect(reverse("admin:jobs_job_changelist"))
-        return HttpResponseRedirect(reverse("admin:jobs_job_change", args=[job.pk]))
+        return HttpResponseRedirect(job_admin_url(job.pk))
 
 
 def _selected_count(request, queryset) -> int | None:
@@ -509,7 +534,7 @@ class ToStatusFilter(admin.SimpleListFilter):
 
 
 def _job_link(job_id: int):
-    return format_html('<a href="{}">{}</a>', reverse("admin:jobs_job_change", args=[job_id]), job_id)
+    return format_html('<a href="{}">{}</a>', job_admin_url(job_id), job_xid(job_id))
 
 
 @admin.register(DeliveryAttempt)
@@ -517,13 +542,14 @@ class DeliveryAttemptAdmin(ReadOnlyAdmin):
     list_display = ("id", "job_col", "attempt", "started_at", "status_code", "duration_col", "outcome", "error_col")
     list_filter = (OutcomeFilter, StatusClassFilter, AttemptRecentFilter)
     search_fields = ("=job_id",)
-    search_help_text = "A job id."
+    search_help_text = "A job ID."
 
     def get_search_results(self, request, queryset, search_term):
         term = search_term.strip()
         if not term:
             return queryset, False
-        return (queryset.filter(job_id=int(term)) if term.isdigit() and len(term) <= 18 else queryset.none()), False
+        pk = job_pk(term)
+        return (queryset.filter(job_id=pk) if pk is not None else queryset.none()), False
 
     @admin.display(description="job")
     def job_col(self, obj):
@@ -543,7 +569,7 @@ class JobTransitionAdmin(ReadOnlyAdmin):
     list_display = ("id", "job_col", "from_col", "to_col", "retry_count", "reason", "at")
     list_filter = (ToStatusFilter, RecentFilter)
     search_fields = ("=job_id",)
-    search_help_text = "A job id."
+    search_help_text = "A job ID."
     get_search_results = DeliveryAttemptAdmin.get_search_results
 
     @admin.display(description="job")

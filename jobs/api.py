@@ -23,9 +23,10 @@ from broker.api.views import (
     ADMIN_PARAM, CHANNEL_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, channel_or_404, form_value,
     publish_context, require_channel_reader,
 )
-from broker.auth import is_admin, require_admin, tokens_equal
+from broker.auth import is_admin, require_admin, require_registry, tokens_equal
 from broker.counters import JOB, counts_for
 from broker.models import Channel, ScheduledMessage
+from broker.xid import job_xid
 from consumers.api import consumer_or_404, require_consumer_or_admin
 from consumers.models import Consumer
 from consumers.services import consumer_rotate_secret
@@ -64,7 +65,7 @@ class DeadLetterQueueView(APIView):
 
         def item(job: Job) -> dict:
             return {
-                "ID": str(job.pk),
+                "ID": job_xid(job.pk),
                 "ListenerEndpoint": consumer.callback_url,
                 "ListenerName": consumer.name,
                 "Status": "DEAD",
@@ -72,7 +73,7 @@ class DeadLetterQueueView(APIView):
                 "RetryCount": job.retry_count,
                 "MessageID": job.message.message_id,
                 "MessageURL": message_url(_q(channel_id), _q(job.message.message_id)),
-                "JobRequeueURL": f"{base}/job/{job.pk}/requeue-dead-job",
+                "JobRequeueURL": f"{base}/job/{job_xid(job.pk)}/requeue-dead-job",
             }
 
         page = paginate(request, dead, path=f"{base}/dlq", item=item)
@@ -111,7 +112,7 @@ class DlqStatusView(APIView):
     @extend_schema(summary="Dead job counts of every consumer that has dead jobs (admin)",
                    parameters=[ADMIN_PARAM], responses={200: OBJ, 401: ERROR, 403: ERROR})
     def get(self, request):
-        require_admin(request)
+        require_registry(request)
         counts = counts_for(scope=JOB)
         dead = {pk: n.get(JobStatus.DEAD, 0) for pk, n in counts.items() if n.get(JobStatus.DEAD, 0) > 0}
         consumers = Consumer.objects.filter(pk__in=list(dead)).select_related("channel").order_by("channel_id", "id")
@@ -130,7 +131,7 @@ class JobStatusView(APIView):
         parameters=[ADMIN_PARAM], responses={200: OBJ, 401: ERROR, 403: ERROR},
     )
     def get(self, request):
-        require_admin(request)
+        require_registry(request)
         counts = counts_for(scope=JOB)
         body: dict = {}
         for c in Consumer.objects.select_related("channel").order_by("channel_id", "id"):

@@ -63,7 +63,9 @@ class Job(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"job {self.pk}"
+        from broker.xid import job_xid
+
+        return f"job {job_xid(self.pk)}" if self.pk else "job"
 
 
 class JobTransition(models.Model):

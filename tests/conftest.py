@@ -42,12 +42,12 @@ class Factory:
 
     def channel(self, cid="ch1", token="ch-token"):
         r = self.api.put(f"/channel/{cid}", {"token": token, "name": cid.upper()})
-        assert r.status_code in (200, 201), r.content
+        assert r.status_code == 200, r.content
         return r.json()
 
     def producer(self, pid="p1", token="p-token"):
         r = self.api.put(f"/producer/{pid}", {"token": token})
-        assert r.status_code in (200, 201), r.content
+        assert r.status_code == 200, r.content
         return r.json()
 
     def consumer(self, cid="c1", channel="ch1", token="c-token", type="push",
@@ -56,7 +56,7 @@ class Factory:
         if callback is not None:
             data["callbackUrl"] = callback
         r = self.api.put(f"/channel/{channel}/consumer/{cid}", data)
-        assert r.status_code in (200, 201), r.content
+        assert r.status_code == 200, r.content
         return r.json()
 
     def publish(self, channel="ch1", body=b'{"hello": "world"}', *, channel_token="ch-token",

@@ -56,6 +56,17 @@ def child_env(**extra) -> dict:
     return env
 
 
+def wait_for(predicate, timeout: float = 30.0, interval: float = 0.2):
+    """Poll ``predicate`` until it is true or ``timeout`` passes; its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    return predicate()
+
+
 class Proc:
     def __init__(self, popen: subprocess.Popen, url: str | None = None, log: Path | None = None):
         self.popen = popen

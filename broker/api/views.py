@@ -20,11 +20,13 @@ from broker.api.pagination import paginate
 from broker.api.representations import (
     channel_repr, last_modified, message_url, producer_repr, rfc3339,
 )
-from broker.auth import ADMIN_HEADER, is_admin, require_admin, tokens_equal
+from broker.auth import ADMIN_HEADER, is_admin, require_registry, tokens_equal
 from broker.counters import JOB, MESSAGE, counts_for
 from broker.models import Channel, Message, Producer, ScheduledMessage, SeedState
 from broker.services import publishing
 from broker.services.registry import Precondition, channel_upsert, producer_upsert
+from broker.services.seed import seed_applied
+from broker.xid import job_xid
 
 ERROR = ERROR_RESPONSE  # the JSON error body (component "Error")
 ADMIN_PARAM = OpenApiParameter(ADMIN_HEADER, OpenApiTypes.STR, OpenApiParameter.HEADER,
@@ -79,7 +81,7 @@ def require_channel_reader(request, channel: Channel) -> None:
 class ProducerListView(APIView):
     @extend_schema(summary="List producers", parameters=[ADMIN_PARAM, *PAGE_PARAMS], responses={200: LIST, 400: ERROR, 401: ERROR, 403: ERROR})
     def get(self, request):
-        require_admin(request)
+        require_registry(request)
         return Response(paginate(request, Producer.objects.all(), path="/producers",
                                  item=lambda p: f"/producer/{p.producer_id}"))
 
@@ -87,7 +89,7 @@ class ProducerListView(APIView):
 class ProducerView(APIView):
     @extend_schema(summary="Get a producer", parameters=[ADMIN_PARAM], responses={200: OBJ, 401: ERROR, 403: ERROR, 404: ERROR})
     def get(self, request, producer_id: str):
-        require_admin(request)
+        require_registry(request)
         producer = Producer.objects.filter(producer_id=producer_id).first()
         if producer is None:
             raise ApiError(404, "producer_not_found", "producer not found")
@@ -99,16 +101,16 @@ class ProducerView(APIView):
                     "no limit), burst (bucket size, default max(1, rateLimitPerSecond)). Update needs "
                     "If-Unmodified-Since.",
         parameters=[ADMIN_PARAM, PRECONDITION], request=OpenApiTypes.OBJECT,
-        responses={200: OBJ, 201: OBJ, 400: ERROR, 401: ERROR, 403: ERROR, 412: ERROR, 415: ERROR},
+        responses={200: OBJ, 400: ERROR, 401: ERROR, 403: ERROR, 412: ERROR, 415: ERROR},
     )
     def put(self, request, producer_id: str):
-        require_admin(request)
-        producer, created = producer_upsert(
+        require_registry(request)
+        producer, _created = producer_upsert(
             producer_id=producer_id, name=form_value(request, "name"), token=form_value(request, "token"),
             precondition=Precondition(request.headers.get("If-Unmodified-Since")),
             rate=producer_rate_parse(request),
         )
-        return with_last_modified(producer_repr(producer), producer, 201 if created else 200)
+        return with_last_modified(producer_repr(producer), producer)  # 200 on create too, as webhook-broker
 
 
 def producer_rate_parse(request) -> dict:
@@ -140,7 +142,7 @@ def producer_rate_parse(request) -> dict:
 class ChannelListView(APIView):
     @extend_schema(summary="List channels", parameters=[ADMIN_PARAM, *PAGE_PARAMS], responses={200: LIST, 400: ERROR, 401: ERROR, 403: ERROR})
     def get(self, request):
-        require_admin(request)
+        require_registry(request)
         return Response(paginate(request, Channel.objects.all(), path="/channels",
                                  item=lambda c: f"/channel/{c.channel_id}"))
 
@@ -148,7 +150,7 @@ class ChannelListView(APIView):
 class ChannelView(APIView):
     @extend_schema(summary="Get a channel", parameters=[ADMIN_PARAM], responses={200: OBJ, 401: ERROR, 403: ERROR, 404: ERROR})
     def get(self, request, channel_id: str):
-        require_admin(request)
+        require_registry(request)
         channel = channel_or_404(channel_id)
         return with_last_modified(channel_repr(channel), channel)
 
@@ -156,15 +158,15 @@ class ChannelView(APIView):
         summary="Create or update a channel",
         description="Form fields (or JSON): token, name. Update needs If-Unmodified-Since.",
         parameters=[ADMIN_PARAM, PRECONDITION], request=OpenApiTypes.OBJECT,
-        responses={200: OBJ, 201: OBJ, 400: ERROR, 401: ERROR, 403: ERROR, 412: ERROR, 415: ERROR},
+        responses={200: OBJ, 400: ERROR, 401: ERROR, 403: ERROR, 412: ERROR, 415: ERROR},
     )
     def put(self, request, channel_id: str):
-        require_admin(request)
-        channel, created = channel_upsert(
+        require_registry(request)
+        channel, _created = channel_upsert(
             channel_id=channel_id, name=form_value(request, "name"), token=form_value(request, "token"),
             precondition=Precondition(request.headers.get("If-Unmodified-Since")),
         )
-        return with_last_modified(channel_repr(channel), channel, 201 if created else 200)
+        return with_last_modified(channel_repr(channel), channel)  # 200 on create too, as webhook-broker
 
 
 # --- publishing -----------------------------------------------------------------------------------
@@ -429,7 +431,7 @@ class MessageView(APIView):
             "Headers": message.headers or {},
             "Jobs": [
                 {
-                    "ID": str(j.pk),
+                    "ID": job_xid(j.pk),
                     "ListenerEndpoint": j.consumer.callback_url,
                     "ListenerName": j.consumer.name,
                     "ConsumerID": j.consumer.consumer_id,
@@ -489,20 +491,28 @@ class MessagesStatusView(APIView):
 # --- health and metrics ---------------------------------------------------------------------------
 
 class StatusView(APIView):
-    @extend_schema(summary="Health: database reachable and seed applied", responses={200: OBJ, 503: OBJ})
+    @extend_schema(
+        summary="Health: database reachable, and the seed this process applied",
+        description="SeedApplied / SeedHash / SeedAppliedAt: the seed configuration this broker process applied "
+                    "(BROKER_SEED_CONFIG at start-up), so brokers sharing a database each show their own; "
+                    "AppStatus 3 once any seed was applied to the database. SeedData (without tokens) "
+                    "with the admin token.",
+        responses={200: OBJ, 503: OBJ})
     def get(self, request):
         try:
             with connection.cursor() as cur:
                 cur.execute("SELECT 1")
-            seed = SeedState.objects.filter(pk=1).first()
+            database_seeded = SeedState.objects.filter(pk=1, applied_at__isnull=False).exists()
         except Exception:  # noqa: BLE001 - any database failure means unhealthy
             return Response({"Database": "unreachable", "AppStatus": 1}, status=503)
+        applied = seed_applied()
         body = {
             "Database": "ok",
-            "SeedApplied": bool(seed and seed.applied_at),
-            "SeedHash": seed.data_hash if seed else "",
-            "AppStatus": 3 if seed and seed.applied_at else 1,
+            "SeedApplied": applied is not None,
+            "SeedHash": applied.digest if applied else "",
+            "SeedAppliedAt": rfc3339(applied.applied_at) if applied else None,
+            "AppStatus": 3 if database_seeded else 1,
         }
-        if seed and is_admin(request):
-            body["SeedData"] = seed.data
+        if applied and is_admin(request):
+            body["SeedData"] = applied.data
         return Response(body)

@@ -8,13 +8,12 @@ write statement per request, however many messages and consumers.
 
 from __future__ import annotations
 
-import secrets
-import time
 from dataclasses import dataclass, field
 
 
 from broker.api.errors import ApiError
 from broker.auth import tokens_equal
+from broker.xid import xid_new
 from jobs import state
 
 DISPATCHED = 102
@@ -34,8 +33,8 @@ class PublishContext:
 
 
 def message_id_generate() -> str:
-    """Roughly time-sortable unique id (like webhook-broker's xid): ms timestamp + randomness."""
-    return f"{int(time.time() * 1000):011x}{secrets.token_hex(5)}"
+    """A new xid, as webhook-broker generates message ids (``broker.xid.xid_new``)."""
+    return xid_new()
 
 
 # The last column is flow control's backlog cap, in the auth statement (no extra round trip): the

@@ -22,11 +22,31 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass, field
+from datetime import datetime
 from urllib.parse import urlsplit
 
 from django.db import transaction
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class AppliedSeed:
+    """The seed this process applied (``/_status``): brokers sharing a database each show
+    their own, where the database row only knows the last one applied by anybody."""
+
+    digest: str
+    data: dict
+    applied_at: datetime
+
+
+_applied: AppliedSeed | None = None
+
+
+def seed_applied() -> AppliedSeed | None:
+    """What this process applied, or None. gunicorn applies BROKER_SEED_CONFIG in its master
+    before forking, so every worker of an instance answers the same."""
+    return _applied
 
 
 @dataclass
@@ -185,8 +205,11 @@ def seed_apply(plan: SeedPlan) -> dict:
                 values["signing_secret"] = signing_secret_generate()
             _, new = _apply_row(Consumer, {"channel": channel, "consumer_id": cid}, values)
             created["consumers"] += new
+        applied = AppliedSeed(digest=plan.digest(), data=plan.public(), applied_at=timezone.now())
         SeedState.objects.update_or_create(
-            pk=1, defaults={"data_hash": plan.digest(), "data": plan.public(), "applied_at": timezone.now()})
+            pk=1, defaults={"data_hash": applied.digest, "data": applied.data, "applied_at": applied.applied_at})
+    global _applied
+    _applied = applied
     return created
 
 

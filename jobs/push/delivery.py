@@ -15,6 +15,8 @@ from urllib.parse import quote, urlsplit
 
 from django.conf import settings
 
+from broker.xid import job_xid
+
 RETRY_AFTER_CAP = 24 * 3600.0
 
 
@@ -115,7 +117,7 @@ def request_headers(job, target: Target, *, now: float | None = None, worker: st
             headers["X-Broker-Lease-Owner"] = worker
     if target.secret:
         stamp = int(now if now is not None else time.time())
-        webhook_id = str(job.id)  # the job id: stable across retries, unique per consumer
+        webhook_id = job_xid(job.id)  # the job ID: stable across retries, unique per consumer
         signatures = [sign(target.secret, webhook_id, stamp, job.payload)]
         if target.previous_secret and target.previous_expires and target.previous_expires > time.time():
             signatures.append(sign(target.previous_secret, webhook_id, stamp, job.payload))

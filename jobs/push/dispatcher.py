@@ -36,6 +36,7 @@ from django.conf import settings
 from django.db import Error as DatabaseError
 from django.db import connection, transaction
 
+from broker.xid import job_xid
 from jobs import partitions, state
 from jobs.push import delivery
 from jobs.push.delivery import Result, Target
@@ -144,8 +145,8 @@ def attempts_log(items: list[tuple]) -> None:
         if outcome == "delivered" and not debug:
             continue
         logger.log(logging.DEBUG if outcome == "delivered" else logging.WARNING,
-                   "push attempt %s: job %s, consumer %s", outcome, job.id, target.consumer_id, extra={
-                       "job_id": job.id, "message_id": job.message_id, "consumer_id": target.consumer_id,
+                   "push attempt %s: job %s, consumer %s", outcome, job_xid(job.id), target.consumer_id, extra={
+                       "job_id": job_xid(job.id), "message_id": job.message_id, "consumer_id": target.consumer_id,
                        "channel_id": target.channel_id, "attempt": job.retry_count + 1, "outcome": outcome,
                        "status_code": result.status_code, "duration_ms": round(result.duration * 1000.0, 3),
                        "error": result.error[:200], "request_id": result.request_id})
@@ -252,8 +253,8 @@ class Engine:
         except (OSError, ssl.SSLError, ProtocolError, ValueError) as exc:
             result = Result(status_code=None, duration=0.0, error=f"{type(exc).__name__}: {exc}"[:500])
         except Exception as exc:  # noqa: BLE001 - a bug must not lose the job's outcome
-            logger.exception("push delivery of job %s failed unexpectedly", job.id, extra={
-                "job_id": job.id, "message_id": job.message_id, "consumer_id": target.consumer_id,
+            logger.exception("push delivery of job %s failed unexpectedly", job_xid(job.id), extra={
+                "job_id": job_xid(job.id), "message_id": job.message_id, "consumer_id": target.consumer_id,
                 "channel_id": target.channel_id})
             result = Result(status_code=None, duration=0.0, error=f"internal error: {type(exc).__name__}")
         end = time.monotonic()

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
+from broker.xid import job_xid
 from jobs import state
 from jobs.models import Job, JobStatus, JobTransition
 from tests.admin.conftest import dead_ids, finish
@@ -64,9 +65,12 @@ def test_requeue_dead_in_batches_with_progress(broker):
 
 def test_requeue_dead_selected_jobs_only(broker):
     first, second = dead_ids()
-    out = run("requeue_dead", "--all", "--job", str(first))
+    out = run("requeue_dead", "--all", "--job", job_xid(first))  # the job ID the API and the admin show
     assert "Requeued 1 dead job of 2 consumers" in out
     assert Job.objects.get(pk=first).status == JobStatus.QUEUED and Job.objects.get(pk=second).status == JobStatus.DEAD
+    with pytest.raises(CommandError, match="is not a job ID"):
+        run("requeue_dead", "--all", "--job", str(second))  # the integer key is no job ID
+    assert Job.objects.get(pk=second).status == JobStatus.DEAD
 
 
 def test_broker_stats_table(broker):

@@ -6,6 +6,7 @@ import re
 
 import pytest
 from django.db import connection
+from django.template.defaultfilters import floatformat
 from django.test.utils import CaptureQueriesContext
 
 from broker.dashboard import MINUTES, dashboard_snapshot
@@ -210,3 +211,44 @@ def test_alert_pin_changing_often(broker):
     advisory_record(type="consumer_group_pinned", group="A", data={"pinned_id": "pin3"}, **ids)
     alerts = {a.kind: a for a in consumer_stats(dashboard_snapshot(), "c2").alerts}
     assert "4 pins in the last hour" in alerts["pin-churn"].text
+
+
+# --- "delivered / min": one source of truth with the chart ---------------------------------------------
+
+def test_rate_is_the_charts_last_bars_over_the_time_they_cover():
+    from broker.dashboard import RATE_MINUTES, Series
+
+    s = Series()
+    s.delivered[-1] = 21  # deliveries in the current minute only, as the issue saw: chart 21, card 0.0
+    assert s.per_minute("delivered", RATE_MINUTES, elapsed=30.0) == pytest.approx(21 / 4.5)
+    s.delivered[-5:] = [60, 60, 60, 60, 10]  # steady 60/min, 10 s into the current minute
+    assert s.per_minute("delivered", RATE_MINUTES, elapsed=10.0) == pytest.approx(250 / (4 + 10 / 60))
+    s.delivered[-6] = 1000  # a bar outside the window does not count
+    assert s.per_minute("delivered", RATE_MINUTES, elapsed=60.0) == pytest.approx(250 / 5)
+
+
+def test_delivered_per_minute_card_agrees_with_its_chart(admin_client, broker):
+    from broker.dashboard import RATE_MINUTES
+
+    finish("c2", 4, state.DELIVERED)  # delivered now: in the chart's current (last) minute
+    dash = dashboard_snapshot()
+    c2 = consumer_stats(dash, "c2")
+    elapsed = dash.now.second + dash.now.microsecond / 1e6
+    bars = c2.series.delivered[-RATE_MINUTES:]
+    assert bars[-1] >= 4
+    assert c2.delivered_per_minute > 0
+    assert c2.delivered_per_minute == pytest.approx(sum(bars) / (RATE_MINUTES - 1 + max(elapsed, 1.0) / 60))
+    total = sum(c.delivered_per_minute for c in dash.consumers)
+    assert total == pytest.approx(dash.series.per_minute("delivered", RATE_MINUTES, elapsed))
+    # the page's card shows that figure (the test's transaction keeps the database clock still)
+    html = admin_client.get("/admin/").content.decode()
+    card = re.search(r'id="total-rate"><span class="n">([\d.,]+)</span>', html).group(1)
+    assert card == floatformat(total, "1g") and float(card) > 0
+    row = re.search(r'data-consumer="ch1/c2">(.*?)</tr>', html, re.S).group(1)
+    assert f'<td class="num">{floatformat(c2.delivered_per_minute, "1g")}</td>' in row
+
+
+def test_the_admin_says_advisories(admin_client, db):
+    html = admin_client.get("/admin/").content.decode()
+    assert "Advisories" in html and "Advisorys" not in html
+    assert "Advisories" in admin_client.get("/admin/consumers/advisory/").content.decode()

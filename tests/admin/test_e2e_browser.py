@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
+from broker.xid import job_pk, job_xid
 from jobs.models import Job, JobStatus
 from tests.admin.conftest import chromium_missing, consumer_pk, dead_ids
 
@@ -56,7 +57,7 @@ def test_operator_finds_and_requeues_a_dead_job(page, live_server, admin_user, b
     page.screenshot(path=str(artifacts / "dead-jobs.png"), full_page=True)
 
     # requeue one of them with the list action
-    first = int(rows.first.locator("th a").inner_text())
+    first = job_pk(rows.first.locator("th a").inner_text())  # the job ID column shows the xid
     rows.first.locator("input.action-select").check()
     page.select_option("select[name=action]", "requeue")
     page.click("button[name=index]")
@@ -68,7 +69,7 @@ def test_operator_finds_and_requeues_a_dead_job(page, live_server, admin_user, b
     assert page.locator("#result_list tbody tr").count() == 1  # the filter still shows the dead ones only
 
     # the job's page: its history shows the requeue; give up on it, then requeue it again
-    page.goto(f"{live_server.url}/admin/jobs/job/{first}/change/")
+    page.goto(f"{live_server.url}/admin/jobs/job/{job_xid(first)}/change/")
     assert "admin-requeue" in page.locator("fieldset", has_text="State changes").inner_text()
     page.click("#job-mark-dead")
     page.wait_for_selector("ul.messagelist li")
@@ -87,7 +88,7 @@ def test_operator_finds_and_requeues_a_dead_job(page, live_server, admin_user, b
     api.credentials(HTTP_X_BROKER_ADMIN_TOKEN=ADMIN_TOKEN)
     r = api.put("/channel/ch1/consumer/pinned", {"token": "pnt", "type": "pull", "priorityPolicy": "pinned_client",
                                                  "priorityGroups": ["A"]}, format="json")
-    assert r.status_code == 201, r.content
+    assert r.status_code == 200, r.content
     assert broker.publish(body=b'{"n": 99}', HTTP_X_BROKER_MESSAGE_ID="m99").status_code == 201
     pin = PullClient(APIClient(), "/channel/ch1/consumer/pinned",
                      {"HTTP_X_BROKER_CHANNEL_TOKEN": "ch-token", "HTTP_X_BROKER_CONSUMER_TOKEN": "pnt"}

@@ -10,6 +10,7 @@ from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from broker.xid import job_xid
 from jobs import state
 from jobs.admin import JobAdmin
 from jobs.models import DeliveryAttempt, Job, JobStatus, JobTransition
@@ -59,7 +60,7 @@ def test_priority_group_filter(admin_client, api, broker):
     """A pull consumer serving priority group A: the filter lists the group and shows only its jobs."""
     created = api.put("/channel/ch1/consumer/g1", {"token": "g", "type": "pull", "priorityPolicy": "overflow",
                                                   "priorityGroups": "A"})
-    assert created.status_code == 201, created.content
+    assert created.status_code == 200, created.content
     assert broker.publish(HTTP_X_BROKER_MESSAGE_ID="for-group").status_code == 201
     assert "?group=A" in admin_client.get(URL).content.decode()
     jobs = listed(admin_client.get(URL, {"group": "A"}))
@@ -76,7 +77,8 @@ def test_filter_values_that_are_not_numbers_show_nothing(admin_client, broker):
 
 def test_search_by_job_id_or_message_id(admin_client, broker):
     job = dead_ids()[0]
-    assert listed(admin_client.get(URL, {"q": str(job)})) == [job]
+    assert listed(admin_client.get(URL, {"q": job_xid(job)})) == [job]
+    assert listed(admin_client.get(URL, {"q": str(job)})) == [], "the integer key is not a job ID"
     found = listed(admin_client.get(URL, {"q": "m03"}))
     assert len(found) == 2
     assert set(Job.objects.filter(pk__in=found).values_list("message__message_id", flat=True)) == {"m03"}
@@ -124,7 +126,7 @@ def test_job_page_shows_payload_headers_attempts_and_history(admin_client, world
     DeliveryAttempt.objects.create(job_id=job.pk, attempt=1, started_at=job.created_at, duration_ms=12.5,
                                    status_code=503, response_excerpt="upstream down", outcome="failed")
     state.job_move(job_id=job.pk, from_status=INFLIGHT, to_status=DEAD, reason="push")
-    html = admin_client.get(f"{URL}{job.pk}/change/").content.decode()
+    html = admin_client.get(f"{URL}{job_xid(job.pk)}/change/").content.decode()
     assert "order-7" in html
     assert json.dumps({"order": 7, "items": [1, 2]}, indent=2).replace('"', "&quot;") in html  # pretty JSON
     assert f"JSON, {len(body)} bytes" in html
@@ -142,17 +144,17 @@ def test_big_payload_is_cut_and_binary_is_shown_as_hex(admin_client, world, sett
     assert world.publish(body=bytes(range(256)), content_type="application/octet-stream",
                          HTTP_X_BROKER_MESSAGE_ID="bin").status_code == 201
     job = Job.objects.get(consumer__consumer_id="c1", message__message_id="big")
-    html = admin_client.get(f"{URL}{job.pk}/change/").content.decode()
+    html = admin_client.get(f"{URL}{job_xid(job.pk)}/change/").content.decode()
     assert f"{len(big):,} bytes; showing the first 1,000" in html
     assert "x" * 1500 not in html
     job = Job.objects.get(consumer__consumer_id="c1", message__message_id="bin")
-    html = admin_client.get(f"{URL}{job.pk}/change/").content.decode()
+    html = admin_client.get(f"{URL}{job_xid(job.pk)}/change/").content.decode()
     assert "binary, 256 bytes" in html and "00 01 02 03" in html
 
 
 def test_posting_the_job_form_changes_nothing(admin_client, broker):
     job = dead_ids()[0]
-    r = admin_client.post(f"{URL}{job}/change/", {"status": QUEUED, "retry_count": 0})
+    r = admin_client.post(f"{URL}{job_xid(job)}/change/", {"status": QUEUED, "retry_count": 0})
     assert r.status_code in (200, 302)
     assert Job.objects.get(pk=job).status == DEAD
 
@@ -215,17 +217,17 @@ def test_default_delete_is_not_offered(admin_client, broker):
 
 def test_job_buttons(admin_client, broker):
     job = dead_ids()[0]
-    assert admin_client.get(f"{URL}{job}/requeue/").status_code == 405
-    r = admin_client.post(f"{URL}{job}/requeue/", follow=True)
+    assert admin_client.get(f"{URL}{job_xid(job)}/requeue/").status_code == 405
+    r = admin_client.post(f"{URL}{job_xid(job)}/requeue/", follow=True)
     assert "Requeued 1 dead job." in messages_of(r)
     assert Job.objects.get(pk=job).status == QUEUED
-    r = admin_client.post(f"{URL}{job}/mark-dead/", follow=True)
+    r = admin_client.post(f"{URL}{job_xid(job)}/mark-dead/", follow=True)
     assert "Marked 1 job dead (1 were queued, 0 in flight)." in messages_of(r)
     assert Job.objects.get(pk=job).status == DEAD
-    r = admin_client.post(f"{URL}{job}/delete-dead/")
+    r = admin_client.post(f"{URL}{job_xid(job)}/delete-dead/")
     assert r.status_code == 302 and r["Location"] == URL
     assert not Job.objects.filter(pk=job).exists()
-    assert admin_client.post(f"{URL}{job}/requeue/").status_code == 404
+    assert admin_client.post(f"{URL}{job_xid(job)}/requeue/").status_code == 404
 
 
 def test_a_view_only_user_cannot_act(client, broker):
@@ -233,11 +235,11 @@ def test_a_view_only_user_cannot_act(client, broker):
     user.user_permissions.add(Permission.objects.get(codename="view_job"))
     client.force_login(user)
     job = dead_ids()[0]
-    html = client.get(f"{URL}{job}/change/").content.decode()
+    html = client.get(f"{URL}{job_xid(job)}/change/").content.decode()
     assert "job-requeue" not in html
     assert 'value="requeue"' not in client.get(URL).content.decode()
-    assert client.post(f"{URL}{job}/requeue/").status_code == 403
-    assert client.post(f"{URL}{job}/delete-dead/").status_code == 403
+    assert client.post(f"{URL}{job_xid(job)}/requeue/").status_code == 403
+    assert client.post(f"{URL}{job_xid(job)}/delete-dead/").status_code == 403
     act(client, "requeue", [job])
     assert Job.objects.get(pk=job).status == DEAD
 
@@ -250,8 +252,8 @@ def test_attempt_and_transition_lists(admin_client, broker):
                                    status_code=500, error="", response_excerpt="boom", outcome="failed")
     r = admin_client.get("/admin/jobs/deliveryattempt/", {"code": "5", "outcome": "failed", "recent": "1h"})
     assert r.status_code == 200 and len(r.context["cl"].result_list) == 1
-    assert f"/admin/jobs/job/{job}/change/" in r.content.decode()
+    assert f"/admin/jobs/job/{job_xid(job)}/change/" in r.content.decode()
     assert len(admin_client.get("/admin/jobs/deliveryattempt/", {"code": "2"}).context["cl"].result_list) == 0
-    r = admin_client.get("/admin/jobs/jobtransition/", {"to": str(DEAD), "q": str(job)})
+    r = admin_client.get("/admin/jobs/jobtransition/", {"to": str(DEAD), "q": job_xid(job)})
     assert [t.job_id for t in r.context["cl"].result_list] == [job]
     assert admin_client.get("/admin/jobs/jobtransition/add/").status_code == 403

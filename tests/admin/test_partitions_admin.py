@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from broker.xid import job_xid
 from jobs import state
 from jobs.models import Job, JobStatus, Partition, PartitionStatus
 from tests.admin.conftest import consumer_pk
@@ -77,7 +78,7 @@ def test_list_filters_and_page(admin_client, world):
         Job.objects.filter(partition_id=p.pk).values_list("pk", flat=True))
     assert len(r.context["cl"].result_list) == 4
     job = Job.objects.filter(partition_id=p.pk).first()
-    page = admin_client.get(f"/admin/jobs/job/{job.pk}/change/").content.decode()
+    page = admin_client.get(f"/admin/jobs/job/{job_xid(job.pk)}/change/").content.decode()
     assert "order-1" in page
 
 

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def pinned(world, api, client_anon, make):
     r = api.put("/channel/ch1/consumer/pn", {"token": "pnt", "type": "pull", "priorityPolicy": "pinned_client",
                                              "priorityGroups": ["A"]}, format="json")
-    assert r.status_code == 201, r.content
+    assert r.status_code == 200, r.content
     publish_n(make, 2)
     pc = PullClient(client_anon, "/channel/ch1/consumer/pn",
                     {"HTTP_X_BROKER_CHANNEL_TOKEN": "ch-token", "HTTP_X_BROKER_CONSUMER_TOKEN": "pnt"})

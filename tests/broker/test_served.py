@@ -15,8 +15,8 @@ def test_gunicorn_serves_publish_and_reads(tmp_path):
     web = start_web(tmp_path, workers=2)
     try:
         admin = {"X-Broker-Admin-Token": ADMIN_TOKEN}
-        assert requests.put(f"{web.url}/channel/live", data={"token": "lt"}, headers=admin).status_code == 201
-        assert requests.put(f"{web.url}/producer/lp", data={"token": "pt"}, headers=admin).status_code == 201
+        assert requests.put(f"{web.url}/channel/live", data={"token": "lt"}, headers=admin).status_code == 200
+        assert requests.put(f"{web.url}/producer/lp", data={"token": "pt"}, headers=admin).status_code == 200
         r = requests.post(f"{web.url}/channel/live/broadcast", data=b"hello", headers={
             "X-Broker-Channel-Token": "lt", "X-Broker-Producer-ID": "lp", "X-Broker-Producer-Token": "pt",
             "Content-Type": "text/plain", "X-Broker-Message-ID": "x1"})

@@ -286,17 +286,17 @@ def _job_counts(by_consumer: bool = False) -> dict:
 def test_chaos(tmp_path, api):
     if settings.EMBEDDED_DB is None:
         pytest.skip(reason="restarts the embedded PostgreSQL; DATABASE_URL points elsewhere")
-    assert api.put("/channel/chaos", {"token": CH_TOKEN}).status_code == 201
-    assert api.put("/producer/chaos-p", {"token": P_TOKEN}).status_code == 201
+    assert api.put("/channel/chaos", {"token": CH_TOKEN}).status_code == 200
+    assert api.put("/producer/chaos-p", {"token": P_TOKEN}).status_code == 200
     ledger = Ledger()
     threading.Thread(target=ledger.serve_forever, daemon=True).start()
     r = api.put("/channel/chaos/consumer/pusher", {
         "token": "chaos-c1", "callbackUrl": ledger.url, "maxInFlight": str(MAX_IN_FLIGHT),
         "connectionTimeout": str(PUSH_TIMEOUT), "maxRetry": "50", "retryBackoff": "0.5"})
-    assert r.status_code == 201, r.content
+    assert r.status_code == 200, r.content
     r = api.put("/channel/chaos/consumer/puller", {
         "token": "chaos-c2", "type": "pull", "connectionTimeout": str(PULL_TIMEOUT), "maxRetry": "50"})
-    assert r.status_code == 201, r.content
+    assert r.status_code == 200, r.content
 
     database = connection.settings_dict["NAME"]
     with connection.cursor() as cur:

@@ -71,9 +71,11 @@ def pc(world, client_anon):
 
 
 def job_status(job_id):
+    """(status name, retry count) of the job with this job ID (the xid the API shows)."""
+    from broker.xid import job_pk
     from jobs.models import Job, JobStatus
 
-    job = Job.objects.get(pk=int(job_id))
+    job = Job.objects.get(pk=job_pk(job_id))
     return JobStatus(job.status).name, job.retry_count
 
 

@@ -9,6 +9,8 @@ import time
 
 import pytest
 
+from broker import xid
+from broker.xid import job_pk, job_xid
 from jobs import state
 from tests.consumers.conftest import job_status, publish_n
 
@@ -94,7 +96,11 @@ def test_ack_answers_per_job(world, pc, make):
     queued = pc.queued().json()["Result"][0]["ID"]
     from jobs.models import Job
 
-    foreign = str(Job.objects.filter(consumer__consumer_id="c3").first().pk)
+    foreign = job_xid(Job.objects.filter(consumer__consumer_id="c3").first().pk)
+    # job IDs are xids: the integer key of a job in flight, or its xid with other check bytes,
+    # names no job
+    integer = str(job_pk(ids[0]))
+    wrong_check = xid._encode_int((xid._check(job_pk(ids[0])) ^ 1) << 64 | job_pk(ids[0]))
     r = pc.ack([
         {"ID": ids[0], "NextState": "DELIVERED"},
         {"ID": ids[1], "NextState": "DEAD"},
@@ -104,16 +110,19 @@ def test_ack_answers_per_job(world, pc, make):
         {"ID": foreign, "NextState": "DELIVERED"},
         {"ID": "123456789", "NextState": "DELIVERED"},
         {"ID": "not-a-number", "NextState": "DEAD"},
+        {"ID": integer, "NextState": "DELIVERED"},
+        {"ID": wrong_check, "NextState": "DELIVERED"},
     ])
     assert r.status_code == 200, r.content
     result = r.json()["Result"]
-    assert [x["ID"] for x in result] == [ids[0], ids[1], ids[2], ids[3], queued, foreign, "123456789", "not-a-number"]
+    assert [x["ID"] for x in result] == [ids[0], ids[1], ids[2], ids[3], queued, foreign, "123456789", "not-a-number",
+                                         integer, wrong_check]
     assert result[0] == {"ID": ids[0], "Status": "DELIVERED", "RetryCount": 0}
     assert result[1] == {"ID": ids[1], "Status": "DEAD", "RetryCount": 0}
     assert result[2] == {"ID": ids[2], "Status": "QUEUED", "RetryCount": 1}
     assert result[3] == {"ID": ids[3], "Status": "QUEUED", "RetryCount": 1}
     assert result[4]["Error"] == "conflict" and result[4]["Status"] == "QUEUED"
-    assert [x["Error"] for x in result[5:]] == ["not_found"] * 3
+    assert [x["Error"] for x in result[5:]] == ["not_found"] * 5
     assert job_status(foreign) == ("QUEUED", 0)
     # the nacked job without delay comes back at once, with its attempt number; the delayed one later
     nexts = pc.pull(batch=10).json()["Result"]
@@ -151,7 +160,8 @@ def test_delivered_never_comes_back(world, pc):
     ('{"Jobs": [{"ID": "1", "NextState": "QUEUED", "Delay": -5}]}', 400),
     ('{"Jobs": [{"ID": null, "NextState": "DEAD"}]}', 400),
     ('{"Jobs": [{"ID": "1", "NextState": "DEAD"}, {"ID": "1", "NextState": "DELIVERED"}]}', 400),
-    ('{"Jobs": [{"ID": "1", "NextState": "DEAD"}, {"ID": "01", "NextState": "DEAD"}]}', 400),
+    # the same job twice (its job ID is the one spelling of it)
+    (json.dumps({"Jobs": [{"ID": job_xid(1), "NextState": "DEAD"}, {"ID": job_xid(1), "NextState": "QUEUED"}]}), 400),
     (json.dumps({"Jobs": [{"ID": str(i), "NextState": "DEAD"} for i in range(1001)]}), 413),
 ])
 def test_ack_validation(world, pc, raw, code):
@@ -178,15 +188,16 @@ def test_progress_extends_the_deadline_without_a_retry(world, pc, settings):
     settings.BROKER_RATIONAL_DELAY = 0.5
     publish_n(world, 2)
     jid = pc.pull().json()["Result"][0]["ID"]
-    before = Job.objects.get(pk=jid).deadline
+    before = Job.objects.get(pk=job_pk(jid)).deadline
     r = pc.progress(jid, IncrementalTimeout=100)
     assert r.status_code == 200, r.content
-    job = Job.objects.get(pk=jid)
+    assert r.json()["ID"] == jid
+    job = Job.objects.get(pk=job_pk(jid))
     assert (job.deadline - before).total_seconds() > 99 and job.retry_count == 0 and job.incremental_timeout == 100
     assert r.json()["Status"] == "INFLIGHT" and r.json()["RetryCount"] == 0
     # never shortens
     assert pc.progress(jid, IncrementalTimeout=1).status_code == 200
-    assert Job.objects.get(pk=jid).deadline == job.deadline
+    assert Job.objects.get(pk=job_pk(jid)).deadline == job.deadline
     # not in flight: 409; another consumer's / unknown: 404
     queued = pc.queued().json()["Result"][0]["ID"]
     assert pc.progress(queued).status_code == 409

@@ -25,10 +25,10 @@ def web(tmp_path):
     proc = start_web(tmp_path, workers=2, threads=16, BROKER_CONNECTION_TIMEOUT=30)
     try:
         s = requests.Session()
-        assert s.put(f"{proc.url}/channel/ch", data={"token": "ct"}, headers=ADMIN).status_code == 201
-        assert s.put(f"{proc.url}/producer/pr", data={"token": "prt"}, headers=ADMIN).status_code == 201
+        assert s.put(f"{proc.url}/channel/ch", data={"token": "ct"}, headers=ADMIN).status_code == 200
+        assert s.put(f"{proc.url}/producer/pr", data={"token": "prt"}, headers=ADMIN).status_code == 200
         assert s.put(f"{proc.url}/channel/ch/consumer/pc", data={"token": "pt", "type": "pull"},
-                     headers=ADMIN).status_code == 201
+                     headers=ADMIN).status_code == 200
         proc.base = f"{proc.url}/channel/ch/consumer/pc"
         yield proc
     finally:

@@ -3,12 +3,16 @@ auth codes, job details, requeue and delete of dead jobs."""
 
 from __future__ import annotations
 
+import re
 import time
+from functools import partial
 
 import pytest
 from rest_framework.test import APIClient
 
+from broker.xid import job_pk, job_xid
 from jobs import state
+from tests import processes
 from tests.conftest import ADMIN_TOKEN
 from tests.consumers.conftest import PULL_HEADERS, PullClient, job_status, publish_n
 
@@ -100,12 +104,12 @@ def test_incremental_timeout_sets_deadline_and_is_sticky(world, pc, settings):
     from jobs.models import Job
 
     jid = claim_one(pc, IncrementalTimeout=20)
-    job = Job.objects.get(pk=jid)
+    job = Job.objects.get(pk=job_pk(jid))
     assert abs((job.deadline - job.status_changed_at).total_seconds() - 21.75) < 0.01
     assert pc.job(jid).json()["IncrementalTimeout"] == 20
     assert pc.set_state(jid, {"NextState": "DEAD"}).status_code == 202
     assert pc.set_state(jid, {"NextState": "INFLIGHT"}).status_code == 202  # without a timeout: kept
-    job = Job.objects.get(pk=jid)
+    job = Job.objects.get(pk=job_pk(jid))
     assert abs((job.deadline - job.status_changed_at).total_seconds() - 21.75) < 0.01
 
 
@@ -155,7 +159,12 @@ def test_queued_jobs_shape(world, pc):
                   HTTP_X_BROKER_METADATA_HEADERS="X-Trace", HTTP_X_TRACE="t-1")
     [job] = pc.queued().json()["Result"]
     assert set(job) == {"ID", "Priority", "IncrementalTimeout", "Message"}
-    assert job["Priority"] == 7 and job["IncrementalTimeout"] == 0 and job["ID"].isdigit()
+    assert job["Priority"] == 7 and job["IncrementalTimeout"] == 0
+    # the ID is an xid (webhook-broker's clients decode it as xid.ID) naming this job
+    assert re.fullmatch(r"[0-9a-v]{20}", job["ID"])
+    from jobs.models import Job
+
+    assert job_pk(job["ID"]) == Job.objects.get(consumer__consumer_id="c2", message__message_id="shape").pk
     assert job["Message"] == {"MessageID": "shape", "Payload": '{"a": 1}', "ContentType": "application/json",
                               "Headers": {"X-Trace": "t-1"}}
 
@@ -253,14 +262,7 @@ def short_timeouts(settings):
     return settings
 
 
-def wait_for(predicate, timeout=10.0, interval=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    return predicate()
+wait_for = partial(processes.wait_for, timeout=10.0, interval=0.05)
 
 
 @pytest.mark.django_db(transaction=True)  # now() must move: no wrapping test transaction
@@ -356,7 +358,9 @@ def test_delete_dead_job_of_push_consumer_with_admin_token(world, pc):
     job = Job.objects.get(consumer__consumer_id="c1")
     state.job_move(job_id=job.pk, from_status=state.QUEUED, to_status=state.INFLIGHT, reason="test", timeout=30)
     state.job_move(job_id=job.pk, from_status=state.INFLIGHT, to_status=state.DEAD, reason="test")
-    path = f"/channel/ch1/consumer/c1/job/{job.pk}"
+    path = f"/channel/ch1/consumer/c1/job/{job_xid(job.pk)}"
+    assert APIClient().delete(f"/channel/ch1/consumer/c1/job/{job.pk}",
+                              HTTP_X_BROKER_ADMIN_TOKEN=ADMIN_TOKEN).status_code == 404, "an integer is no job ID"
     assert APIClient().delete(path, HTTP_X_BROKER_ADMIN_TOKEN="wrong").status_code == 403
     assert APIClient().delete(path).status_code == 401
     push = {"HTTP_X_BROKER_CHANNEL_TOKEN": "ch-token", "HTTP_X_BROKER_CONSUMER_TOKEN": "c-token"}

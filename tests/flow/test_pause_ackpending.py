@@ -8,6 +8,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from broker.dashboard import ConsumerStats, consumer_paused
+from broker.xid import job_pk
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -110,7 +111,7 @@ def test_max_ack_pending_default_and_timeout_redelivery(world, api, settings):
     from jobs.models import Job
     from jobs.state import jobs_expire_inflight
 
-    Job.objects.filter(pk=job["ID"]).update(deadline="2000-01-01T00:00:00Z")
+    Job.objects.filter(pk=job_pk(job["ID"])).update(deadline="2000-01-01T00:00:00Z")
     jobs_expire_inflight()
     got = pull()
     assert len(got) == 1 and got[0]["ID"] == job["ID"]

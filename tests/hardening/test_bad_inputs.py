@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
+from broker.xid import job_xid
 from jobs.models import Job
 from tests.conftest import ADMIN_TOKEN
 
@@ -81,7 +82,7 @@ def test_oversized_json_control_bodies_are_413(world):
     assert len(huge) > 2 * 1024 * 1024
     assert world.publish().status_code == 201
     job = Job.objects.get(consumer__consumer_id="c2")
-    for path in (f"{C2}/ack", f"{C2}/pull", f"{C2}/job/{job.pk}", f"{C2}/job/{job.pk}/progress"):
+    for path in (f"{C2}/ack", f"{C2}/pull", f"{C2}/job/{job_xid(job.pk)}", f"{C2}/job/{job_xid(job.pk)}/progress"):
         r = client.generic("POST", path, huge, content_type="application/json", **PULL)
         assert r.status_code == 413 and r.json()["error"] == "payload_too_large", (path, r.status_code)
 

@@ -20,6 +20,7 @@ from rest_framework.test import APIClient
 
 from broker import delivery_metrics as dm
 from broker.logs import JsonFormatter
+from broker.xid import job_xid
 from jobs.models import DeliveryAttempt, Job, JobStatus
 from tests.jobs.conftest import Reply
 from tests.processes import start_web
@@ -130,7 +131,7 @@ def test_metrics_match_real_deliveries(make, receiver, dispatcher, caplog, tmp_p
     # structured delivery log lines: ids as fields, failures at WARNING
     lines = [r for r in caplog.records if r.name == "jobs.push.dispatcher" and r.getMessage().startswith("push attempt")]
     assert len(lines) == sum(sum(v.values()) * n for _, v in PUSH.values())
-    job_ids = dict(Job.objects.values_list("id", "consumer__consumer_id"))
+    job_ids = {job_xid(pk): c for pk, c in Job.objects.values_list("id", "consumer__consumer_id")}  # job IDs
     for record in lines:
         entry = json.loads(JsonFormatter().format(record))
         assert {"job_id", "message_id", "consumer_id", "channel_id", "outcome", "attempt"} <= set(entry)

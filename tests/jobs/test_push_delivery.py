@@ -9,6 +9,7 @@ import time
 import pytest
 from standardwebhooks import Webhook
 
+from broker.xid import job_xid
 from jobs import state
 from jobs.models import DeliveryAttempt, Job, JobStatus, JobTransition
 from tests.jobs.conftest import Reply
@@ -44,7 +45,7 @@ def test_callback_carries_payload_headers_and_verifiable_signature(push_world, r
     assert h["x-trace-id"] == "trace-7" and h["x-broker-metadata-headers"] == "X-Trace-Id"
     assert len(h["x-request-id"]) >= 16
     job = Job.objects.get(consumer__consumer_id="c1")
-    assert h["webhook-id"] == str(job.pk)
+    assert h["webhook-id"] == job_xid(job.pk)
     # a receiver using the standardwebhooks package verifies the signature
     assert Webhook(secret).verify(got.body, got.headers) == {"order": 42}
     wait_status(receiver, JobStatus.DELIVERED, 1)

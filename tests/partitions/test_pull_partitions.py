@@ -9,6 +9,7 @@ from datetime import timedelta
 
 import pytest
 
+from broker.xid import job_pk
 from jobs.models import Job, JobStatus, JobTransition, Partition
 from tests.partitions.conftest import advisories
 
@@ -72,9 +73,9 @@ def test_ack_moves_a_job_to_a_later_gate_with_a_new_payload(pull_world, parts, p
     r = pc.ack([{"ID": plain["ID"], "NextState": "QUEUED", "Gate": -1}])
     assert r.status_code == 400
     ack(pc, [{"ID": again["ID"], "NextState": "DELIVERED"}])
-    assert JobTransition.objects.filter(job_id=int(job["ID"]), reason="gate").count() == 1
+    assert JobTransition.objects.filter(job_id=job_pk(job["ID"]), reason="gate").count() == 1
     # the other consumer's copy keeps its payload: the override is per job
-    assert Job.objects.get(pk=int(job["ID"])).payload is not None
+    assert Job.objects.get(pk=job_pk(job["ID"])).payload is not None
     p = parts.get("c2", "doc")
     assert p["gate"] == 3 and p["counts"] == {"3": {"DELIVERED": 1}}
 

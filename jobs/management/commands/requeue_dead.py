@@ -7,28 +7,38 @@ index, so millions of dead jobs never hold one long lock and the operator sees i
 
 from __future__ import annotations
 
+import argparse
 import time
 
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
 from broker.counters import JOB, counts_for
+from broker.xid import job_pk
 from jobs.state import DEAD, jobs_requeue_dead
+
+
+def job_id_arg(text: str) -> int:
+    """A job ID (the xid the API and the admin show) as its primary key; anything else is a usage error."""
+    pk = job_pk(text)
+    if pk is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a job ID (20 characters of 0-9 a-v)")
+    return pk
 
 
 class Command(BaseCommand):
     help = (
         "Requeue dead jobs (DEAD -> QUEUED, retry count reset to 0) through the job state machine, as "
         "POST .../dlq and the admin do. Select the consumers with --channel [--consumer] or --all; "
-        "--job limits it to given job ids. Works in batches and prints progress."
+        "--job limits it to given job IDs. Works in batches and prints progress."
     )
 
     def add_arguments(self, parser):
         parser.add_argument("--channel", help="channel id (all its consumers unless --consumer is given)")
         parser.add_argument("--consumer", help="consumer id within --channel")
         parser.add_argument("--all", action="store_true", help="every consumer of every channel")
-        parser.add_argument("--job", type=int, action="append", dest="jobs", metavar="ID",
-                            help="only this job id (repeatable)")
+        parser.add_argument("--job", type=job_id_arg, action="append", dest="jobs", metavar="ID",
+                            help="only this job (its job ID as the API and the admin show it; repeatable)")
         parser.add_argument("--batch", type=int, default=5000, help="jobs per statement (default 5000)")
         parser.add_argument("--dry-run", action="store_true", help="only show how many dead jobs there are")
 

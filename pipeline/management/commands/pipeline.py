@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
 from pathlib import Path
 
@@ -17,6 +19,26 @@ If the command dies at any point, run it again with the same --out: it first fin
 interrupted run (discards unverified output, publishes and prunes verified output) and never
 writes a message that is already in the archive, so nothing is lost and nothing is duplicated.
 """
+
+
+INSTALL_HINT = ("pip install -e '.[spark]', Java 17+ (apt-get install openjdk-17-jre-headless) and the "
+                "PostgreSQL JDBC jar (apt-get install libpostgresql-jdbc-java, or set BROKER_JDBC_JAR)")
+
+
+def spark_requirements_check() -> None:
+    """What a run needs, checked before Spark starts: a missing piece is one line saying what to
+    install and exit status 2, not a traceback from deep inside pyspark."""
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        raise CommandError(f"the pipeline needs PySpark, which is not installed: {INSTALL_HINT}", returncode=2) from None
+    java_home = os.environ.get("JAVA_HOME")
+    if not (java_home and os.access(os.path.join(java_home, "bin", "java"), os.X_OK)) and not shutil.which("java"):
+        raise CommandError(f"the pipeline needs Java, which was not found (JAVA_HOME, PATH): {INSTALL_HINT}",
+                           returncode=2)
+    if not os.path.exists(settings.BROKER_JDBC_JAR):
+        raise CommandError(f"the pipeline needs the PostgreSQL JDBC driver, not found at {settings.BROKER_JDBC_JAR}: "
+                           f"{INSTALL_HINT}", returncode=2)
 
 
 class Command(BaseCommand):
@@ -55,6 +77,7 @@ class Command(BaseCommand):
         archive.add_argument("--master", default=None, help="Spark master URL (default SPARK_MASTER)")
 
     def handle(self, *args, **options):
+        spark_requirements_check()
         from pyspark.sql import SparkSession
 
         from pipeline.session import spark_session_build
