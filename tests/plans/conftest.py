@@ -155,7 +155,7 @@ def _extras(cur, w: World) -> None:
 
 
 @pytest.fixture(scope="module")
-def world(django_db_setup, django_db_blocker):
+def big_world(django_db_setup, django_db_blocker):
     """The big tables (committed), with fresh statistics; removed afterwards."""
     from django.db import connection
 
@@ -205,7 +205,7 @@ def world(django_db_setup, django_db_blocker):
 
 
 @pytest.fixture(scope="module")
-def pg(world, django_db_blocker):
+def pg(big_world, django_db_blocker):
     """A psycopg connection of its own (autocommit) to the test database, for EXPLAIN."""
     import psycopg
     from django.db import connection
@@ -222,7 +222,7 @@ def pg(world, django_db_blocker):
 
 
 @pytest.fixture(scope="module", params=["fresh", "analyzed"])
-def stats(request, world, pg):
+def stats(request, big_world, pg):
     """Statistics as a new backlog meets them ("fresh": analyzed while small), then after ANALYZE.
     Module scope and this order: every fresh case runs before the ANALYZE."""
     if request.param == "analyzed":

@@ -25,8 +25,8 @@ for case in CASES:
 
 
 @pytest.mark.parametrize(("case", "mode"), PARAMS)
-def test_statement_plan(case, mode, stats, world, pg):
-    sql, params = statement_sql(case, world)
+def test_statement_plan(case, mode, stats, big_world, pg):
+    sql, params = statement_sql(case, big_world)
     plan = explain_prepared(pg, sql, params, mode=mode) if mode else explain_plain(pg, sql, params)
     problems = plan_problems(plan, index=case.index, sorts=bool(case.sorts))
     assert not problems, f"{case.name} ({stats} statistics, {mode or 'literals'}):\n" + "\n".join(problems) \
