@@ -73,7 +73,8 @@ def setup(url: str, receiver_port: int, sweep_size: int) -> None:
     pull = {"token": "t", "type": "pull"}
     check(s.put(f"{url}/channel/growth/consumer/pull", data=pull), 201, 200)
     check(s.put(f"{url}/channel/growth/consumer/pinned",
-                data={**pull, "priorityPolicy": "pinned_client", "priorityGroups": "A"}), 201, 200)
+                data={**pull, "priorityPolicy": "pinned_client", "priorityGroups": "A",
+                      "priorityTimeout": "3600"}), 201, 200)  # the pin outlives building the next size
     check(s.put(f"{url}/channel/growth/consumer/overflow",
                 data={**pull, "priorityPolicy": "overflow", "priorityGroups": "A"}), 201, 200)
     for i in range(PUSH_CONSUMERS):
