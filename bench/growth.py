@@ -178,6 +178,19 @@ def counters_fold() -> None:
     connection.close()
 
 
+class Compactor(threading.Thread):
+    """Folds the counter deltas every 5 s while measuring, as the workers' loops do
+    (COMPACT_EVERY): they are not running here except for the push phase."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.stop = threading.Event()
+
+    def run(self):
+        while not self.stop.wait(5.0):
+            counters_fold()
+
+
 def analyze() -> None:
     from django.db import connection
 
@@ -481,12 +494,16 @@ def main() -> int:
                     counters_fold()
                     print(f"backlog {size:,}: built in {time.perf_counter() - t0:.0f} s "
                           f"(load {os.getloadavg()[0]:.1f})", flush=True)
+                    compactor = Compactor()
+                    compactor.start()
                     results[size] = measure_size(c, args.samples)
                     results[size]["push deliveries/s (5 consumers)"] = push_rate(env, receiver, args.push_seconds,
                                                                                  workdir)
                     sweeps[size] = sweep_phase(url, args.sweep, base_wait=max(10.0, args.sweep / 2500))
                     results[size]["timeout sweep of the expired in-flight jobs (ms)"] = sweeps[size]["sweep s"] * 1000
                     results[size].update(measure_analyzed(c, args.samples))
+                    compactor.stop.set()
+                    compactor.join()
                     counters_fold()
                     print(f"backlog {size:,}: measured (load {os.getloadavg()[0]:.1f}): "
                           + json.dumps({k: round(v, 2) for k, v in results[size].items()}), flush=True)

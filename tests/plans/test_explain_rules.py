@@ -26,3 +26,13 @@ def test_rules_reject_a_seq_scan_an_unbounded_sort_and_a_missing_index():
 
 def test_rules_ignore_small_tables():
     assert plan_problems(_n("Seq Scan", "consumers_consumer"), index=()) == []
+
+
+def test_rules_reject_a_hash_join_over_a_whole_index_and_accept_one_over_bounded_rows():
+    unbounded = _n("Hash Join", None, None, _n("CTE Scan"),
+                   _n("Hash", None, None, _n("Index Scan", "jobs_job", "job_inflight_deadline")))
+    assert plan_problems(unbounded, index="job_inflight_deadline") == [
+        "Hash over an unbounded scan of jobs_job/broker_message"]
+    bounded = _n("Hash Join", None, None, _n("CTE Scan"),
+                 _n("Hash", None, None, _n("Limit", None, None, _n("Index Scan", "jobs_job", "job_claim"))))
+    assert plan_problems(bounded, index="job_claim") == []
