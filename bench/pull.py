@@ -7,7 +7,8 @@ For a backlog of 200,000 jobs per consumer, prints jobs/s through
   2. the fast path: POST pull (batch 100) + POST ack (100 outcomes), 4 concurrent clients,
   3. the raw PostgreSQL limit in the same run: the same claim (SKIP LOCKED, batch 100, returning
      the payloads) and ack straight through psycopg, 4 client processes, no HTTP,
-and the ratios. Targets on the 2-core machine: fast path >= 0.5 x the raw limit (at 200k and at 1M),
+and the ratios. The counter deltas are folded every 5 s meanwhile, as the workers do (they are not
+running here). Targets on the 2-core machine: fast path >= 0.5 x the raw limit (at 200k and at 1M),
 spec path >= 500/s with 1 client and >= 1,000/s with 8 (200k backlog).
 
     python bench/pull.py [--backlog 200000] [--clients 4] [--batch 100] [--spec-seconds 10] [--seconds 60]
@@ -293,6 +294,11 @@ def main() -> None:
     with broker_database() as database_url:
         env = base_env(database_url)
         manage(env, "migrate", "--verbosity", "0")
+        from bench.growth import Compactor, django_setup
+
+        django_setup(env)
+        compactor = Compactor()  # the workers' counter compaction (every 5 s)
+        compactor.start()
         server = start_gunicorn(env, workers=args.workers)
         try:
             setup(server.url)
@@ -318,6 +324,8 @@ def main() -> None:
                 raw, raw_jobs = run_raw(database_url, args.clients, args.batch, args.seconds)
         finally:
             server.stop()
+            compactor.stop.set()
+            compactor.join()
     print(f"pull benchmark: gunicorn {args.workers} workers, {len(PAYLOAD)}-byte JSON payloads, "
           f"backlog {args.backlog} jobs per consumer, load average before: {load_before}")
     print(f"{'path':66} {'jobs/s':>8} {'vs raw':>7}   CPU ms/job: web + db + client")
