@@ -129,6 +129,8 @@ CASES: list[Case] = [
     Case("jobs.partitions._STALE_SQL", "job_partition_gate", lambda w: [100], run="plain"),
     Case("jobs.partitions._COUNTS_SQL", "job_partition_gate", lambda w: [w.partition, 0], run="plain",
          sorts="groups the jobs of one partition"),
+    Case("jobs.partitions._GATE_BUSY_SQL", "job_partition_gate",
+         lambda w: [w.partition, 0, w.partition, 0], run="plain"),
     Case("jobs.partitions._FREE_SQL", "job_partition_gate", lambda w: {"limit": 1000}, run="plain"),
     # --- operator and DLQ actions ---------------------------------------------------------------
     Case("jobs.state._REQUEUE_DEAD_SQL", "job_consumer_status",
