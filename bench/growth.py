@@ -191,6 +191,16 @@ class Compactor(threading.Thread):
             counters_fold()
 
 
+def autovacuum_now() -> str:
+    """What autovacuum is doing right now (it competes for the 2 cores right after a big backlog)."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT coalesce(string_agg(regexp_replace(query, '^autovacuum: ', ''), '; '), 'idle') "
+                    "FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'")
+        return cur.fetchone()[0]
+
+
 def analyze() -> None:
     from django.db import connection
 
@@ -348,6 +358,7 @@ def measure_size(c: Client, samples: int) -> dict[str, float]:
 
 def measure_analyzed(c: Client, samples: int) -> dict[str, float]:
     base = "/channel/growth/consumer/pull"
+    print(f"autovacuum before the ANALYZE: {autovacuum_now()}", flush=True)
     analyze()
     return {
         "after ANALYZE: pull 100 + ack 100": median_ms(lambda: c.pull_ack(base), samples),
@@ -496,6 +507,7 @@ def main() -> int:
                           f"(load {os.getloadavg()[0]:.1f})", flush=True)
                     compactor = Compactor()
                     compactor.start()
+                    print(f"backlog {size:,}: autovacuum at the start of measuring: {autovacuum_now()}", flush=True)
                     results[size] = measure_size(c, args.samples)
                     results[size]["push deliveries/s (5 consumers)"] = push_rate(env, receiver, args.push_seconds,
                                                                                  workdir)
