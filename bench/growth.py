@@ -511,7 +511,7 @@ def main() -> int:
                     results[size] = measure_size(c, args.samples)
                     results[size]["push deliveries/s (5 consumers)"] = push_rate(env, receiver, args.push_seconds,
                                                                                  workdir)
-                    sweeps[size] = sweep_phase(url, args.sweep, base_wait=max(10.0, args.sweep / 2500))
+                    sweeps[size] = sweep_phase(url, args.sweep, base_wait=max(4.0 if args.smoke else 10.0, args.sweep / 2500))
                     results[size]["timeout sweep of the expired in-flight jobs (ms)"] = sweeps[size]["sweep s"] * 1000
                     results[size].update(measure_analyzed(c, args.samples))
                     compactor.stop.set()
