@@ -9,9 +9,12 @@ For a backlog of 200,000 jobs per consumer, prints jobs/s through
      the payloads) and ack straight through psycopg, 4 client processes, no HTTP,
   4. the Python client (client/): broker_client's consume() with batch 100, 4 processes (target:
      >= 80% of the fast path in the same run),
-and the ratios. Targets on the 2-core machine: fast path >= 1/3 of the raw limit, spec path >= 500/s.
+and the ratios. The counter deltas are folded every 5 s meanwhile, as the workers do (they are not
+running here). Targets on the 2-core machine: fast path >= 0.5 x the raw limit (at 200k and at 1M),
+spec path >= 500/s with 1 client and >= 1,000/s with 8 (200k backlog).
 
     python bench/pull.py [--backlog 200000] [--clients 4] [--batch 100] [--spec-seconds 10] [--seconds 60]
+    python bench/pull.py --backlog 1000000
 
 Uses DATABASE_URL when set, else a throw-away embedded PostgreSQL (fsync on).
 """
@@ -337,6 +340,11 @@ def main() -> None:
     with broker_database() as database_url:
         env = base_env(database_url)
         manage(env, "migrate", "--verbosity", "0")
+        from bench.growth import Compactor, django_setup
+
+        django_setup(env)
+        compactor = Compactor()  # the workers' counter compaction (every 5 s)
+        compactor.start()
         server = start_gunicorn(env, workers=args.workers)
         try:
             setup(server.url)
@@ -366,6 +374,8 @@ def main() -> None:
                 raw, raw_jobs = run_raw(database_url, args.clients, args.batch, args.seconds)
         finally:
             server.stop()
+            compactor.stop.set()
+            compactor.join()
     print(f"pull benchmark: gunicorn {args.workers} workers, {len(PAYLOAD)}-byte JSON payloads, "
           f"backlog {args.backlog} jobs per consumer, load average before: {load_before}")
     print(f"{'path':66} {'jobs/s':>8} {'vs raw':>7}   CPU ms/job: web + db + client")
@@ -380,8 +390,9 @@ def main() -> None:
     ]
     for name, rate, cpu, jobs, extra in rows:
         print(f"{name:66} {rate:8.0f} {rate / raw:7.3f}   {cpu.per_job(jobs)}  ({jobs} jobs{extra})")
-    print(f"targets: fast >= raw / 3 ({raw / 3:.0f}/s): {'met' if fast >= raw / 3 else 'NOT met'} "
-          f"({fast / raw:.2f}); spec >= 500/s: {'met' if max(spec1, specn) >= 500 else 'NOT met'}")
+    print(f"targets: fast >= raw / 2 ({raw / 2:.0f}/s): {'met' if fast >= raw / 2 else 'NOT met'} "
+          f"({fast / raw:.2f}); spec >= 500/s with 1 client: {'met' if spec1 >= 500 else 'NOT met'}; "
+          f"spec >= 1,000/s with {args.spec_clients}: {'met' if specn >= 1000 else 'NOT met'}")
 
 if __name__ == "__main__":
     main()

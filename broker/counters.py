@@ -12,22 +12,24 @@ MESSAGE = 2
 REDELIVERED = 2001  # pseudo status: QUEUED/INFLIGHT jobs with retry_count > 0
 
 
+# The folded counts and the pending deltas of some (or all) owners of a scope: counter_key and
+# counterdelta_owner.
+_COUNTS_SQL = """
+SELECT owner_id, status, sum(n)::bigint FROM (
+    SELECT owner_id, status, count AS n FROM broker_counter
+     WHERE scope = %(scope)s AND (%(ids)s::bigint[] IS NULL OR owner_id = ANY(%(ids)s::bigint[]))
+    UNION ALL
+    SELECT owner_id, status, delta FROM broker_counterdelta
+     WHERE scope = %(scope)s AND (%(ids)s::bigint[] IS NULL OR owner_id = ANY(%(ids)s::bigint[]))
+) x GROUP BY owner_id, status
+"""
+
+
 def counts_for(*, scope: int, owner_ids: Iterable[int] | None = None) -> dict[int, dict[int, int]]:
     """{owner_id: {status: count}} summing the folded counts and the pending deltas."""
     ids = list(owner_ids) if owner_ids is not None else None
     with connection.cursor() as cur:
-        cur.execute(
-            """
-            SELECT owner_id, status, sum(n)::bigint FROM (
-                SELECT owner_id, status, count AS n FROM broker_counter
-                 WHERE scope = %(scope)s AND (%(ids)s::bigint[] IS NULL OR owner_id = ANY(%(ids)s::bigint[]))
-                UNION ALL
-                SELECT owner_id, status, delta FROM broker_counterdelta
-                 WHERE scope = %(scope)s AND (%(ids)s::bigint[] IS NULL OR owner_id = ANY(%(ids)s::bigint[]))
-            ) x GROUP BY owner_id, status
-            """,
-            {"scope": scope, "ids": ids},
-        )
+        cur.execute(_COUNTS_SQL, {"scope": scope, "ids": ids})
         result: dict[int, dict[int, int]] = defaultdict(dict)
         for owner, status, n in cur.fetchall():
             result[owner][status] = int(n)

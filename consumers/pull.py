@@ -178,7 +178,7 @@ def consumer_sweep(*, consumer_pk: int, force: bool = False) -> int:
         if not force and now - _last_sweep.get(consumer_pk, -1e9) < SWEEP_INTERVAL:
             return 0
         _last_sweep[consumer_pk] = now
-    return state.jobs_expire_inflight(consumer_pk=consumer_pk)
+    return state.jobs_expire_inflight(consumer_pk=consumer_pk, budget=0)  # one batch: a request waits on it
 
 
 # --- the spec: queued-jobs and the job state endpoint ----------------------------------------------
@@ -193,15 +193,19 @@ def limit_parse(raw: str | None) -> int:
     return min(int(text), QUEUED_JOBS_MAX)
 
 
+# job_claim walked in its order; each job's message by primary key (LATERAL ... LIMIT 1 is never
+# turned into a join: a generic plan guesses an unknown LIMIT at 10% of the backlog and hash-joined
+# the whole message table, 600 ms at a 1M backlog)
 _QUEUED_SQL = """
 SELECT j.id, j.priority, j.incremental_timeout, m.message_id, m.payload, m.content_type, m.headers
   FROM (SELECT id, priority, incremental_timeout, message_id FROM jobs_job
          WHERE consumer_id = %(consumer)s AND status = %(queued)s AND next_attempt_at <= now()
          ORDER BY priority DESC, id LIMIT %(limit)s) j
-  JOIN broker_message m ON m.id = j.message_id
+  CROSS JOIN LATERAL (SELECT message_id, payload, content_type, headers FROM broker_message
+                       WHERE id = j.message_id LIMIT 1) m
  ORDER BY j.priority DESC, j.id
 """
-_QUEUED_SQL = state.typed_sql(_QUEUED_SQL, {"consumer": "bigint", "queued": "smallint", "limit": "int"})
+_QUEUED_SQL = state.typed_sql(state.statuses_inline(_QUEUED_SQL), {"consumer": "bigint", "queued": "smallint", "limit": "int"})
 
 
 def queued_jobs_list(*, ctx: PullContext, limit: int) -> list[dict]:
@@ -412,6 +416,23 @@ def _claim(ctx: PullContext, req: PullRequest) -> list[state.ClaimedJob]:
                                      incremental_timeout=req.incremental_timeout, reason="pull")
 
 
+# When the next QUEUED job becomes due (seconds; <= 0: one is due now) and when the next in-flight
+# deadline passes, for a pull that found nothing and waits. A first attempt is due from its creation
+# (job_push_fresh: the first one in claim order), a retry at its next_attempt_at (job_push_retry, by
+# time); in-flight deadlines from job_inflight_consumer. Each is one short index probe, never a
+# scan of the backlog (a paused consumer's waiting pulls run this on every wake-up).
+_NEXT_PROBES = f"""
+       EXTRACT(EPOCH FROM LEAST(
+           (SELECT f.next_attempt_at FROM jobs_job f
+             WHERE f.consumer_id = %(consumer)s AND f.status = {QUEUED} AND f.retry_count = 0
+               AND f.partition_id IS NULL
+             ORDER BY f.priority DESC, f.id LIMIT 1),
+           (SELECT min(r.next_attempt_at) FROM jobs_job r
+             WHERE r.consumer_id = %(consumer)s AND r.status = {QUEUED} AND r.retry_count > 0
+               AND (r.partition_id IS NULL OR r.next_attempt_at > now()))) - now()),
+       EXTRACT(EPOCH FROM (SELECT min(i.deadline) FROM jobs_job i
+                            WHERE i.consumer_id = %(consumer)s AND i.status = {INFLIGHT}) - now())"""
+
 _WAITER_SQL = """
 WITH gc AS (
     DELETE FROM consumers_pullwaiter WHERE consumer_id = %(consumer)s AND expires_at < now() - interval '5 seconds'
@@ -422,21 +443,9 @@ WITH gc AS (
             now(), now() + %(expires)s * interval '1 second', %(consumer)s)
     RETURNING id
 )
-SELECT (SELECT id FROM w),
-       EXTRACT(EPOCH FROM (SELECT min(next_attempt_at) FROM jobs_job
-                            WHERE consumer_id = %(consumer)s AND status = %(queued)s
-                              AND (partition_id IS NULL OR next_attempt_at > now())) - now()),
-       EXTRACT(EPOCH FROM (SELECT min(deadline) FROM jobs_job
-                            WHERE consumer_id = %(consumer)s AND status = %(inflight)s) - now())
-"""
+SELECT (SELECT id FROM w),""" + _NEXT_PROBES
 
-_NEXT_SQL = """
-SELECT EXTRACT(EPOCH FROM (SELECT min(next_attempt_at) FROM jobs_job
-                            WHERE consumer_id = %(consumer)s AND status = %(queued)s
-                              AND (partition_id IS NULL OR next_attempt_at > now())) - now()),
-       EXTRACT(EPOCH FROM (SELECT min(deadline) FROM jobs_job
-                            WHERE consumer_id = %(consumer)s AND status = %(inflight)s) - now())
-"""
+_NEXT_SQL = "SELECT" + _NEXT_PROBES
 
 
 # In _WAITER_SQL / _NEXT_SQL a partitioned job counts as "due" only while delayed (retry backoff):
@@ -640,6 +649,9 @@ def job_progress(*, ctx: PullContext, incremental_timeout: float | None) -> dict
 
 # --- statistics --------------------------------------------------------------------------------------
 
+_WAITING_SQL = "SELECT count(*) FROM consumers_pullwaiter WHERE consumer_id = %s AND expires_at > now()"  # pullwaiter_live
+
+
 def consumer_stats(*, consumer_pk: int, sweep: bool = False) -> dict:
     """Maintained counters (never COUNT(*) over jobs) plus the live waiter rows. ``sweep`` (pull
     consumers) first requeues expired leases, at most once a second per process, so the numbers
@@ -648,8 +660,7 @@ def consumer_stats(*, consumer_pk: int, sweep: bool = False) -> dict:
         consumer_sweep(consumer_pk=consumer_pk)
     counts = counts_for(scope=JOB, owner_ids=[consumer_pk]).get(consumer_pk, {})
     with connection.cursor() as cur:
-        cur.execute("SELECT count(*) FROM consumers_pullwaiter WHERE consumer_id = %s AND expires_at > now()",
-                    [consumer_pk])
+        cur.execute(_WAITING_SQL, [consumer_pk])
         waiting = int(cur.fetchone()[0])
     return {
         "NumPending": counts.get(QUEUED, 0),

@@ -79,7 +79,8 @@ class ConsumerFilter(admin.SimpleListFilter):
             return queryset
         if not value.isdigit():
             return queryset.none()
-        return queryset.filter(consumer_id=int(value))
+        # a range, not an equality: the consumer stays a sort key (JobAdmin.get_ordering)
+        return queryset.filter(consumer_id__gte=int(value), consumer_id__lte=int(value))
 
 
 class AttemptsFilter(admin.SimpleListFilter):
@@ -238,6 +239,15 @@ class JobAdmin(LargeTableAdmin):
         statuses = [int(params["status__exact"])] if "status__exact" in params else list(STATUS_NAMES)
         counts = counts_for(scope=JOB, owner_ids=pks)
         return max(sum(counts.get(pk, {}).get(s, 0) for pk in pks for s in statuses), 0)
+
+    def get_ordering(self, request):
+        """One consumer's jobs in one status are read off job_consumer_status (consumer, status,
+        id DESC) in its order: ordered by id alone, the planner walked the primary key over every
+        other consumer's jobs to fill a page (ConsumerFilter filters by a range, so the consumer
+        stays a sort key the index provides)."""
+        if request.GET.get("consumer", "").isdigit() and request.GET.get("status__exact", "").isdigit():
+            return ("consumer_id", "-id")
+        return super().get_ordering(request)
 
     def has_add_permission(self, request):
         return False

@@ -12,3 +12,10 @@ class JobsConfig(AppConfig):
         from jobs.tasks import on_worker_spawn
 
         post_spawn.connect(on_worker_spawn, dispatch_uid="jobs.push_dispatch_on_spawn")
+
+        # How the hot prepared statements are planned (jobs.state.PLAN_CACHE_MODE).
+        from django.db.backends.signals import connection_created
+
+        from jobs.state import connection_plan_setup
+
+        connection_created.connect(connection_plan_setup, dispatch_uid="jobs.plan_cache_mode")

@@ -111,13 +111,26 @@ def _require(partition_pk=None, consumer_pk=None, key=None) -> Row:
     return row
 
 
+# served by job_partition_gate (partition, gate, status)
+_COUNTS_SQL = ("SELECT gate, status, count(*) FROM jobs_job WHERE partition_id = %s AND gate >= %s "
+               "GROUP BY gate, status")
+
+
 def _counts(partition_pk: int, from_gate: int = 0) -> dict[tuple[int, int], int]:
     """{(gate, status): n} of the partition's jobs at ``from_gate`` or above (the partial index
     ``job_partition_gate``: a bounded scan of one partition, never of the job table)."""
     with connection.cursor() as cur:
-        cur.execute("SELECT gate, status, count(*) FROM jobs_job WHERE partition_id = %s AND gate >= %s "
-                    "GROUP BY gate, status", [partition_pk, from_gate])
+        cur.execute(_COUNTS_SQL, [partition_pk, from_gate])
         return {(g, s): n for g, s, n in cur.fetchall()}
+
+
+# Is the current gate's work under way (a job there QUEUED or INFLIGHT) and none DEAD? Then a settle
+# changes nothing for an AVAILABLE partition: the common case after a job finishes, answered by two
+# probes of job_partition_gate instead of counting every job of the partition.
+_GATE_BUSY_SQL = f"""
+SELECT EXISTS (SELECT 1 FROM jobs_job WHERE partition_id = %s AND gate = %s AND status = {DEAD}),
+       EXISTS (SELECT 1 FROM jobs_job WHERE partition_id = %s AND gate = %s AND status IN ({QUEUED}, {INFLIGHT}))
+"""
 
 
 def counts_repr(counts: dict[tuple[int, int], int]) -> dict:
@@ -228,6 +241,12 @@ def partition_settle(*, partition_pk: int) -> Settled | None:
                 return None
             if row.status == COMPLETE:
                 return Settled(row.id, row.gate, row.status, row.version, False, attempt)
+            if row.status == AVAILABLE:
+                with connection.cursor() as cur:
+                    cur.execute(_GATE_BUSY_SQL, [row.id, row.gate, row.id, row.gate])
+                    dead, busy = cur.fetchone()
+                if busy and not dead:  # what _next_state would answer: unchanged
+                    return Settled(row.id, row.gate, row.status, row.version, False, attempt)
             counts = _counts(row.id, row.gate)
             gate, status = _next_state(row, counts)
             if (gate, status) == (row.gate, row.status):
@@ -264,26 +283,25 @@ def partitions_settle(*, partition_ids) -> list[Settled]:
 
 
 # Partitions a settle would change (nothing claimable at the current gate, yet: a DEAD job there,
-# later gates waiting, a FAILED one whose dead jobs are gone, or all done and closing).
+# later gates waiting, a FAILED one whose dead jobs are gone, or all done and closing). Each test
+# is a probe of one partition on job_partition_gate ("(SELECT 1 ... LIMIT 1)", which the planner
+# cannot turn into a join: as NOT EXISTS it merge-joined every partitioned job of the table).
+_HAS = "(SELECT 1 FROM jobs_job j WHERE j.partition_id = p.id AND {} LIMIT 1) IS NOT NULL"
 _STALE_SQL = """
 SELECT p.id FROM jobs_partition p
  WHERE p.status IN ({AVAILABLE}, {FAILED}) AND p.updated_at < now() - interval '2 seconds'
-   AND NOT EXISTS (SELECT 1 FROM jobs_job j WHERE j.partition_id = p.id AND j.gate = p.gate
-                      AND j.status IN ({QUEUED}, {INFLIGHT}))
-   AND CASE WHEN p.status = {FAILED}
-            THEN NOT EXISTS (SELECT 1 FROM jobs_job j WHERE j.partition_id = p.id AND j.gate = p.gate
-                                AND j.status = {DEAD})
-            ELSE EXISTS (SELECT 1 FROM jobs_job j WHERE j.partition_id = p.id AND j.gate = p.gate
-                            AND j.status = {DEAD})
-                 OR (NOT p.manual_checkpoint AND EXISTS (
-                        SELECT 1 FROM jobs_job j WHERE j.partition_id = p.id AND j.gate > p.gate
-                           AND j.status <> {DELIVERED}))
-                 OR ((p.closed OR p.auto_close) AND NOT EXISTS (
-                        SELECT 1 FROM jobs_job j WHERE j.partition_id = p.id AND j.gate >= p.gate
-                           AND j.status <> {DELIVERED}))
+   AND NOT {WORK}
+   AND CASE WHEN p.status = {FAILED} THEN NOT {DEAD_HERE}
+            ELSE {DEAD_HERE}
+                 OR (NOT p.manual_checkpoint AND {LATER})
+                 OR ((p.closed OR p.auto_close) AND NOT {LEFT})
        END
  ORDER BY p.updated_at LIMIT %s
-""".format(AVAILABLE=AVAILABLE, FAILED=FAILED, QUEUED=QUEUED, INFLIGHT=INFLIGHT, DELIVERED=DELIVERED, DEAD=DEAD)
+""".replace("{WORK}", _HAS.format("j.gate = p.gate AND j.status IN ({QUEUED}, {INFLIGHT})")).replace(
+    "{DEAD_HERE}", _HAS.format("j.gate = p.gate AND j.status = {DEAD}")).replace(
+    "{LATER}", _HAS.format("j.gate > p.gate AND j.status <> {DELIVERED}")).replace(
+    "{LEFT}", _HAS.format("j.gate >= p.gate AND j.status <> {DELIVERED}")).format(
+    AVAILABLE=AVAILABLE, FAILED=FAILED, QUEUED=QUEUED, INFLIGHT=INFLIGHT, DELIVERED=DELIVERED, DEAD=DEAD)
 
 STALE_EVERY = 10.0  # seconds between safety-net settles in one process
 _stale_next = 0.0

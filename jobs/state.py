@@ -45,6 +45,47 @@ ALLOWED = {
 }
 
 
+# --- how the hot statements are planned -------------------------------------------------------
+
+# Statuses are written into the SQL as literals, never bound as parameters: only a literal lets a
+# plan (a cached generic plan above all) use the partial indexes that hold one status (job_claim,
+# job_inflight_deadline, ...). Bound, the pull claim's generic plan fetched every QUEUED job of the
+# consumer through job_consumer_status and sorted them (833 ms per pull + ack at a 1M backlog).
+_STATUS_PLACEHOLDERS = {"queued": QUEUED, "inflight": INFLIGHT, "delivered": DELIVERED, "dead": DEAD}
+_STATUS_PARAM = re.compile(r"%\((queued|inflight|delivered|dead)\)s(?:::smallint)?")
+
+
+def statuses_inline(sql: str) -> str:
+    """``%(queued)s`` (and the other status placeholders) as the status's literal."""
+    return _STATUS_PARAM.sub(lambda m: str(_STATUS_PLACEHOLDERS[m.group(1)]), sql)
+
+
+# plan_cache_mode = force_generic_plan on every connection of the broker (``jobs.apps``), decided
+# for the server-side prepared statements of the hot paths (``prepared_fetchall``, the push
+# dispatcher), the only statements it applies to (Django binds its own queries client-side):
+# - each is written so that one plan is right for every parameter value (statuses inlined, ids
+#   looked up by primary key, LIMIT on an index walk in the index's order), and tests/plans checks
+#   that its generic plan uses the index it was written for, with the statistics a new backlog
+#   meets and after ANALYZE;
+# - planning costs more than running them (a pull claim plans in ~0.7 ms and runs in ~1 ms), so a
+#   plan made once per connection is what keeps a pull cheap;
+# - custom plans follow the statistics of the moment: right after a backlog appears those describe
+#   the small table of before, and the plan flipped (queued-jobs 8.8 ms at 10k, 73.5 ms at 100k,
+#   5.0 ms at 1M); under ``auto`` PostgreSQL also re-plans (custom) whenever its estimate favours it.
+PLAN_CACHE_MODE = "force_generic_plan"
+
+
+def connection_plan_setup(sender=None, connection=None, **kwargs) -> None:
+    """Django's ``connection_created``: plan the session's prepared statements generically (see
+    PLAN_CACHE_MODE). Sent in autocommit right after connecting, so no rollback undoes it."""
+    if connection is None or connection.vendor != "postgresql":
+        return
+    if not getattr(settings, "BROKER_PREPARED_STATEMENTS", True):
+        return  # nothing is prepared: every statement is planned with its values
+    with connection.cursor() as cur:
+        cur.execute(f"SET plan_cache_mode = {PLAN_CACHE_MODE}")
+
+
 class IllegalTransition(Exception):
     pass
 
@@ -359,63 +400,92 @@ def jobs_claim(*, consumer_pk: int, limit: int, incremental_timeout: float | Non
 
 # --- sweeps and operator actions ------------------------------------------------------------------
 
+# The timeout sweep, all consumers (job_inflight_deadline) or one (job_inflight_consumer: a pull's
+# lazy sweep of its own consumer must not step over the expired jobs of every other consumer).
 _EXPIRE_SQL = """
 WITH c AS (
-    SELECT j.id, j.retry_count, COALESCE(k.max_retry, %(max_retry)s) AS max_retry
-      FROM jobs_job j JOIN consumers_consumer k ON k.id = j.consumer_id
-     WHERE j.status = %(inflight)s AND j.deadline < now()
-       AND (%(consumer)s::bigint IS NULL OR j.consumer_id = %(consumer)s::bigint)
-     ORDER BY j.deadline
+    SELECT j.id FROM jobs_job j
+     WHERE j.status = {INFLIGHT} AND j.deadline < now() {CONSUMER}
      LIMIT %(limit)s
-       FOR UPDATE OF j SKIP LOCKED
+       FOR UPDATE SKIP LOCKED
 ), u AS (
+    -- by primary key only (``+ 0``; a join with c hashed every in-flight job per batch: 100,000
+    -- expired jobs took 99 s at a 1M backlog); the consumer's retry limit per row
     UPDATE jobs_job j SET
-        status = CASE WHEN c.retry_count + 1 > c.max_retry THEN %(dead)s ELSE %(queued)s END,
+        status = CASE WHEN j.retry_count + 1 > COALESCE(
+                          (SELECT k.max_retry FROM consumers_consumer k WHERE k.id = j.consumer_id), %(max_retry)s)
+                      THEN {DEAD} ELSE {QUEUED} END,
         retry_count = j.retry_count + 1,
         status_changed_at = now(),
         next_attempt_at = now(),
         deadline = NULL
-      FROM c WHERE j.id = c.id AND j.status = %(inflight)s
+     WHERE j.id = ANY(ARRAY(SELECT id FROM c)) AND j.status + 0 = {INFLIGHT}
     RETURNING j.id, j.status, j.retry_count, j.consumer_id, j.partition_id
 ), h AS (
     INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)
-    SELECT id, %(inflight)s, status, retry_count, 'timeout', now() FROM u
+    SELECT id, {INFLIGHT}, status, retry_count, 'timeout', now() FROM u
 ), n AS (
     SELECT pg_notify('broker_jobs', string_agg(DISTINCT consumer_id::text, ','))
-      FROM u WHERE status = %(queued)s HAVING count(*) > 0
+      FROM u WHERE status = {QUEUED} HAVING count(*) > 0
 )
 SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM n),
-       (SELECT array_agg(DISTINCT partition_id) FROM u WHERE partition_id IS NOT NULL AND status = %(dead)s)
+       (SELECT array_agg(DISTINCT partition_id) FROM u WHERE partition_id IS NOT NULL AND status = {DEAD})
 """
+# (no ORDER BY over all consumers: each call requeues every expired job, and either in-flight index
+# finds them without a sort; one consumer's come oldest first off its index)
+_EXPIRE_ALL_SQL = _EXPIRE_SQL.replace("{CONSUMER}", "").format(QUEUED=QUEUED, INFLIGHT=INFLIGHT, DEAD=DEAD)
+_EXPIRE_CONSUMER_SQL = _EXPIRE_SQL.replace("{CONSUMER}", "AND j.consumer_id = %(consumer)s ORDER BY j.deadline").format(
+    QUEUED=QUEUED, INFLIGHT=INFLIGHT, DEAD=DEAD)
+EXPIRE_BATCH = 5000
+EXPIRE_BUDGET = 2.0  # seconds one sweep call may spend on batches (the dispatcher sweeps every second)
 
 
-def jobs_expire_inflight(*, limit: int = 5000, consumer_pk: int | None = None) -> int:
+def jobs_expire_inflight(*, limit: int = EXPIRE_BATCH, consumer_pk: int | None = None,
+                         budget: float = EXPIRE_BUDGET) -> int:
     """Move INFLIGHT jobs whose deadline passed back to QUEUED (retry + 1), or DEAD past the
-    retry limit. Served by the partial index on ``deadline WHERE status = INFLIGHT``: cheap when
-    nothing is stale. ``consumer_pk`` limits it to one consumer (pull endpoints sweep their own
-    consumer lazily, so pull timeouts hold even between the workers' sweeps).
-    Returns how many jobs moved."""
-    with connection.cursor() as cur:
-        cur.execute(_EXPIRE_SQL, {
-            "inflight": INFLIGHT, "queued": QUEUED, "dead": DEAD,
-            "max_retry": settings.BROKER_MAX_RETRY, "limit": limit, "consumer": consumer_pk,
-        })
-        row = cur.fetchone()
-    _settle_on_commit(row[2] or [])
-    return int(row[0])
+    retry limit. Served by the partial indexes on in-flight deadlines: cheap when nothing is
+    stale. ``consumer_pk`` limits it to one consumer (pull endpoints sweep their own consumer
+    lazily, so pull timeouts hold even between the workers' sweeps).
 
+    Batches of ``limit`` jobs, each its own statement (and, outside a transaction, its own commit:
+    rows are locked SKIP LOCKED and only for one batch, so pulls and acks never wait), until a
+    batch comes back short or ``budget`` seconds are spent: 100,000 expired jobs are requeued by
+    one call instead of one batch a second. Returns how many jobs moved."""
+    import time
+
+    sql = _EXPIRE_ALL_SQL if consumer_pk is None else _EXPIRE_CONSUMER_SQL
+    params = {"max_retry": settings.BROKER_MAX_RETRY, "limit": int(limit), "consumer": consumer_pk}
+    total = 0
+    stop_at = time.monotonic() + budget
+    while True:
+        with connection.cursor() as cur:
+            cur.execute(sql, params)
+            row = cur.fetchone()
+        _settle_on_commit(row[2] or [])
+        moved = int(row[0])
+        total += moved
+        if moved < limit or time.monotonic() >= stop_at:
+            return total
+
+
+# One consumer's jobs of one status in id order, written so that only job_consumer_status
+# (consumer, status, id DESC) serves it: ranges keep the sort keys that equalities would drop, so
+# the planner cannot walk the primary key (or job_dead) filtering every other consumer's rows.
+_ONE_CONSUMER_STATUS = ("consumer_id BETWEEN %(consumer)s AND %(consumer)s "
+                        "AND status BETWEEN {status} AND {status}")
+_ONE_CONSUMER_ORDER = "ORDER BY consumer_id DESC, status DESC, id"  # the index backwards: oldest first
 
 _REQUEUE_DEAD_SQL = """
 WITH c AS (
     SELECT id FROM jobs_job
-     WHERE consumer_id = %(consumer)s AND status = %(dead)s
+     WHERE {WHERE}
        AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
-     ORDER BY id LIMIT %(limit)s
+     {ORDER} LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
 ), u AS (
     UPDATE jobs_job j SET status = %(queued)s, retry_count = 0, status_changed_at = now(),
                           next_attempt_at = now(), deadline = NULL
-      FROM c WHERE j.id = c.id AND j.status = %(dead)s
+     WHERE j.id = ANY(ARRAY(SELECT id FROM c)) AND j.status = %(dead)s  -- by primary key
     RETURNING j.id, j.partition_id
 ), h AS (
     INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)
@@ -423,7 +493,17 @@ WITH c AS (
 )
 SELECT count(*), (SELECT pg_notify('broker_jobs', %(consumer)s::text) FROM u LIMIT 1),
        (SELECT array_agg(DISTINCT partition_id) FROM u WHERE partition_id IS NOT NULL) FROM u
-"""
+""".replace("{WHERE}", _ONE_CONSUMER_STATUS.format(status=DEAD)).replace("{ORDER}", _ONE_CONSUMER_ORDER)
+
+_DELETE_DEAD_SQL = """
+DELETE FROM jobs_job WHERE id IN (
+    SELECT id FROM jobs_job
+     WHERE {WHERE}
+       AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+     LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+   AND status = {DEAD}
+RETURNING partition_id
+""".replace("{WHERE}", _ONE_CONSUMER_STATUS.format(status=DEAD)).replace("{DEAD}", str(DEAD))
 
 
 def jobs_requeue_dead(*, consumer_pk: int, job_ids: Iterable[int] | None = None,
@@ -450,17 +530,7 @@ def jobs_delete_dead(*, consumer_pk: int, job_ids: Iterable[int] | None = None, 
     total = 0
     while True:
         with connection.cursor() as cur:
-            cur.execute(
-                """
-                DELETE FROM jobs_job WHERE id IN (
-                    SELECT id FROM jobs_job
-                     WHERE consumer_id = %(consumer)s AND status = %(dead)s
-                       AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
-                     LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
-                RETURNING partition_id
-                """,
-                {"consumer": consumer_pk, "dead": DEAD, "ids": ids, "limit": batch},
-            )
+            cur.execute(_DELETE_DEAD_SQL, {"consumer": consumer_pk, "ids": ids, "limit": batch})
             deleted = cur.rowcount
             _settle_on_commit(r[0] for r in cur.fetchall())
         total += deleted
@@ -473,20 +543,20 @@ PURGED = 0  # to_status of the history row of a purged (deleted) QUEUED job: it 
 _PURGE_QUEUED_SQL = """
 WITH c AS (
     SELECT id FROM jobs_job
-     WHERE consumer_id = %(consumer)s AND status = %(queued)s
+     WHERE {WHERE}
        AND (%(before)s::timestamptz IS NULL OR created_at < %(before)s::timestamptz)
        AND (%(age)s::float8 IS NULL OR created_at < now() - %(age)s::float8 * interval '1 second')
-     ORDER BY id LIMIT %(limit)s
+     {ORDER} LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
 ), d AS (
-    DELETE FROM jobs_job j USING c WHERE j.id = c.id AND j.status = %(queued)s
+    DELETE FROM jobs_job j WHERE j.id = ANY(ARRAY(SELECT id FROM c)) AND j.status = %(queued)s  -- by primary key
     RETURNING j.id, j.retry_count, j.partition_id
 ), h AS (
     INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)
     SELECT id, %(queued)s, %(purged)s, retry_count, 'purged', now() FROM d
 )
 SELECT count(*), (SELECT array_agg(DISTINCT partition_id) FROM d WHERE partition_id IS NOT NULL) FROM d
-"""
+""".replace("{WHERE}", _ONE_CONSUMER_STATUS.format(status=QUEUED)).replace("{ORDER}", _ONE_CONSUMER_ORDER)
 
 
 def jobs_purge_queued(*, consumer_pk: int, older_than=None, older_than_seconds: float | None = None,
@@ -594,20 +664,23 @@ WITH c AS (
      LIMIT ({ROOM})
        FOR UPDATE SKIP LOCKED
 ), s AS (
+    -- payload sizes by primary key (a join let a plan hash the whole message table)
     SELECT c.id,
            row_number() OVER w AS n,
-           sum(octet_length(COALESCE(c.payload, m.payload))) OVER w AS running
-      FROM c JOIN broker_message m ON m.id = c.message_id
+           sum(COALESCE(octet_length(c.payload),
+                        (SELECT octet_length(m.payload) FROM broker_message m WHERE m.id = c.message_id))) OVER w
+               AS running
+      FROM c
     WINDOW w AS (ORDER BY c.priority DESC, c.id)
 ), picked AS (
     SELECT id FROM s WHERE n = 1 OR running <= %(max_bytes)s
 ), """.replace("{ROOM}", _PULL_ROOM).replace("{GATE}", partition_gate_sql("j", ordered=_PULL_ORDERED)) + _CLAIM_TAIL
-_CLAIM_SQL_TYPED = typed_sql(_CLAIM_SQL, {
+_CLAIM_SQL_TYPED = typed_sql(statuses_inline(_CLAIM_SQL), {
     "consumer": "bigint", "queued": "smallint", "limit": "int", "inflight": "smallint", "timeout": "float8",
     "inc": "float8", "reason": "text"})
 
 
-_CLAIM_BYTES_SQL = typed_sql(_CLAIM_BYTES_SQL, {
+_CLAIM_BYTES_SQL = typed_sql(statuses_inline(_CLAIM_BYTES_SQL), {
     "consumer": "bigint", "queued": "smallint", "limit": "int", "max_bytes": "bigint", "inflight": "smallint",
     "timeout": "float8", "inc": "float8", "reason": "text"})
 
@@ -635,10 +708,13 @@ UPDATE jobs_job SET
     deadline = GREATEST(deadline,
                         now() + (%(timeout)s + COALESCE(%(inc)s, incremental_timeout)) * interval '1 second'),
     incremental_timeout = COALESCE(%(inc)s, incremental_timeout)
- WHERE id = ANY(%(ids)s::bigint[]) AND status = %(inflight)s AND consumer_id = %(consumer)s
+ WHERE id = ANY(%(ids)s::bigint[]) AND status + 0 = %(inflight)s AND consumer_id + 0 = %(consumer)s
 RETURNING id, deadline, retry_count
 """
-_EXTEND_SQL = typed_sql(_EXTEND_SQL, {"timeout": "float8", "inc": "float8", "inflight": "smallint",
+# ``+ 0``: status and consumer are checked on the row, not looked up (primary key only): with the
+# statistics of a smaller table the planner otherwise walked the consumer's in-flight jobs through
+# job_consumer_status to find one id.
+_EXTEND_SQL = typed_sql(statuses_inline(_EXTEND_SQL), {"timeout": "float8", "inc": "float8", "inflight": "smallint",
                                       "consumer": "bigint"})
 
 
@@ -756,6 +832,8 @@ SELECT u.id, u.consumer_id, u.priority, u.retry_count, m.message_id, COALESCE(u.
 """.replace("{GATE}", partition_gate_sql(
     "j", ordered="r.ordered", lease="AND pt.owner = %(worker)s AND pt.lease_until > now()",
 )).format(QUEUED=QUEUED, INFLIGHT=INFLIGHT)
+_CLAIM_PUSH_SQL = typed_sql(_CLAIM_PUSH_SQL, {"limit": "int", "conn_timeout": "float8", "rational": "float8",
+                                              "reason": "text", "worker": "text"})
 
 
 @dataclass
@@ -850,7 +928,7 @@ WITH a AS (
 )
 SELECT a.*, (SELECT count(*) FROM u), (SELECT u.partition_id FROM u) FROM a
 """
-_PULL_MOVE_AUTH_SQL = typed_sql(_PULL_MOVE_AUTH_SQL, {
+_PULL_MOVE_AUTH_SQL = typed_sql(statuses_inline(_PULL_MOVE_AUTH_SQL), {
     "consumer": "text", "job": "bigint", "channel": "text", "to_s": "smallint", "dead": "smallint",
     "inflight": "smallint", "timeout": "float8", "inc": "float8", "ch_token": "text", "c_token": "text",
     "reason": "text"})
@@ -904,11 +982,11 @@ def _pull_move_auth_run(sql: str, moved_col: int, *, channel_id, consumer_id, jo
 # Priority groups (consumers.groups): on a consumer with a priority policy every claim goes
 # through its group dispatcher, so the spec path's per-job INFLIGHT move is refused there. Same
 # statement as above plus the consumer's policy in the auth row and one guard on the move.
-_PULL_MOVE_AUTH_GROUPED_SQL = _PULL_MOVE_AUTH_SQL.replace(
+_PULL_MOVE_AUTH_GROUPED_SQL = statuses_inline(_PULL_MOVE_AUTH_SQL).replace(
     "j.deadline < now() AS expired\n", "j.deadline < now() AS expired, c.priority_policy AS c_policy\n", 1,
 ).replace(
     "       AND md5(a.ch_token)",
-    "       AND (a.c_policy = 'none' OR %(to_s)s::smallint <> %(inflight)s::smallint)\n       AND md5(a.ch_token)", 1,
+    f"       AND (a.c_policy = 'none' OR %(to_s)s::smallint <> {INFLIGHT})\n       AND md5(a.ch_token)", 1,
 )
 assert _PULL_MOVE_AUTH_GROUPED_SQL.count("c_policy") == 2, "_PULL_MOVE_AUTH_SQL changed: update the grouped copy"
 
@@ -954,7 +1032,7 @@ SELECT v.id, u.status, u.retry_count, c.status, (SELECT count(*) FROM n), u.part
   FROM v LEFT JOIN u ON u.id = v.id
          LEFT JOIN jobs_job c ON u.id IS NULL AND c.id = v.id AND c.consumer_id = %(consumer)s
 """
-_ACK_SQL = typed_sql(_ACK_SQL, {"queued": "smallint", "max_retry": "int", "dead": "smallint", "inflight": "smallint",
+_ACK_SQL = typed_sql(statuses_inline(_ACK_SQL), {"queued": "smallint", "max_retry": "int", "dead": "smallint", "inflight": "smallint",
                                 "consumer": "bigint", "reason": "text"})
 
 
@@ -1073,8 +1151,8 @@ WITH v AS (
         payload = CASE WHEN v.keep THEN j.payload ELSE v.payload END,
         status_changed_at = now(), next_attempt_at = now(), deadline = NULL
       FROM v
-     WHERE j.id = v.id AND j.status = {INFLIGHT} AND j.partition_id IS NOT NULL AND v.gate > j.gate
-       AND (%(consumer)s::bigint IS NULL OR j.consumer_id = %(consumer)s::bigint)
+     WHERE j.id = v.id AND j.status + 0 = {INFLIGHT} AND j.partition_id IS NOT NULL AND v.gate > j.gate
+       AND (%(consumer)s::bigint IS NULL OR j.consumer_id + 0 = %(consumer)s::bigint)  -- by primary key only
     RETURNING j.id, j.retry_count, j.partition_id, j.consumer_id
 ), h AS (
     INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)

@@ -1,0 +1,174 @@
+"""The hot statements and the index each was written for: one table, one row per statement.
+
+Each case names the statement (``module.CONSTANT``, resolved by ``statement_sql``: when the SQL
+moves into a registry, only that function changes), how it runs (``prepared``: a server-side
+prepared statement, generic plan; ``plain``: Django's cursor, literals), its parameters for the
+test world (``tests/plans/conftest.py``) and the index(es) it must use. ORM statements give a
+callable that returns (sql, params).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+from jobs.state import DEAD, DELIVERED, INFLIGHT, QUEUED
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str  # the statement: "module.CONSTANT" (or a label for ORM statements)
+    index: str | tuple[str, ...]  # the index(es) it was written for
+    params: Callable  # (world) -> dict | list
+    run: str = "prepared"  # "prepared" (generic plan) | "plain" (literals)
+    sql: Callable | None = None  # (world) -> (sql, params) for statements that are not a constant
+    sorts: str = ""  # why a Sort is by design (bounded by one partition's jobs), if it is
+    id: str = ""  # test id when one statement is run in two shapes
+
+    @property
+    def test_id(self) -> str:
+        return self.id or self.name
+
+
+def statement_sql(case: Case, world) -> tuple[str, object]:
+    """The SQL text and parameters of a case."""
+    if case.sql is not None:
+        return case.sql(world)
+    module, _, attr = case.name.rpartition(".")
+    return getattr(importlib.import_module(module), attr), case.params(world)
+
+
+def _claim(w, **extra):
+    return {"consumer": w.pull, "limit": 100, "queued": QUEUED, "inflight": INFLIGHT, "timeout": 32.25,
+            "inc": None, "reason": "pull", **extra}
+
+
+def _move_auth(w, to_s=DELIVERED, from_s=(INFLIGHT,)):
+    return {"channel": "plans", "consumer": "pull", "job": w.inflight_jobs[0], "ch_token": "t", "c_token": "t",
+            "from_s": list(from_s), "to_s": to_s, "inc": None, "dead": DEAD, "inflight": INFLIGHT,
+            "timeout": 32.25, "reason": "pull"}
+
+
+def _ack(w):
+    ids = w.inflight_jobs
+    return {"ids": ids, "to_s": [DELIVERED] * len(ids), "delay": [None] * len(ids), "consumer": w.pull,
+            "max_retry": 5, "queued": QUEUED, "dead": DEAD, "inflight": INFLIGHT, "reason": "pull-ack"}
+
+
+def _moves(w, ids, from_s, to_s):
+    n = len(ids)
+    return {"ids": ids, "from_s": [from_s] * n, "to_s": [to_s] * n, "retry_inc": [0] * n, "delay": [None] * n,
+            "timeout": [None] * n, "inc": [None] * n, "max_retry": [None] * n, "reset": [False] * n,
+            "consumer": w.pull, "reason": "move", "queued": QUEUED, "dead": DEAD, "inflight": INFLIGHT}
+
+
+def _dlq_list(w):
+    from jobs.models import Job, JobStatus
+
+    qs = Job.objects.filter(consumer_id=w.pull, status=JobStatus.DEAD).select_related("message").order_by("-pk")[:26]
+    return qs.query.sql_with_params()
+
+
+def _admin_jobs(w, **query):
+    """The admin's job list query for a GET with these filters (its changelist, first page)."""
+    from types import SimpleNamespace
+
+    from django.contrib import admin
+    from django.test import RequestFactory
+
+    from jobs.models import Job
+
+    request = RequestFactory().get("/admin/jobs/job/", {k: str(v) for k, v in query.items()})
+    request.user = SimpleNamespace(is_active=True, is_staff=True, is_superuser=True, has_perm=lambda *a, **k: True)
+    changelist = admin.site._registry[Job].get_changelist_instance(request)
+    return changelist.get_queryset(request)[:100].query.sql_with_params()
+
+
+CASES: list[Case] = [
+    # --- claims ---------------------------------------------------------------------------------
+    Case("jobs.state._CLAIM_SQL_TYPED", "job_claim", _claim),
+    Case("jobs.state._CLAIM_BYTES_SQL", "job_claim", lambda w: _claim(w, max_bytes=10_000)),
+    Case("jobs.state._CLAIM_SQL_TYPED", "job_claim", lambda w: _claim(w, consumer=w.parts), id="claim-partitioned"),
+    Case("jobs.state._CLAIM_PUSH_SQL", ("job_push_fresh", "job_push_retry"),
+         lambda w: {"limit": 200, "conn_timeout": 30.0, "rational": 2.0, "reason": "push", "worker": "w1"}),
+    Case("consumers.pull._QUEUED_SQL", "job_claim", lambda w: {"consumer": w.pull, "queued": QUEUED, "limit": 25}),
+    Case("consumers.groups._DUE_SQL", "job_claim", lambda w: [w.grouped], run="plain"),
+    Case("consumers.groups._JOBS_SQL", "jobs_job_pkey", lambda w: [w.inflight_jobs, INFLIGHT], run="plain"),
+    Case("consumers.groups._WAITERS_SQL", "pullwaiter_live", lambda w: [w.grouped], run="plain"),
+    # --- acks and moves -------------------------------------------------------------------------
+    Case("jobs.state._ACK_SQL", "jobs_job_pkey", _ack),
+    Case("jobs.state._PULL_MOVE_AUTH_SQL", "jobs_job_pkey", _move_auth),
+    Case("jobs.state._PULL_MOVE_AUTH_GROUPED_SQL", "jobs_job_pkey",
+         lambda w: _move_auth(w, to_s=INFLIGHT, from_s=(QUEUED, DEAD))),
+    Case("consumers.pull._AUTH_SQL", "jobs_job_pkey",
+         lambda w: {"channel": "plans", "consumer": "pull", "job": w.queued_job}),
+    Case("jobs.state._MOVE_SQL", "jobs_job_pkey", lambda w: _moves(w, w.inflight_jobs, INFLIGHT, DELIVERED),
+         run="plain"),
+    Case("jobs.state._GATE_MOVE_SQL", "jobs_job_pkey",
+         lambda w: {"ids": [w.parts_inflight_job], "gates": [1], "payloads": [None], "keep": [True],
+                    "consumer": w.parts}, run="plain"),
+    Case("jobs.state._EXTEND_SQL", "jobs_job_pkey",
+         lambda w: {"ids": w.inflight_jobs[:1], "inflight": INFLIGHT, "consumer": w.pull, "timeout": 32.25,
+                    "inc": None}),
+    Case("jobs.state._PUSH_RECORD_SQL", "jobs_job_pkey",
+         lambda w: {"ids": w.inflight_jobs, "to_s": [DELIVERED] * 100, "delay": [None] * 100,
+                    "max_retry": [5] * 100, "attempts": [1] * 100, "ages": [0.1] * 100, "durations": [5.0] * 100,
+                    "codes": [204] * 100, "excerpts": [""] * 100, "errors": [""] * 100,
+                    "request_ids": ["r"] * 100, "outcomes": ["delivered"] * 100}),
+    Case("jobs.state._MARK_DEAD_SQL", "jobs_job_pkey",
+         lambda w: {"ids": w.inflight_jobs[:5], "queued": QUEUED, "inflight": INFLIGHT, "dead": DEAD,
+                    "consumer": None, "reason": "operator"}, run="plain"),
+    Case("consumers.pull._JOB_SQL", "jobs_job_pkey", lambda w: [w.queued_job, w.pull], run="plain"),
+    # --- sweeps ---------------------------------------------------------------------------------
+    # in-flight rows only, either index: O(expired jobs), whatever the backlog
+    Case("jobs.state._EXPIRE_ALL_SQL", "job_inflight_deadline|job_inflight_consumer", lambda w: {"max_retry": 5, "limit": 5000},
+         run="plain"),
+    Case("jobs.state._EXPIRE_CONSUMER_SQL", "job_inflight_consumer",
+         lambda w: {"max_retry": 5, "limit": 5000, "consumer": w.pull}, run="plain"),
+    Case("jobs.partitions._STALE_SQL", "job_partition_gate", lambda w: [100], run="plain"),
+    Case("jobs.partitions._COUNTS_SQL", "job_partition_gate", lambda w: [w.partition, 0], run="plain",
+         sorts="groups the jobs of one partition"),
+    Case("jobs.partitions._GATE_BUSY_SQL", "job_partition_gate",
+         lambda w: [w.partition, 0, w.partition, 0], run="plain"),
+    Case("jobs.partitions._FREE_SQL", "job_partition_gate", lambda w: {"limit": 1000}, run="plain"),
+    # --- operator and DLQ actions ---------------------------------------------------------------
+    Case("jobs.state._REQUEUE_DEAD_SQL", "job_consumer_status",
+         lambda w: {"consumer": w.pull, "dead": DEAD, "queued": QUEUED, "ids": None, "limit": 5000,
+                    "reason": "requeue"}, run="plain"),
+    Case("jobs.state._DELETE_DEAD_SQL", "job_consumer_status",
+         lambda w: {"consumer": w.pull, "ids": None, "limit": 5000}, run="plain"),
+    Case("jobs.state._PURGE_QUEUED_SQL", "job_consumer_status",
+         lambda w: {"consumer": w.pull, "queued": QUEUED, "purged": 0, "before": None, "age": None,
+                    "limit": 5000}, run="plain"),
+    # dead jobs only: either index keeps a page's cost independent of the backlog
+    Case("dlq list", "job_consumer_status|job_dead", lambda w: None, run="plain", sql=_dlq_list),
+    Case("admin job list", "jobs_job_pkey", lambda w: None, run="plain", sql=_admin_jobs),
+    Case("admin job list (status, consumer)", "job_consumer_status", lambda w: None, run="plain",
+         sql=lambda w: _admin_jobs(w, status__exact=QUEUED, consumer=w.pull)),
+    # --- fan-out --------------------------------------------------------------------------------
+    Case("broker.services.publishing._INSERT_MANY_SQL", "message_unique_per_channel",
+         lambda w: {"channel": w.channel, "producer": w.producer, "mids": ["x1", "x2"], "payloads": [b"a", b"b"],
+                    "ctypes": ["text/plain"] * 2, "prios": [0, 0], "headers": ["{}", "{}"]}),
+    Case("broker.services.publishing._INSERT_ONE_SQL", "message_unique_per_channel",
+         lambda w: {"channel": w.channel, "producer": w.producer, "mid": "x1", "payload": b"a",
+                    "ctype": "text/plain", "prio": 0, "headers": "{}"}),
+    Case("broker.services.publishing._AUTH_SQL", "counter_key", lambda w: {"producer": "plans", "channel": "plans"}),
+    # --- doorbell and ready / next-due probes ---------------------------------------------------
+    Case("consumers.doorbell._RING_SQL", ("job_claim", "job_consumer_status"), lambda w: {"ids": None}, run="plain"),
+    Case("consumers.pull._WAITER_SQL", ("job_push_fresh", "job_push_retry", "job_inflight_consumer"),
+         lambda w: {"consumer": w.pull, "group": "", "priority": 0, "pin": "", "batch": 1, "max_bytes": None,
+                    "expires": 5.0, "queued": QUEUED, "inflight": INFLIGHT}, run="plain"),
+    Case("consumers.pull._NEXT_SQL", ("job_push_fresh", "job_push_retry", "job_inflight_consumer"),
+         lambda w: {"consumer": w.pull}, run="plain"),
+    # --- dashboard and statistics ---------------------------------------------------------------
+    Case("broker.dashboard._OLDEST_SQL", "job_consumer_status",
+         lambda w: {"queued": QUEUED, "ids": w.consumers}, run="plain"),
+    Case("broker.dashboard._OVERDUE_SQL", "job_inflight_deadline|job_inflight_consumer",
+         lambda w: {"inflight": INFLIGHT, "grace": 60, "cap": 1000}, run="plain"),
+    # broker_counterdelta holds the deltas since the last compaction (every few seconds): a small
+    # table, read by its index or whole
+    Case("broker.counters._COUNTS_SQL", "counter_key",
+         lambda w: {"scope": 1, "ids": [w.pull]}, run="plain"),
+    Case("consumers.pull._WAITING_SQL", "pullwaiter_live", lambda w: [w.pull], run="plain"),
+]

@@ -1,0 +1,38 @@
+"""The plan rules of tests/plans/explain.py on hand-made plans (no database)."""
+
+from __future__ import annotations
+
+from tests.plans.explain import Node, plan_problems
+
+
+def _n(type_, relation=None, index=None, *children):
+    return Node(type=type_, relation=relation, index=index, children=list(children))
+
+
+def test_rules_accept_an_index_walk_under_a_limit_and_a_sort_of_its_rows():
+    plan = _n("Sort", None, None, _n("Nested Loop", None, None,
+                                     _n("Limit", None, None, _n("Index Scan", "jobs_job", "job_claim")),
+                                     _n("Index Scan", "broker_message", "broker_message_pkey")))
+    assert plan_problems(plan, index="job_claim") == []
+
+
+def test_rules_reject_a_seq_scan_an_unbounded_sort_and_a_missing_index():
+    plan = _n("Limit", None, None, _n("Sort", None, None, _n("Seq Scan", "jobs_job")))
+    problems = plan_problems(plan, index="job_claim")
+    assert "index job_claim not used (used: none)" in problems
+    assert "Seq Scan on jobs_job" in problems
+    assert any(p.startswith("Sort over an unbounded scan") for p in problems)
+
+
+def test_rules_ignore_small_tables():
+    assert plan_problems(_n("Seq Scan", "consumers_consumer"), index=()) == []
+
+
+def test_rules_reject_a_hash_join_over_a_whole_index_and_accept_one_over_bounded_rows():
+    unbounded = _n("Hash Join", None, None, _n("CTE Scan"),
+                   _n("Hash", None, None, _n("Index Scan", "jobs_job", "job_inflight_deadline")))
+    assert plan_problems(unbounded, index="job_inflight_deadline") == [
+        "Hash over an unbounded scan of jobs_job/broker_message"]
+    bounded = _n("Hash Join", None, None, _n("CTE Scan"),
+                 _n("Hash", None, None, _n("Limit", None, None, _n("Index Scan", "jobs_job", "job_claim"))))
+    assert plan_problems(bounded, index="job_claim") == []
