@@ -26,7 +26,7 @@ from broker.admin_helpers import (
     ChannelFilter, LargeTableAdmin, ServiceFormAdmin, admin_url, changelist_url, json_block, mask, payload_preview,
     table, url_id_validator,
 )
-from broker.api.errors import ApiError
+from broker.errors import DomainError, PreconditionFailed
 from broker.counters import MESSAGE, counts_for
 from broker.models import Channel, Message, Producer, ScheduledMessage
 from broker.services.registry import Precondition, channel_upsert, producer_upsert
@@ -120,9 +120,9 @@ class RegistryAdmin(ServiceFormAdmin):
             saved, _ = self.upsert(**{self.key_field: getattr(obj, self.key_field)}, name=data.get("name") or None,
                                    token=data.get("new_token") or None, precondition=precondition,
                                    **self.upsert_extra(data))
-        except ApiError as exc:
-            if exc.status_code == 412:
-                raise self.refused(ApiError(412, exc.code, f"the {self.model._meta.verbose_name} was changed by "
+        except DomainError as exc:
+            if isinstance(exc, PreconditionFailed):
+                raise self.refused(PreconditionFailed(exc.code, f"the {self.model._meta.verbose_name} was changed by "
                                    "someone else since you opened this page; reload it and try again")) from None
             raise self.refused(exc) from None
         obj.pk = saved.pk
@@ -332,7 +332,7 @@ class ScheduledMessageAdmin(PayloadSizeMixin, LargeTableAdmin):
             try:
                 scheduled_message_cancel(channel_pk=channel_pk, message_id=message_id)
                 cancelled += 1
-            except ApiError as exc:
+            except DomainError as exc:
                 refused.append(f"{message_id}: {exc.detail}")
         text = f"Cancelled {cancelled:,} scheduled message{'s' if cancelled != 1 else ''}."
         logger.info("admin user %s: %s (%d refused)", request.user.get_username(), text, len(refused))

@@ -18,7 +18,7 @@ from django.utils.html import format_html
 from django.utils.http import http_date
 from django.utils.safestring import SafeString, mark_safe
 
-from broker.api.errors import ApiError
+from broker.errors import DomainError
 from broker.services.registry import Precondition
 
 MASK = "\u2022" * 4
@@ -137,7 +137,7 @@ class ChannelFilter(admin.SimpleListFilter):
 # --- writes through the services ----------------------------------------------------------------
 
 class ServiceRefused(Exception):
-    """A service refused an admin write (its ApiError); shown as an error message."""
+    """A service refused an admin write (a DomainError); shown as an error message."""
 
 
 class ServiceFormAdmin(admin.ModelAdmin):
@@ -152,7 +152,7 @@ class ServiceFormAdmin(admin.ModelAdmin):
             return HttpResponseRedirect(request.get_full_path())
 
     @staticmethod
-    def refused(exc: ApiError) -> ServiceRefused:
+    def refused(exc: DomainError) -> ServiceRefused:
         return ServiceRefused(f"Not saved: {exc.detail}.")
 
 

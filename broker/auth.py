@@ -7,7 +7,7 @@ import secrets
 
 from django.conf import settings
 
-from broker.api.errors import ApiError
+from broker.errors import Forbidden, Unauthenticated
 
 ADMIN_HEADER = "X-Broker-Admin-Token"
 
@@ -36,8 +36,8 @@ def require_admin(request) -> None:
     if is_admin(request):
         return
     if request.headers.get(ADMIN_HEADER) is None:
-        raise ApiError(401, "unauthorized", f"{ADMIN_HEADER} header is required")
-    raise ApiError(403, "forbidden", "admin token does not match")
+        raise Unauthenticated("unauthorized", f"{ADMIN_HEADER} header is required")
+    raise Forbidden("forbidden", "admin token does not match")
 
 
 def registry_allowed(request) -> bool:

@@ -24,7 +24,7 @@ from django.utils.http import http_date
 from django.utils.text import Truncator
 
 from broker.admin_helpers import ServiceFormAdmin, changelist_url, mask, table, url_id_validator
-from broker.api.errors import ApiError
+from broker.errors import DomainError, InvalidInput, PreconditionFailed
 from broker.counters import JOB, REDELIVERED
 from broker.services.registry import Precondition
 from consumers import services
@@ -93,8 +93,8 @@ class ConsumerForm(forms.ModelForm):
             if url:
                 services.callback_url_validate(url)
             elif ctype == Consumer.Type.PUSH:
-                raise ApiError(400, "callback_url_required", "a push consumer needs an absolute callback URL")
-        except ApiError as exc:
+                raise InvalidInput("callback_url_required", "a push consumer needs an absolute callback URL")
+        except DomainError as exc:
             self.add_error("callback_url", exc.detail)
         if data.get("max_in_flight") is not None and data["max_in_flight"] < 1:
             self.add_error("max_in_flight", "must be at least 1")
@@ -269,10 +269,10 @@ class ConsumerAdmin(ServiceFormAdmin):
                 channel=obj.channel, consumer_id=obj.consumer_id, name=data.get("name") or None,
                 token=data.get("new_token") or None, callback_url=data.get("callback_url", ""),
                 type=data.get("type") or None, settings=fields, precondition=precondition)
-        except ApiError as exc:
-            if exc.status_code == 412:
-                raise self.refused(ApiError(412, exc.code, "the consumer was changed by someone else since you "
-                                                            "opened this page; reload it and try again")) from None
+        except DomainError as exc:
+            if isinstance(exc, PreconditionFailed):
+                raise self.refused(PreconditionFailed(exc.code, "the consumer was changed by someone else since you "
+                                                                      "opened this page; reload it and try again")) from None
             raise self.refused(exc) from None
         obj.pk = consumer.pk
         obj.updated_at = consumer.updated_at

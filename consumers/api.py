@@ -7,7 +7,7 @@ from drf_spectacular.utils import extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from broker.api.errors import ApiError
+from broker.errors import Forbidden, InvalidInput, NotFound, Unauthenticated
 from broker.api.pagination import paginate
 from broker.api.representations import changed_at
 from broker.api.views import (
@@ -24,7 +24,7 @@ from consumers.pull import consumer_stats
 def consumer_or_404(channel, consumer_id: str) -> Consumer:
     consumer = Consumer.objects.filter(channel=channel, consumer_id=consumer_id).first()
     if consumer is None:
-        raise ApiError(404, "consumer_not_found", "consumer not found")
+        raise NotFound("consumer_not_found", "consumer not found")
     return consumer
 
 
@@ -70,9 +70,9 @@ def _positive_int(request, name: str, *, allow_zero: bool = False) -> int | None
     try:
         value = int(raw)
     except ValueError:
-        raise ApiError(400, f"invalid_{name}", f"{name} must be an integer") from None
+        raise InvalidInput(f"invalid_{name}", f"{name} must be an integer") from None
     if value < 0 or (value == 0 and not allow_zero) or value > 2**31 - 1:
-        raise ApiError(400, f"invalid_{name}", f"{name} is out of range")
+        raise InvalidInput(f"invalid_{name}", f"{name} is out of range")
     return value
 
 
@@ -83,9 +83,9 @@ def _positive_float(request, name: str) -> float | None:
     try:
         value = float(raw)
     except ValueError:
-        raise ApiError(400, f"invalid_{name}", f"{name} must be a number") from None
+        raise InvalidInput(f"invalid_{name}", f"{name} must be a number") from None
     if not 0 < value < 1e9:
-        raise ApiError(400, f"invalid_{name}", f"{name} must be positive")
+        raise InvalidInput(f"invalid_{name}", f"{name} must be positive")
     return value
 
 
@@ -115,7 +115,7 @@ def consumer_settings_parse(request) -> dict:
     if raw is not None and raw.strip():
         flag = raw.strip().lower()
         if flag not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
-            raise ApiError(400, "invalid_ordered", "ordered must be true or false")
+            raise InvalidInput("invalid_ordered", "ordered must be true or false")
         fields["ordered"] = flag in ("true", "1", "yes", "on")
     value = _positive_float(request, "notifyInterval")
     if value is not None:
@@ -128,9 +128,9 @@ def consumer_settings_parse(request) -> dict:
         try:
             steps = [float(x) for x in raw.split(",") if x.strip()]
         except ValueError:
-            raise ApiError(400, "invalid_retryBackoff", "retryBackoff must be comma-separated seconds") from None
+            raise InvalidInput("invalid_retryBackoff", "retryBackoff must be comma-separated seconds") from None
         if not steps or any(s < 0 for s in steps):
-            raise ApiError(400, "invalid_retryBackoff", "retryBackoff must be comma-separated seconds")
+            raise InvalidInput("invalid_retryBackoff", "retryBackoff must be comma-separated seconds")
         fields["retry_backoff"] = ",".join(f"{s:g}" for s in steps)
     raw = form_value(request, "signingSecret")
     if raw is not None and raw.strip():
@@ -157,10 +157,10 @@ def require_consumer_or_admin(request, channel, consumer) -> bool:
     consumer_token = request.headers.get("X-Broker-Consumer-Token")
     if channel_token is None and consumer_token is None:
         if request.headers.get("X-Broker-Admin-Token") is not None:
-            raise ApiError(403, "forbidden", "admin token does not match")
-        raise ApiError(401, "unauthorized", "admin token or channel and consumer tokens are required")
+            raise Forbidden("forbidden", "admin token does not match")
+        raise Unauthenticated("unauthorized", "admin token or channel and consumer tokens are required")
     if not tokens_equal(channel_token, channel.token) or not tokens_equal(consumer_token, consumer.token):
-        raise ApiError(403, "forbidden", "token does not match")
+        raise Forbidden("forbidden", "token does not match")
     return False
 
 

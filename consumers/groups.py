@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from django.db import connection, transaction
 
-from broker.api.errors import ApiError
+from broker.errors import InvalidInput, Locked, NotFound
 from broker.counters import JOB, counts_for
 from consumers.advisories import advisory_record
 from consumers.pull import _NEXT_SQL as pull_next_sql
@@ -55,10 +55,10 @@ def _groups_value(raw) -> list[str] | None:
         return None
     if isinstance(raw, (list, tuple)):
         if not all(isinstance(g, str) for g in raw):
-            raise ApiError(400, "invalid_priority_group", "priorityGroups must be group names")
+            raise InvalidInput("invalid_priority_group", "priorityGroups must be group names")
         return [g.strip() for g in raw]
     if not isinstance(raw, str):
-        raise ApiError(400, "invalid_priority_group", "priorityGroups must be group names")
+        raise InvalidInput("invalid_priority_group", "priorityGroups must be group names")
     return [g.strip() for g in raw.split(",")]
 
 
@@ -72,15 +72,15 @@ def priority_config_parse(data, *, consumer_type: str, existing=None) -> dict:
     raw_timeout = data.get("priorityTimeout") if hasattr(data, "get") else None
     if raw_policy is None and raw_groups is None and raw_timeout is None:
         if existing is not None and existing.priority_policy != NONE and consumer_type != "pull":
-            raise ApiError(400, "priority_policy_on_push", "priority groups can not be used with push consumers")
+            raise InvalidInput("priority_policy_on_push", "priority groups can not be used with push consumers")
         return {}
     if raw_policy is not None and not isinstance(raw_policy, str):
-        raise ApiError(400, "invalid_priority_policy", f"priorityPolicy must be one of {', '.join(POLICIES)}")
+        raise InvalidInput("invalid_priority_policy", f"priorityPolicy must be one of {', '.join(POLICIES)}")
     policy = raw_policy.strip() if isinstance(raw_policy, str) else None
     if policy == "":
         policy = NONE
     if policy is not None and policy not in POLICIES:
-        raise ApiError(400, "invalid_priority_policy", f"priorityPolicy must be one of {', '.join(POLICIES)}")
+        raise InvalidInput("invalid_priority_policy", f"priorityPolicy must be one of {', '.join(POLICIES)}")
     groups = _groups_value(raw_groups)
     if groups == [""] and isinstance(raw_groups, str) and policy in (None, NONE):
         groups = []  # an empty form field means "no groups"
@@ -89,44 +89,44 @@ def priority_config_parse(data, *, consumer_type: str, existing=None) -> dict:
         try:
             timeout = float(raw_timeout)
         except (TypeError, ValueError):
-            raise ApiError(400, "invalid_priority_timeout", "priorityTimeout must be seconds") from None
+            raise InvalidInput("invalid_priority_timeout", "priorityTimeout must be seconds") from None
         if isinstance(raw_timeout, bool) or not 0 < timeout <= TIMEOUT_MAX:
-            raise ApiError(400, "invalid_priority_timeout", "priorityTimeout must be a positive number of seconds")
+            raise InvalidInput("invalid_priority_timeout", "priorityTimeout must be a positive number of seconds")
 
     current_policy = existing.priority_policy if existing is not None else NONE
     effective = policy if policy is not None else current_policy
     if effective != NONE and consumer_type != "pull":
-        raise ApiError(400, "priority_policy_on_push", "priority groups can not be used with push consumers")
+        raise InvalidInput("priority_policy_on_push", "priority groups can not be used with push consumers")
     if effective == NONE:
         if groups:
-            raise ApiError(400, "priority_groups_without_policy",
-                           "consumer can not have priority groups when policy is none")
+            raise InvalidInput("priority_groups_without_policy",
+                               "consumer can not have priority groups when policy is none")
         if timeout is not None:
-            raise ApiError(400, "priority_timeout_without_policy",
-                           "priorityTimeout cannot be set when priorityPolicy is none")
+            raise InvalidInput("priority_timeout_without_policy",
+                               "priorityTimeout cannot be set when priorityPolicy is none")
     else:
         if groups is None and existing is None:
             groups = []
         if groups is not None:
             if not groups:
-                raise ApiError(400, "priority_group_required",
-                               "setting priorityPolicy requires at least one priority group")
+                raise InvalidInput("priority_group_required",
+                                   "setting priorityPolicy requires at least one priority group")
             for g in groups:
                 if g == "":
-                    raise ApiError(400, "priority_group_empty", "group name cannot be an empty string")
+                    raise InvalidInput("priority_group_empty", "group name cannot be an empty string")
                 if not GROUP_NAME.match(g):
-                    raise ApiError(400, "invalid_priority_group",
-                                   "valid priority group name must match A-Z, a-z, 0-9, -_/= and may not exceed "
-                                   "16 characters")
+                    raise InvalidInput("invalid_priority_group",
+                                       "valid priority group name must match A-Z, a-z, 0-9, -_/= and may not exceed "
+                                       "16 characters")
             if len(groups) > 1:
-                raise ApiError(400, "too_many_priority_groups", "only one priority group is supported")
+                raise InvalidInput("too_many_priority_groups", "only one priority group is supported")
     if existing is not None:  # only priorityTimeout may change once the consumer exists
         if effective != current_policy:
-            raise ApiError(400, "priority_policy_immutable",
-                           "the priority policy of an existing consumer cannot be changed")
+            raise InvalidInput("priority_policy_immutable",
+                               "the priority policy of an existing consumer cannot be changed")
         if groups is not None and groups != list(existing.priority_groups or []):
-            raise ApiError(400, "priority_groups_immutable",
-                           "the priority groups of an existing consumer cannot be changed")
+            raise InvalidInput("priority_groups_immutable",
+                               "the priority groups of an existing consumer cannot be changed")
         return {"priority_timeout": timeout} if timeout is not None else {}
     if effective == PINNED and timeout is None:
         timeout = DEFAULT_PIN_TIMEOUT
@@ -226,12 +226,12 @@ def group_unpin(*, target: Target, group, reason: str = "admin") -> dict:
     """Release a group's pin (UNPINNED advisory with ``reason``); the next job pins another
     waiting pull. The API, the admin action and the ``unpin`` command all come here."""
     if not isinstance(group, str) or group == "":
-        raise ApiError(400, "group_missing", "consumer group not specified")
+        raise InvalidInput("group_missing", "consumer group not specified")
     if not GROUP_NAME.match(group):
-        raise ApiError(400, "invalid_group_name",
-                       "valid priority group name must match A-Z, a-z, 0-9, -_/= and may not exceed 16 characters")
+        raise InvalidInput("invalid_group_name",
+                           "valid priority group name must match A-Z, a-z, 0-9, -_/= and may not exceed 16 characters")
     if target.policy == NONE or group not in target.groups:
-        raise ApiError(404, "group_not_found", "provided priority group does not exist for this consumer")
+        raise NotFound("group_not_found", "provided priority group does not exist for this consumer")
     with transaction.atomic(), connection.cursor() as cur:
         _lock(cur, target.consumer_pk)
         gs = _group_state(cur, target, group)
@@ -470,7 +470,7 @@ def jobs_pull_grouped(*, ctx, req) -> GroupPull:
             cur.execute(pull_next_sql, {"consumer": ctx.consumer_pk, "queued": QUEUED, "inflight": INFLIGHT})
             due_in, deadline_in = cur.fetchone()
     if mismatch:
-        raise ApiError(423, "pin_id_mismatch", "Nats-Pin-Id mismatch")
+        raise Locked("pin_id_mismatch", "Nats-Pin-Id mismatch")
     try:
         while True:
             now = time.monotonic()

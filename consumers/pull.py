@@ -17,7 +17,9 @@ from dataclasses import dataclass
 
 from django.db import connection
 
-from broker.api.errors import ApiError
+from broker.errors import (
+    Conflict, Forbidden, InvalidInput, NotFound, PreconditionFailed, TooLarge, Unauthenticated,
+)
 from broker.auth import tokens_equal
 from broker.counters import JOB, REDELIVERED, counts_for
 from broker import xid
@@ -93,21 +95,21 @@ def auth_check(row, *, channel_id: str, consumer_id: str, channel_token: str | N
     token 401/403, consumer 404, consumer token 401/403, push consumer 412, job 404 (unknown, not
     an integer, or another consumer's). ``admin`` (already verified) skips the token checks."""
     if row is None:
-        raise ApiError(404, "channel_not_found", "channel not found")
+        raise NotFound("channel_not_found", "channel not found")
     if not admin:
         if channel_token is None:
-            raise ApiError(401, "unauthorized", "X-Broker-Channel-Token is required")
+            raise Unauthenticated("unauthorized", "X-Broker-Channel-Token is required")
         if not tokens_equal(channel_token, row[1]):
-            raise ApiError(403, "channel_token_mismatch", "channel token does not match")
+            raise Forbidden("channel_token_mismatch", "channel token does not match")
     if row[2] is None:
-        raise ApiError(404, "consumer_not_found", "consumer not found")
+        raise NotFound("consumer_not_found", "consumer not found")
     if not admin:
         if consumer_token is None:
-            raise ApiError(401, "unauthorized", "X-Broker-Consumer-Token is required")
+            raise Unauthenticated("unauthorized", "X-Broker-Consumer-Token is required")
         if not tokens_equal(consumer_token, row[3]):
-            raise ApiError(403, "consumer_token_mismatch", "consumer token does not match")
+            raise Forbidden("consumer_token_mismatch", "consumer token does not match")
     if require_pull and row[4] != "pull":
-        raise ApiError(412, "consumer_not_pull", "consumer not pull based")
+        raise PreconditionFailed("consumer_not_pull", "consumer not pull based")
     ctx = PullContext(channel_pk=row[0], channel_id=channel_id, consumer_pk=row[2], consumer_id=consumer_id,
                       consumer_type=row[4], max_retry=state.max_retry_for(row[5]))
     if len(row) > 11 and row[11] is not None and row[11] != "none":
@@ -117,7 +119,7 @@ def auth_check(row, *, channel_id: str, consumer_id: str, channel_token: str | N
         ctx.priority_timeout = row[13]
     if with_job:
         if row[6] is None:
-            raise ApiError(404, "job_not_found", "job not found")
+            raise NotFound("job_not_found", "job not found")
         ctx.job = (row[6], row[7], row[8], row[9], bool(row[10]))
     return ctx
 
@@ -189,7 +191,7 @@ def limit_parse(raw: str | None) -> int:
         return QUEUED_JOBS_DEFAULT
     text = raw[1:] if raw.startswith("+") else raw
     if not text.isascii() or not text.isdigit():
-        raise ApiError(400, "invalid_limit", "limit must be a non-negative integer")
+        raise InvalidInput("invalid_limit", "limit must be a non-negative integer")
     return min(int(text), QUEUED_JOBS_MAX)
 
 
@@ -228,9 +230,9 @@ def timeout_parse(value, name: str = "IncrementalTimeout") -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ApiError(400, f"invalid_{name}", f"{name} must be a number of seconds")
+        raise InvalidInput(f"invalid_{name}", f"{name} must be a number of seconds")
     if value < 0 or value > TIMEOUT_MAX:
-        raise ApiError(400, f"invalid_{name}", f"{name} must be between 0 and {TIMEOUT_MAX:.0f} seconds")
+        raise InvalidInput(f"invalid_{name}", f"{name} must be between 0 and {TIMEOUT_MAX:.0f} seconds")
     return float(value) if value else None
 
 
@@ -259,16 +261,16 @@ def job_transition(*, channel_id: str, consumer_id: str, job_id: str, channel_to
     if moved:
         return
     if target == INFLIGHT and policy not in ("", "none"):  # claims go through the group dispatcher
-        raise ApiError(400, "group_missing", "Bad Request - Priority Group missing: claim jobs of a consumer "
-                                             "with a priority policy through .../pull with a group")
+        raise InvalidInput("group_missing", "Bad Request - Priority Group missing: claim jobs of a consumer "
+                                                 "with a priority policy through .../pull with a group")
     current = ctx.job[1]
     if incremental_timeout is not None and (target != INFLIGHT or current == INFLIGHT):
-        raise ApiError(400, "timeout_invalid_state", "timeout provided with invalid state")
+        raise InvalidInput("timeout_invalid_state", "timeout provided with invalid state")
     if current == target:
         return
     if current in from_states:  # it was in a state we could move from, and someone else moved it first
-        raise ApiError(400, "invalid_transition", "invalid transition request: the job changed state concurrently")
-    raise ApiError(400, "invalid_transition", "invalid transition request")
+        raise InvalidInput("invalid_transition", "invalid transition request: the job changed state concurrently")
+    raise InvalidInput("invalid_transition", "invalid transition request")
 
 
 _JOB_SQL = """
@@ -291,7 +293,7 @@ def job_detail(*, ctx: PullContext) -> dict:
         cur.execute(_JOB_SQL, [ctx.job[0], ctx.consumer_pk])
         row = cur.fetchone()
     if row is None:
-        raise ApiError(404, "job_not_found", "job not found")
+        raise NotFound("job_not_found", "job not found")
     from urllib.parse import quote
 
     base = f"/channel/{ctx.channel_id}/consumer/{ctx.consumer_id}"
@@ -318,13 +320,13 @@ def job_detail(*, ctx: PullContext) -> dict:
 def job_requeue_dead(*, ctx: PullContext) -> None:
     """DEAD -> QUEUED with the retry count reset; a job that is not DEAD is a 400."""
     if state.jobs_requeue_dead(consumer_pk=ctx.consumer_pk, job_ids=[ctx.job[0]], reason="requeue-dead-job") != 1:
-        raise ApiError(400, "job_not_dead", "job could not be found in DEAD state")
+        raise InvalidInput("job_not_dead", "job could not be found in DEAD state")
 
 
 def job_delete_dead(*, ctx: PullContext) -> None:
     """Delete one dead job; 404 when it is not DEAD (as if there were no such dead job)."""
     if state.jobs_delete_dead(consumer_pk=ctx.consumer_pk, job_ids=[ctx.job[0]]) != 1:
-        raise ApiError(404, "dead_job_not_found", "no such dead job")
+        raise NotFound("dead_job_not_found", "no such dead job")
 
 
 # --- the fast path: pull, ack, progress ---------------------------------------------------------
@@ -346,29 +348,29 @@ class PullRequest:
 def pull_request_parse(data: dict) -> PullRequest:
     """Validate the pull body (keys case-insensitive). Every bad value is a 400."""
     if not isinstance(data, dict):
-        raise ApiError(400, "malformed_request", "body must be a JSON object")
+        raise InvalidInput("malformed_request", "body must be a JSON object")
     fields = {str(k).lower(): v for k, v in data.items()}
     req = PullRequest()
     batch = fields.get("batch")
     if batch is not None:
         if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= PULL_BATCH_MAX:
-            raise ApiError(400, "invalid_batch", f"batch must be an integer from 1 to {PULL_BATCH_MAX}")
+            raise InvalidInput("invalid_batch", f"batch must be an integer from 1 to {PULL_BATCH_MAX}")
         req.batch = batch
     expires = fields.get("expires")
     if expires is not None:
         if (isinstance(expires, bool) or not isinstance(expires, (int, float)) or not math.isfinite(expires)
                 or not 0 <= expires <= PULL_EXPIRES_MAX):
-            raise ApiError(400, "invalid_expires", f"expires must be seconds from 0 to {PULL_EXPIRES_MAX:.0f}")
+            raise InvalidInput("invalid_expires", f"expires must be seconds from 0 to {PULL_EXPIRES_MAX:.0f}")
         req.expires = float(expires)
     no_wait = fields.get("no_wait")
     if no_wait is not None:
         if not isinstance(no_wait, bool):
-            raise ApiError(400, "invalid_no_wait", "no_wait must be true or false")
+            raise InvalidInput("invalid_no_wait", "no_wait must be true or false")
         req.no_wait = no_wait
     max_bytes = fields.get("max_bytes")
     if max_bytes is not None:
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or not 1 <= max_bytes <= 2**62:
-            raise ApiError(400, "invalid_max_bytes", "max_bytes must be a positive integer")
+            raise InvalidInput("invalid_max_bytes", "max_bytes must be a positive integer")
         req.max_bytes = max_bytes
     req.incremental_timeout = timeout_parse(fields.get("incrementaltimeout"))
     # priority-group fields (checked against the consumer's policy by ``pull_request_check``)
@@ -376,22 +378,22 @@ def pull_request_parse(data: dict) -> PullRequest:
         value = fields.get(name)
         if value is not None:
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2**62:
-                raise ApiError(400, f"invalid_{name}", f"{name} must be a non-negative integer")
+                raise InvalidInput(f"invalid_{name}", f"{name} must be a non-negative integer")
             setattr(req, name, value)
     priority = fields.get("priority")
     if priority is not None:
         if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 9:
-            raise ApiError(400, "invalid_priority", "Bad Request - Priority must be between 0 and 9")
+            raise InvalidInput("invalid_priority", "Bad Request - Priority must be between 0 and 9")
         req.priority = priority
     group = fields.get("group")
     if group is not None:
         if not isinstance(group, str):
-            raise ApiError(400, "invalid_group", "Bad Request - Invalid Priority Group")
+            raise InvalidInput("invalid_group", "Bad Request - Invalid Priority Group")
         req.group = group
     pin = fields.get("id")
     if pin is not None:
         if not isinstance(pin, str) or len(pin) > 64:
-            raise ApiError(400, "invalid_id", "id must be the pin id string the broker sent")
+            raise InvalidInput("invalid_id", "id must be the pin id string the broker sent")
         req.pin_id = pin
     return req
 
@@ -399,13 +401,13 @@ def pull_request_parse(data: dict) -> PullRequest:
 def pull_request_check(*, ctx: PullContext, req: PullRequest) -> None:
     """The priority-group checks of a pull, in ADR-42's order; a rejected pull is never queued."""
     if (req.min_pending or req.min_ack_pending) and ctx.policy != "overflow":
-        raise ApiError(400, "not_overflow_consumer", "Bad Request - Not a Overflow Priority consumer")
+        raise InvalidInput("not_overflow_consumer", "Bad Request - Not a Overflow Priority consumer")
     if req.pin_id and ctx.policy != "pinned_client":
-        raise ApiError(400, "not_pinned_consumer", "Bad Request - Not a Pinned Client Priority consumer")
+        raise InvalidInput("not_pinned_consumer", "Bad Request - Not a Pinned Client Priority consumer")
     if ctx.policy != "none" and not req.group:
-        raise ApiError(400, "group_missing", "Bad Request - Priority Group missing")
+        raise InvalidInput("group_missing", "Bad Request - Priority Group missing")
     if req.group and req.group not in (ctx.groups or []):
-        raise ApiError(400, "invalid_group", "Bad Request - Invalid Priority Group")
+        raise InvalidInput("invalid_group", "Bad Request - Invalid Priority Group")
 
 
 def _claim(ctx: PullContext, req: PullRequest) -> list[state.ClaimedJob]:
@@ -527,46 +529,46 @@ def ack_request_parse(data) -> list[AckItem]:
     """``{"Jobs": [{"ID", "NextState": DELIVERED|DEAD|QUEUED, "Delay"?}]}``; structural errors are a
     400 for the whole request, an id that names no job is answered per job."""
     if not isinstance(data, dict):
-        raise ApiError(400, "malformed_request", "body must be a JSON object with Jobs")
+        raise InvalidInput("malformed_request", "body must be a JSON object with Jobs")
     fields = {str(k).lower(): v for k, v in data.items()}
     jobs = fields.get("jobs")
     if not isinstance(jobs, list) or not jobs:
-        raise ApiError(400, "invalid_jobs", "Jobs must be a non-empty list")
+        raise InvalidInput("invalid_jobs", "Jobs must be a non-empty list")
     if len(jobs) > ACK_MAX:
-        raise ApiError(413, "batch_too_large", f"at most {ACK_MAX} jobs per ack")
+        raise TooLarge("batch_too_large", f"at most {ACK_MAX} jobs per ack")
     items: list[AckItem] = []
     seen: set = set()
     for i, item in enumerate(jobs):
         if not isinstance(item, dict):
-            raise ApiError(400, "invalid_jobs", f"Jobs[{i}] must be an object")
+            raise InvalidInput("invalid_jobs", f"Jobs[{i}] must be an object")
         if "ID" not in item or "NextState" not in item:  # Go-style case-insensitive keys (rare): normalise
             item = {str(k).lower(): v for k, v in item.items()}
             item = {"ID": item.get("id"), "NextState": item.get("nextstate"), "Delay": item.get("delay"),
                     "Gate": item.get("gate"), "Payload": item.get("payload")}
         raw = item["ID"]
         if isinstance(raw, bool) or not isinstance(raw, (str, int)):
-            raise ApiError(400, "invalid_jobs", f"Jobs[{i}].ID must be a string")
+            raise InvalidInput("invalid_jobs", f"Jobs[{i}].ID must be a string")
         raw = str(raw)
         job_id = job_id_parse(raw)
         key = raw if job_id is None else job_id
         if key in seen:
-            raise ApiError(400, "duplicate_job", f"Jobs[{i}]: job {raw} appears twice")
+            raise InvalidInput("duplicate_job", f"Jobs[{i}]: job {raw} appears twice")
         seen.add(key)
         target = ACK_STATES.get(item["NextState"]) if isinstance(item["NextState"], str) else None
         if target is None:
-            raise ApiError(400, "invalid_next_state", f"Jobs[{i}].NextState must be DELIVERED, DEAD or QUEUED")
+            raise InvalidInput("invalid_next_state", f"Jobs[{i}].NextState must be DELIVERED, DEAD or QUEUED")
         delay = item.get("Delay")
         if delay is not None:
             if target != QUEUED:
-                raise ApiError(400, "invalid_delay", f"Jobs[{i}]: Delay is only valid with NextState QUEUED")
+                raise InvalidInput("invalid_delay", f"Jobs[{i}]: Delay is only valid with NextState QUEUED")
             delay = timeout_parse(delay, "Delay") or 0.0
         gate, payload = item.get("Gate"), None
         if gate is not None:
             if target != QUEUED or delay is not None:
-                raise ApiError(400, "invalid_gate", f"Jobs[{i}]: Gate is only valid with NextState QUEUED (no Delay)")
+                raise InvalidInput("invalid_gate", f"Jobs[{i}]: Gate is only valid with NextState QUEUED (no Delay)")
             gate, payload = gate_parse(gate, item.get("Payload"), f"Jobs[{i}].")
         elif item.get("Payload") is not None:
-            raise ApiError(400, "invalid_payload", f"Jobs[{i}]: Payload is only valid with a Gate")
+            raise InvalidInput("invalid_payload", f"Jobs[{i}]: Payload is only valid with a Gate")
         items.append(AckItem(job_id=job_id, raw_id=raw, target=target, delay=delay, gate=gate, payload=payload))
     return items
 
@@ -575,7 +577,7 @@ def gate_parse(gate, raw_payload, where: str = "") -> tuple[int, bytes | None]:
     """A handler-driven gate move's ``Gate`` (integer >= 0) and ``Payload`` (a string as its UTF-8
     bytes, anything else as JSON; absent: the job keeps its payload)."""
     if isinstance(gate, bool) or not isinstance(gate, int) or not 0 <= gate < 2**31:
-        raise ApiError(400, "invalid_gate", f"{where}Gate must be an integer >= 0")
+        raise InvalidInput("invalid_gate", f"{where}Gate must be an integer >= 0")
     if isinstance(raw_payload, str):
         return gate, raw_payload.encode("utf-8", "surrogatepass")
     if raw_payload is not None:
@@ -589,8 +591,8 @@ def job_gate_move(*, ctx: PullContext, gate: int, payload: bytes | None) -> None
     moved = state.jobs_move_gate(moves=[state.GateMove(job_id=ctx.job[0], gate=gate, payload=payload)],
                                  consumer_pk=ctx.consumer_pk)
     if not moved:
-        raise ApiError(400, "invalid_transition", "invalid transition request: QUEUED with a Gate needs an "
-                                                  "INFLIGHT job in a partition and a Gate above its gate")
+        raise InvalidInput("invalid_transition", "invalid transition request: QUEUED with a Gate needs an "
+                                                      "INFLIGHT job in a partition and a Gate above its gate")
 
 
 def jobs_ack(*, ctx: PullContext, items: list[AckItem]) -> list[dict]:
@@ -642,7 +644,7 @@ def job_progress(*, ctx: PullContext, incremental_timeout: float | None) -> dict
     extended = state.jobs_extend(consumer_pk=ctx.consumer_pk, job_ids=[ctx.job[0]],
                                  incremental_timeout=incremental_timeout)
     if ctx.job[0] not in extended:
-        raise ApiError(409, "job_not_inflight", "job is not INFLIGHT")
+        raise Conflict("job_not_inflight", "job is not INFLIGHT")
     deadline, retry = extended[ctx.job[0]]
     return {"ID": job_xid(ctx.job[0]), "Status": "INFLIGHT", "Deadline": rfc3339(deadline), "RetryCount": retry}
 
@@ -687,16 +689,16 @@ def older_than_parse(raw: str | None) -> dict:
         seconds = None
     if seconds is not None:
         if not 0 <= seconds < 1e10 or seconds != seconds:
-            raise ApiError(400, "invalid_olderThan", "olderThan must be RFC 3339 or non-negative seconds")
+            raise InvalidInput("invalid_olderThan", "olderThan must be RFC 3339 or non-negative seconds")
         return {"older_than_seconds": seconds}
     from datetime import datetime
 
     try:
         value = datetime.fromisoformat(raw.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
-        raise ApiError(400, "invalid_olderThan", "olderThan must be RFC 3339 or non-negative seconds") from None
+        raise InvalidInput("invalid_olderThan", "olderThan must be RFC 3339 or non-negative seconds") from None
     if value.tzinfo is None:
-        raise ApiError(400, "invalid_olderThan", "olderThan needs a time zone offset (RFC 3339)")
+        raise InvalidInput("invalid_olderThan", "olderThan needs a time zone offset (RFC 3339)")
     return {"older_than": value}
 
 

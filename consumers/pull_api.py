@@ -16,7 +16,7 @@ from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.renderers import JSONRenderer
 from rest_framework.views import APIView
 
-from broker.api.errors import ApiError
+from broker.errors import DomainError, Forbidden, InvalidInput, Locked
 from broker.api.views import ADMIN_PARAM, CHANNEL_TOKEN, ERROR, OBJ, read_body
 from broker.auth import ADMIN_HEADER, is_admin
 from consumers import pull
@@ -43,12 +43,12 @@ def json_body(request, *, empty=None):
     raw = read_body(request, JSON_BODY_LIMIT)
     if not raw.strip():
         if empty is None:
-            raise ApiError(400, "malformed_request", "a JSON body is required")
+            raise InvalidInput("malformed_request", "a JSON body is required")
         return empty
     try:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError):
-        raise ApiError(400, "malformed_json", "body is not valid JSON") from None
+        raise InvalidInput("malformed_json", "body is not valid JSON") from None
 
 
 def authenticate(request, channel_id: str, consumer_id: str, *, allow_admin: bool = False,
@@ -58,7 +58,7 @@ def authenticate(request, channel_id: str, consumer_id: str, *, allow_admin: boo
     if allow_admin and request.headers.get(ADMIN_HEADER) is not None:
         admin = is_admin(request)
         if not admin and request.headers.get("X-Broker-Consumer-Token") is None:
-            raise ApiError(403, "forbidden", "admin token does not match")
+            raise Forbidden("forbidden", "admin token does not match")
     return pull.pull_authenticate(
         channel_id=channel_id, consumer_id=consumer_id,
         channel_token=request.headers.get("X-Broker-Channel-Token"),
@@ -138,7 +138,7 @@ class JobView(HotView):
         try:
             data = json_body(request)
             if not isinstance(data, dict):
-                raise ApiError(400, "malformed_request", "body must be a JSON object")
+                raise InvalidInput("malformed_request", "body must be a JSON object")
             fields = {str(k).lower(): v for k, v in data.items()}
             next_state = fields.get("nextstate")
             if next_state == "QUEUED" and "gate" in fields:  # partitions: a handler-driven gate move
@@ -147,9 +147,9 @@ class JobView(HotView):
                 pull.job_gate_move(ctx=ctx, gate=gate, payload=payload)
                 return HttpResponse(status=202)
             if not isinstance(next_state, str) or next_state not in pull.SPEC_STATES:
-                raise ApiError(400, "invalid_next_state", "NextState must be INFLIGHT, DELIVERED or DEAD")
+                raise InvalidInput("invalid_next_state", "NextState must be INFLIGHT, DELIVERED or DEAD")
             incremental = pull.timeout_parse(fields.get("incrementaltimeout"))
-        except ApiError:
+        except DomainError:
             authenticate(request, channel_id, consumer_id, job_id=job_id)  # auth errors come first
             raise
         pull.job_transition(
@@ -193,7 +193,7 @@ class JobProgressView(HotView):
         ctx = authenticate(request, channel_id, consumer_id, job_id=job_id)
         data = json_body(request, empty={})
         if not isinstance(data, dict):
-            raise ApiError(400, "malformed_request", "body must be a JSON object")
+            raise InvalidInput("malformed_request", "body must be a JSON object")
         fields = {str(k).lower(): v for k, v in data.items()}
         incremental = pull.timeout_parse(fields.get("incrementaltimeout"))
         return json_response(pull.job_progress(ctx=ctx, incremental_timeout=incremental))
@@ -223,7 +223,7 @@ class PullView(HotView):
 
         result = groups.jobs_pull_grouped(ctx=ctx, req=req)
         if result.wrong_pin and not result.jobs:
-            raise ApiError(423, "wrong_pin_id", "Nats-Wrong-Pin-Id")
+            raise Locked("wrong_pin_id", "Nats-Wrong-Pin-Id")
         items = [pull.claimed_repr(j) for j in result.jobs]
         body = {"Result": items}
         pin = result.pin_id if result.jobs and ctx.policy == groups.PINNED else ""
@@ -269,7 +269,7 @@ class UnpinView(HotView):
         ctx = authenticate(request, channel_id, consumer_id, allow_admin=True, require_pull=False)
         data = json_body(request, empty={})
         if not isinstance(data, dict):
-            raise ApiError(400, "malformed_request", "body must be a JSON object")
+            raise InvalidInput("malformed_request", "body must be a JSON object")
         fields = {str(k).lower(): v for k, v in data.items()}
         target = groups.Target(consumer_pk=ctx.consumer_pk, channel_id=ctx.channel_id, consumer_id=ctx.consumer_id,
                                policy=ctx.policy, groups=ctx.groups or [], timeout=ctx.priority_timeout)
@@ -292,6 +292,6 @@ class AdvisoriesView(HotView):
         limit = 100
         if raw not in (None, ""):
             if not raw.isascii() or not raw.isdigit():
-                raise ApiError(400, "invalid_limit", "limit must be a non-negative integer")
+                raise InvalidInput("invalid_limit", "limit must be a non-negative integer")
             limit = min(int(raw), 1000)
         return json_response({"Result": advisories_list(consumer_pk=ctx.consumer_pk, limit=limit)})

@@ -16,6 +16,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 
 from broker.admin_helpers import LargeTableAdmin, admin_url, changelist_url, table
+from broker.errors import DomainError
 from jobs import partitions
 from jobs.models import Job, Partition, PartitionStatus
 
@@ -143,7 +144,7 @@ class PartitionAdmin(LargeTableAdmin):
         for pk, key in queryset.values_list("pk", "key")[:500]:
             try:
                 body = func(partition_pk=pk)
-            except partitions.PartitionError as exc:
+            except DomainError as exc:
                 refused.append(f"{key}: {exc.detail}")
                 continue
             extra = {"retry": "requeued", "skip": "skipped"}.get(action)

@@ -16,7 +16,7 @@ from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from broker.api.errors import ApiError
+from broker.errors import Forbidden, InvalidInput, NotFound
 from broker.api.pagination import paginate
 from broker.api.representations import message_url, rfc3339
 from broker.api.views import (
@@ -91,7 +91,7 @@ class DeadLetterQueueView(APIView):
         consumer = consumer_or_404(channel, consumer_id)
         given = form_value(request, "requeue")
         if not tokens_equal(given, consumer.token):
-            raise ApiError(400, "invalid_requeue_token", "`requeue` form param must match consumer token")
+            raise InvalidInput("invalid_requeue_token", "`requeue` form param must match consumer token")
         requeued = state.jobs_requeue_dead(consumer_pk=consumer.pk, reason="dlq-requeue")
         return Response({"requeuedCount": requeued}, status=202)
 
@@ -163,9 +163,9 @@ class RotateSecretView(APIView):
             try:
                 grace = float(raw)
             except ValueError:
-                raise ApiError(400, "invalid_graceSeconds", "graceSeconds must be a number") from None
+                raise InvalidInput("invalid_graceSeconds", "graceSeconds must be a number") from None
             if not 0 <= grace <= 366 * 24 * 3600:
-                raise ApiError(400, "invalid_graceSeconds", "graceSeconds must be between 0 and a year")
+                raise InvalidInput("invalid_graceSeconds", "graceSeconds must be between 0 and a year")
         secret = consumer_rotate_secret(consumer=consumer, grace_seconds=grace)
         consumer.refresh_from_db(fields=["previous_secret_expires_at"])
         return Response({"SigningSecret": secret,
@@ -212,7 +212,7 @@ def _statuses(request) -> list[int]:
             elif part in ScheduledMessage.Status.names:
                 result.append(ScheduledMessage.Status[part].value)
             else:
-                raise ApiError(400, "invalid_status", "status must be SCHEDULED/DISPATCHED/FAILED (or 101/102/103)")
+                raise InvalidInput("invalid_status", "status must be SCHEDULED/DISPATCHED/FAILED (or 101/102/103)")
     return result
 
 
@@ -244,7 +244,7 @@ class ScheduledMessageView(APIView):
         scheduled = (ScheduledMessage.objects.select_related("producer")
                      .filter(channel=channel, message_id=message_id).first())
         if scheduled is None:
-            raise ApiError(404, "scheduled_message_not_found", "scheduled message not found")
+            raise NotFound("scheduled_message_not_found", "scheduled message not found")
         return Response(scheduled_repr(scheduled, channel_id))
 
     @extend_schema(
@@ -263,6 +263,6 @@ class ScheduledMessageView(APIView):
             owner = (ScheduledMessage.objects.filter(channel_id=ctx.channel_pk, message_id=message_id)
                      .values_list("producer_id", flat=True).first())
             if owner is not None and owner != ctx.producer_pk:
-                raise ApiError(403, "forbidden", "only the producer that scheduled the message may cancel it")
+                raise Forbidden("forbidden", "only the producer that scheduled the message may cancel it")
         scheduling.scheduled_message_cancel(channel_pk=channel.pk, message_id=message_id)
         return Response(status=204)

@@ -14,7 +14,7 @@ from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from broker.api.errors import ApiError
+from broker.errors import InvalidInput
 from broker.api.pagination import paginate
 from broker.api.views import ADMIN_PARAM, CHANNEL_TOKEN, ERROR, PAGE_PARAMS, channel_or_404
 from consumers.api import consumer_or_404, require_consumer_or_admin
@@ -37,13 +37,6 @@ def _consumer(request, channel_id: str, consumer_id: str):
     return consumer
 
 
-def _call(fn, **kwargs):
-    try:
-        return fn(**kwargs)
-    except partitions.PartitionError as exc:
-        raise ApiError(exc.status, exc.code, exc.detail) from None
-
-
 def _bool(value, name: str) -> bool | None:
     if value is None:
         return None
@@ -54,7 +47,7 @@ def _bool(value, name: str) -> bool | None:
         return True
     if text in ("false", "0", "no", "off"):
         return False
-    raise ApiError(400, f"invalid_{name}", f"{name} must be true or false")
+    raise InvalidInput(f"invalid_{name}", f"{name} must be true or false")
 
 
 class PartitionListView(APIView):
@@ -72,7 +65,7 @@ class PartitionListView(APIView):
         if status:
             name = status.strip().upper()
             if name not in PartitionStatus.names:
-                raise ApiError(400, "invalid_status", "status must be AVAILABLE, FAILED or COMPLETE")
+                raise InvalidInput("invalid_status", "status must be AVAILABLE, FAILED or COMPLETE")
             qs = qs.filter(status=PartitionStatus[name].value)
         base = f"/channel/{quote(channel_id, safe='-_.~')}/consumer/{quote(consumer_id, safe='-_.~')}"
 
@@ -92,7 +85,7 @@ class PartitionView(APIView):
                    parameters=AUTH, responses={200: PARTITION, **ERRORS})
     def get(self, request, channel_id: str, consumer_id: str, key: str):
         consumer = _consumer(request, channel_id, consumer_id)
-        return Response(_call(partitions.partition_get, consumer_pk=consumer.pk, key=key))
+        return Response(partitions.partition_get(consumer_pk=consumer.pk, key=key))
 
     @extend_schema(
         summary="Set a partition's autoClose / manualCheckpoint flags",
@@ -106,8 +99,8 @@ class PartitionView(APIView):
         data = request.data if hasattr(request.data, "get") else {}
         auto_close = _bool(data.get("autoClose"), "autoClose")
         manual = _bool(data.get("manualCheckpoint"), "manualCheckpoint")
-        return Response(_call(partitions.partition_update, consumer_pk=consumer.pk, key=key,
-                              auto_close=auto_close, manual_checkpoint=manual))
+        return Response(partitions.partition_update(consumer_pk=consumer.pk, key=key,
+                                                    auto_close=auto_close, manual_checkpoint=manual))
 
 
 
@@ -119,7 +112,7 @@ def _action_view(name: str, fn, summary: str, description: str):
                        responses={200: PARTITION, **ERRORS}, operation_id=f"partition_{name}")
         def post(self, request, channel_id: str, consumer_id: str, key: str):
             consumer = _consumer(request, channel_id, consumer_id)
-            return Response(_call(fn, consumer_pk=consumer.pk, key=key))
+            return Response(fn(consumer_pk=consumer.pk, key=key))
 
     View.__name__ = View.__qualname__ = f"Partition{name.title()}View"
     return View

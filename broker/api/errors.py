@@ -11,6 +11,8 @@ from rest_framework import exceptions as drf_exceptions
 from rest_framework import serializers, status
 from rest_framework.response import Response
 
+from broker import errors
+
 logger = logging.getLogger(__name__)
 
 
@@ -49,15 +51,36 @@ def schema_common_responses(result, generator, request, public):
     return result
 
 
-class ApiError(Exception):
-    """Raised by views and services; rendered as a JSON error response."""
+# The one place domain errors become HTTP: each class's status (a subclass answers as its nearest
+# listed ancestor; a bare DomainError is bad input).
+STATUS = {
+    errors.InvalidInput: 400,
+    errors.Unauthenticated: 401,
+    errors.Forbidden: 403,
+    errors.NotFound: 404,
+    errors.Conflict: 409,
+    errors.PreconditionFailed: 412,
+    errors.TooLarge: 413,
+    errors.UnsupportedMediaType: 415,
+    errors.Locked: 423,
+    errors.RateLimited: 429,
+    errors.Unavailable: 503,
+    errors.DomainError: 400,
+}
 
-    def __init__(self, status_code: int, code: str, detail: str, headers: dict | None = None):
-        super().__init__(detail)
-        self.status_code = status_code
-        self.code = code
-        self.detail = detail
-        self.headers = headers or {}
+
+def status_for(exc: errors.DomainError) -> int:
+    """The HTTP status of a domain error (``STATUS``, by the class's nearest listed ancestor)."""
+    return next(STATUS[cls] for cls in type(exc).__mro__ if cls in STATUS)
+
+
+def domain_error_response(exc: errors.DomainError) -> Response:
+    """The JSON error answer of a domain error, with its headers (``Retry-After`` when it has one)."""
+    headers = dict(exc.headers)
+    retry_after = getattr(exc, "retry_after", None)
+    if retry_after is not None:
+        headers["Retry-After"] = str(retry_after)
+    return error_response(status_for(exc), exc.code, exc.detail, headers)
 
 
 def error_response(status_code: int, code: str, detail: str, headers: dict | None = None) -> Response:
@@ -82,8 +105,8 @@ _DRF_CODES = {
 
 
 def exception_handler(exc, context):
-    if isinstance(exc, ApiError):
-        return error_response(exc.status_code, exc.code, exc.detail, exc.headers)
+    if isinstance(exc, errors.DomainError):
+        return domain_error_response(exc)
     if isinstance(exc, drf_exceptions.APIException):
         code = next((c for cls, c in _DRF_CODES.items() if isinstance(exc, cls)), "error")
         detail = exc.detail
@@ -96,8 +119,8 @@ def exception_handler(exc, context):
     if isinstance(exc, (OperationalError, InterfaceError)):
         # The database is down or restarting: fail fast and tell clients to retry; never 201.
         logger.warning("database unavailable: %s", type(exc).__name__)
-        return error_response(503, "database_unavailable", "the database is unavailable, retry shortly",
-                              {"Retry-After": "1"})
+        return domain_error_response(errors.Unavailable("database_unavailable",
+                                                        "the database is unavailable, retry shortly", retry_after=1))
     if isinstance(exc, RecursionError):
         return error_response(status.HTTP_400_BAD_REQUEST, "malformed_request", "input is nested too deeply")
     if isinstance(exc, UnicodeDecodeError):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 from urllib.parse import urlencode
 
-from broker.api.errors import ApiError
+from broker.errors import InvalidInput
 
 PAGE_SIZE = 25
 
@@ -23,7 +23,7 @@ def _decode(cursor: str) -> int:
         padded = cursor + "=" * (-len(cursor) % 4)
         return int(base64.urlsafe_b64decode(padded.encode()).decode())
     except (ValueError, UnicodeError):
-        raise ApiError(400, "invalid_cursor", "pagination cursor is not valid") from None
+        raise InvalidInput("invalid_cursor", "pagination cursor is not valid") from None
 
 
 def paginate(request, queryset, *, path: str, item, page_size: int = PAGE_SIZE, keep_params=()) -> dict:
@@ -31,7 +31,7 @@ def paginate(request, queryset, *, path: str, item, page_size: int = PAGE_SIZE, 
     next_c = request.query_params.get("next")
     prev_c = request.query_params.get("previous")
     if next_c and prev_c:
-        raise ApiError(400, "invalid_cursor", "use either next or previous, not both")
+        raise InvalidInput("invalid_cursor", "use either next or previous, not both")
     qs = queryset
     if next_c:
         rows = list(qs.filter(pk__lt=_decode(next_c)).order_by("-pk")[: page_size + 1])

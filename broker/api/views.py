@@ -15,7 +15,8 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from broker.api.errors import ERROR_RESPONSE, ApiError
+from broker.api.errors import ERROR_RESPONSE
+from broker.errors import Forbidden, InvalidInput, NotFound, TooLarge, Unauthenticated
 from broker.api.pagination import paginate
 from broker.api.representations import (
     channel_repr, last_modified, message_url, producer_repr, rfc3339,
@@ -43,12 +44,12 @@ def form_value(request, name: str) -> str | None:
     """A form/JSON field as a string (None when absent). Non-scalar JSON values are a 400."""
     data = request.data
     if not hasattr(data, "get"):
-        raise ApiError(400, "malformed_request", "body must be form fields or a JSON object")
+        raise InvalidInput("malformed_request", "body must be form fields or a JSON object")
     value = data.get(name)
     if value is None:
         return None
     if isinstance(value, (dict, list)):
-        raise ApiError(400, "invalid_field", f"{name} must be a string")
+        raise InvalidInput("invalid_field", f"{name} must be a string")
     return str(value)
 
 
@@ -61,7 +62,7 @@ def with_last_modified(body: dict, obj, status: int = 200) -> Response:
 def channel_or_404(channel_id: str) -> Channel:
     channel = Channel.objects.filter(channel_id=channel_id).first()
     if channel is None:
-        raise ApiError(404, "channel_not_found", "channel not found")
+        raise NotFound("channel_not_found", "channel not found")
     return channel
 
 
@@ -71,9 +72,9 @@ def require_channel_reader(request, channel: Channel) -> None:
         return
     given = request.headers.get("X-Broker-Channel-Token")
     if given is None:
-        raise ApiError(401, "unauthorized", "X-Broker-Channel-Token or X-Broker-Admin-Token is required")
+        raise Unauthenticated("unauthorized", "X-Broker-Channel-Token or X-Broker-Admin-Token is required")
     if not tokens_equal(given, channel.token):
-        raise ApiError(403, "forbidden", "channel token does not match")
+        raise Forbidden("forbidden", "channel token does not match")
 
 
 # --- producers ------------------------------------------------------------------------------------
@@ -92,7 +93,7 @@ class ProducerView(APIView):
         require_registry(request)
         producer = Producer.objects.filter(producer_id=producer_id).first()
         if producer is None:
-            raise ApiError(404, "producer_not_found", "producer not found")
+            raise NotFound("producer_not_found", "producer not found")
         return with_last_modified(producer_repr(producer), producer)
 
     @extend_schema(
@@ -121,18 +122,18 @@ def producer_rate_parse(request) -> dict:
         try:
             rate = float(raw)
         except ValueError:
-            raise ApiError(400, "invalid_rateLimitPerSecond", "rateLimitPerSecond must be a number") from None
+            raise InvalidInput("invalid_rateLimitPerSecond", "rateLimitPerSecond must be a number") from None
         if not 0 <= rate < 1e9:
-            raise ApiError(400, "invalid_rateLimitPerSecond", "rateLimitPerSecond is out of range")
+            raise InvalidInput("invalid_rateLimitPerSecond", "rateLimitPerSecond is out of range")
         fields["rate_limit_per_second"] = rate or None
     raw = form_value(request, "burst")
     if raw is not None and raw.strip() != "":
         try:
             burst = int(raw)
         except ValueError:
-            raise ApiError(400, "invalid_burst", "burst must be an integer") from None
+            raise InvalidInput("invalid_burst", "burst must be an integer") from None
         if not 1 <= burst <= 2**31 - 1:
-            raise ApiError(400, "invalid_burst", "burst is out of range")
+            raise InvalidInput("invalid_burst", "burst is out of range")
         fields["burst"] = burst
     return fields
 
@@ -193,9 +194,9 @@ def parse_priority(raw: str | None) -> int:
     try:
         value = int(raw.strip())
     except ValueError:
-        raise ApiError(400, "invalid_priority", "X-Broker-Message-Priority must be an integer") from None
+        raise InvalidInput("invalid_priority", "X-Broker-Message-Priority must be an integer") from None
     if not -(2**31) <= value < 2**31:
-        raise ApiError(400, "invalid_priority", "X-Broker-Message-Priority is out of range")
+        raise InvalidInput("invalid_priority", "X-Broker-Message-Priority is out of range")
     return value
 
 
@@ -206,7 +207,7 @@ def parse_message_id(raw: str | None) -> str | None:
     if not value:
         return None
     if len(value) > 255:
-        raise ApiError(400, "invalid_message_id", "X-Broker-Message-ID is longer than 255 characters")
+        raise InvalidInput("invalid_message_id", "X-Broker-Message-ID is longer than 255 characters")
     return value
 
 
@@ -235,12 +236,12 @@ def read_body(request, limit: int) -> bytes:
     try:
         declared = int(request.META.get("CONTENT_LENGTH") or 0)
     except ValueError:
-        raise ApiError(400, "malformed_request", "invalid Content-Length") from None
+        raise InvalidInput("malformed_request", "invalid Content-Length") from None
     if declared > limit:
-        raise ApiError(413, "payload_too_large", f"body is larger than {limit} bytes")
+        raise TooLarge("payload_too_large", f"body is larger than {limit} bytes")
     body = request.body
     if len(body) > limit:
-        raise ApiError(413, "payload_too_large", f"body is larger than {limit} bytes")
+        raise TooLarge("payload_too_large", f"body is larger than {limit} bytes")
     return body
 
 
@@ -268,7 +269,7 @@ class BroadcastView(APIView):
         ctx = publish_context(request, channel_id)
         body = read_body(request, settings.BROKER_MAX_PAYLOAD_BYTES)
         if not body:
-            raise ApiError(400, "empty_body", "message body must not be empty")
+            raise InvalidInput("empty_body", "message body must not be empty")
         partition_key, gate = publishing.partition_headers(request.headers)
         message = publishing.NewMessage(
             payload=body,
@@ -280,7 +281,7 @@ class BroadcastView(APIView):
         )
         scheduled_for = (request.headers.get("X-Broker-Scheduled-For") or "").strip()
         if scheduled_for and partition_key is not None:
-            raise ApiError(400, "partition_not_schedulable", "a scheduled message cannot carry X-Broker-Partition-Key")
+            raise InvalidInput("partition_not_schedulable", "a scheduled message cannot carry X-Broker-Partition-Key")
         if scheduled_for:  # publish later (jobs.scheduling): 400 bad date, 412 too soon
             from jobs.scheduling import scheduled_for_parse, scheduled_message_create
 
@@ -298,17 +299,17 @@ def batch_parse(raw: bytes) -> list[publishing.NewMessage]:
     try:
         items = json.loads(raw)
     except (ValueError, UnicodeDecodeError, RecursionError):
-        raise ApiError(400, "malformed_json", "body must be a JSON list of messages") from None
+        raise InvalidInput("malformed_json", "body must be a JSON list of messages") from None
     if isinstance(items, dict) and isinstance(items.get("Messages"), list):
         items = items["Messages"]
     if not isinstance(items, list) or not items:
-        raise ApiError(400, "invalid_batch", "body must be a non-empty JSON list of messages")
+        raise InvalidInput("invalid_batch", "body must be a non-empty JSON list of messages")
     if len(items) > settings.BROKER_MAX_BATCH_MESSAGES:
-        raise ApiError(413, "batch_too_large", f"at most {settings.BROKER_MAX_BATCH_MESSAGES} messages per batch")
+        raise TooLarge("batch_too_large", f"at most {settings.BROKER_MAX_BATCH_MESSAGES} messages per batch")
     messages = []
     for i, item in enumerate(items):
         if not isinstance(item, dict) or "Payload" not in item:
-            raise ApiError(400, "invalid_batch", f"message {i} must be an object with a Payload")
+            raise InvalidInput("invalid_batch", f"message {i} must be an object with a Payload")
         payload = item["Payload"]
         content_type = item.get("ContentType")
         if isinstance(payload, str):
@@ -317,17 +318,17 @@ def batch_parse(raw: bytes) -> list[publishing.NewMessage]:
             data = json.dumps(payload, separators=(",", ":")).encode()
             content_type = content_type or "application/json"
         if not data or payload is None:
-            raise ApiError(400, "empty_body", f"message {i} has an empty Payload")
+            raise InvalidInput("empty_body", f"message {i} has an empty Payload")
         if len(data) > settings.BROKER_MAX_PAYLOAD_BYTES:
-            raise ApiError(413, "payload_too_large", f"message {i} is larger than {settings.BROKER_MAX_PAYLOAD_BYTES} bytes")
+            raise TooLarge("payload_too_large", f"message {i} is larger than {settings.BROKER_MAX_PAYLOAD_BYTES} bytes")
         if content_type is not None and not isinstance(content_type, str):
-            raise ApiError(400, "invalid_batch", f"message {i}: ContentType must be a string")
+            raise InvalidInput("invalid_batch", f"message {i}: ContentType must be a string")
         priority = item.get("Priority", 0)
         if isinstance(priority, bool) or not isinstance(priority, int) or not -(2**31) <= priority < 2**31:
-            raise ApiError(400, "invalid_priority", f"message {i}: Priority must be an integer")
+            raise InvalidInput("invalid_priority", f"message {i}: Priority must be an integer")
         mid = item.get("MessageID")
         if mid is not None and not isinstance(mid, str):
-            raise ApiError(400, "invalid_message_id", f"message {i}: MessageID must be a string")
+            raise InvalidInput("invalid_message_id", f"message {i}: MessageID must be a string")
         key, gate = item.get("PartitionKey"), item.get("Gate")  # partitions, per message
         if key is not None or gate is not None:
             key, gate = publishing.partition_parse(
@@ -363,7 +364,7 @@ class MessagesView(APIView):
                 elif part in Message.Status.names:
                     statuses.append(Message.Status[part].value)
                 else:
-                    raise ApiError(400, "invalid_status", "status must be ACKNOWLEDGED/DISPATCHED (or 101/102)")
+                    raise InvalidInput("invalid_status", "status must be ACKNOWLEDGED/DISPATCHED (or 101/102)")
         if statuses:
             qs = qs.filter(status__in=statuses)
         return Response(paginate(request, qs, path=f"/channel/{channel_id}/messages", keep_params=("status",),
@@ -407,7 +408,7 @@ class MessageView(APIView):
         require_channel_reader(request, channel)
         message = Message.objects.select_related("producer").filter(channel=channel, message_id=message_id).first()
         if message is None:
-            raise ApiError(404, "message_not_found", "message not found")
+            raise NotFound("message_not_found", "message not found")
         from jobs.models import Job, JobStatus
 
         jobs = Job.objects.filter(message=message).select_related("consumer").order_by("id")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-from broker.api.errors import ApiError
+from broker.errors import Conflict, Forbidden, InvalidInput, NotFound, RateLimited, Unauthenticated
 from broker.auth import tokens_equal
 from broker.xid import xid_new
 from jobs import state
@@ -63,17 +63,17 @@ def publish_authenticate(*, channel_id: str, channel_token: str | None, producer
     rows = state.prepared_fetchall(_AUTH_SQL, {"producer": producer_id or "", "channel": channel_id})
     row = rows[0] if rows else None
     if row is None:
-        raise ApiError(404, "channel_not_found", "channel not found")
+        raise NotFound("channel_not_found", "channel not found")
     if not tokens_equal(channel_token, row[1]):
-        raise ApiError(403, "channel_token_mismatch", "channel token does not match")
+        raise Forbidden("channel_token_mismatch", "channel token does not match")
     if row[2] is None:
-        raise ApiError(401, "producer_not_found", "producer could not be found")
+        raise Unauthenticated("producer_not_found", "producer could not be found")
     if not tokens_equal(producer_token, row[3]):
-        raise ApiError(403, "producer_token_mismatch", "producer token does not match")
+        raise Forbidden("producer_token_mismatch", "producer token does not match")
     if row[4] is not None:
         # Checked before the write, so concurrent publishes can pass the cap by at most their own jobs.
-        raise ApiError(429, "backlog_full", f"consumer {row[4]} has reached its maxQueued backlog cap",
-                       headers={"Retry-After": str(BACKLOG_RETRY_AFTER)})
+        raise RateLimited("backlog_full", f"consumer {row[4]} has reached its maxQueued backlog cap",
+                          retry_after=BACKLOG_RETRY_AFTER)
     return PublishContext(channel_pk=row[0], channel_id=channel_id, producer_pk=row[2], producer_id=producer_id,
                           rate=row[5], burst=row[6])
 
@@ -108,9 +108,9 @@ def producer_rate_take(*, ctx: PublishContext, n: int) -> None:
                                                     "burst": burst, "n": n})
     if not rows:
         wait = max(1, math.ceil(min(n, burst) / rate))
-        raise ApiError(429, "rate_limited",
-                       f"producer {ctx.producer_id} is over its rate limit ({rate:g}/s, burst {burst:g})",
-                       headers={"Retry-After": str(wait)})
+        raise RateLimited("rate_limited",
+                          f"producer {ctx.producer_id} is over its rate limit ({rate:g}/s, burst {burst:g})",
+                          retry_after=wait)
 
 
 @dataclass
@@ -143,17 +143,17 @@ def partition_headers(headers) -> tuple[str | None, int]:
 def partition_parse(key: str | None, raw_gate: str | None) -> tuple[str | None, int]:
     """A partition key and gate (text) as given in headers or a batch item; 400 when invalid."""
     if key is not None and key.strip() == "":
-        raise ApiError(400, "invalid_partition_key", "X-Broker-Partition-Key must not be empty")
+        raise InvalidInput("invalid_partition_key", "X-Broker-Partition-Key must not be empty")
     if key is not None and len(key) > PARTITION_KEY_MAX:
-        raise ApiError(400, "invalid_partition_key", "X-Broker-Partition-Key is longer than 255 characters")
+        raise InvalidInput("invalid_partition_key", "X-Broker-Partition-Key is longer than 255 characters")
     gate = 0
     if raw_gate is not None and raw_gate.strip() != "":
         value = raw_gate.strip()
         if not (value.isascii() and value.isdigit()) or int(value) > GATE_MAX:
-            raise ApiError(400, "invalid_gate", "X-Broker-Gate must be an integer >= 0")
+            raise InvalidInput("invalid_gate", "X-Broker-Gate must be an integer >= 0")
         gate = int(value)
         if key is None:
-            raise ApiError(400, "invalid_gate", "X-Broker-Gate needs X-Broker-Partition-Key")
+            raise InvalidInput("invalid_gate", "X-Broker-Gate needs X-Broker-Partition-Key")
     return key, gate
 
 
@@ -212,25 +212,22 @@ def _publish_partitioned(ctx: PublishContext, messages: list[NewMessage], ids: l
     from django.db import transaction
     from psycopg.types.json import Jsonb
 
-    from jobs.partitions import PartitionError, partition_settle, partitions_for_publish
+    from jobs.partitions import partition_settle, partitions_for_publish
 
     gates: dict[str, list[int]] = {}
     for m in messages:
         if m.partition_key is not None:
             gates.setdefault(m.partition_key, []).append(int(m.gate))
-    try:
-        with transaction.atomic():
-            settle = partitions_for_publish(channel_pk=ctx.channel_pk, gates_by_key=gates)
-            rows = state.prepared_fetchall(_INSERT_PARTITIONED_SQL, {
-                "channel": ctx.channel_pk, "producer": ctx.producer_pk, "mids": ids,
-                "payloads": [m.payload for m in messages], "ctypes": [m.content_type for m in messages],
-                "prios": [m.priority for m in messages], "headers": [Jsonb(m.headers or {}) for m in messages],
-                "pkeys": [m.partition_key for m in messages], "gates": [int(m.gate) for m in messages],
-            })
-            for pk in settle:
-                partition_settle(partition_pk=pk)
-    except PartitionError as exc:
-        raise ApiError(exc.status, exc.code, exc.detail) from None
+    with transaction.atomic():
+        settle = partitions_for_publish(channel_pk=ctx.channel_pk, gates_by_key=gates)
+        rows = state.prepared_fetchall(_INSERT_PARTITIONED_SQL, {
+            "channel": ctx.channel_pk, "producer": ctx.producer_pk, "mids": ids,
+            "payloads": [m.payload for m in messages], "ctypes": [m.content_type for m in messages],
+            "prios": [m.priority for m in messages], "headers": [Jsonb(m.headers or {}) for m in messages],
+            "pkeys": [m.partition_key for m in messages], "gates": [int(m.gate) for m in messages],
+        })
+        for pk in settle:
+            partition_settle(partition_pk=pk)
     return rows
 
 
@@ -279,5 +276,5 @@ def message_publish(*, ctx: PublishContext, message: NewMessage) -> str:
     """Publish one message; 409 when its id already exists in the channel."""
     [(mid, created)] = messages_publish(ctx=ctx, messages=[message])
     if not created:
-        raise ApiError(409, "duplicate_message_id", "duplicate message id for channel")
+        raise Conflict("duplicate_message_id", "duplicate message id for channel")
     return mid

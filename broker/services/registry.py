@@ -8,7 +8,7 @@ from datetime import datetime
 from django.db import IntegrityError, connection, transaction
 from django.utils.http import parse_http_date_safe
 
-from broker.api.errors import ApiError
+from broker.errors import InvalidInput, PreconditionFailed
 from broker.auth import token_generate
 
 # Every successful update moves updated_at to the next whole second at least, so the
@@ -25,10 +25,10 @@ class Precondition:
 
     def epoch(self) -> int:
         if not self.raw:
-            raise ApiError(400, "precondition_required", "If-Unmodified-Since header is required for an update")
+            raise InvalidInput("precondition_required", "If-Unmodified-Since header is required for an update")
         value = parse_http_date_safe(self.raw)
         if value is None:
-            raise ApiError(400, "invalid_precondition", "If-Unmodified-Since is not a valid HTTP date")
+            raise InvalidInput("invalid_precondition", "If-Unmodified-Since is not a valid HTTP date")
         return value
 
 
@@ -58,7 +58,7 @@ def row_upsert(*, model, key_field: str, key: str, fields: dict, token: str | No
     if token:
         sets["token"] = token
     if not row_update(model=model, pk=existing.pk, values=sets, unmodified_since=since):
-        raise ApiError(412, "precondition_failed", "the resource was modified since If-Unmodified-Since")
+        raise PreconditionFailed("precondition_failed", "the resource was modified since If-Unmodified-Since")
     return model.objects.get(pk=existing.pk), False
 
 

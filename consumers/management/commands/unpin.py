@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from broker.api.errors import ApiError
+from broker.errors import DomainError
 from consumers.groups import group_unpin, target_for
 from consumers.models import Consumer
 
@@ -30,7 +30,7 @@ class Command(BaseCommand):
         for name in groups:
             try:
                 result = group_unpin(target=target_for(found), group=name, reason="admin")
-            except ApiError as exc:
+            except DomainError as exc:
                 raise CommandError(exc.detail) from None
             if result["Unpinned"]:
                 self.stdout.write(f"group {name}: released pin {result['PreviousPinId']}")
