@@ -48,8 +48,8 @@ from datetime import datetime
 from django.conf import settings
 from django.db import connection
 
-from broker.api.representations import rfc3339
 from broker.counters import JOB, counts_for
+from broker.times import rfc3339
 from jobs.models import JobStatus
 from jobs.push import delivery
 from jobs.wakeup import CHANNEL

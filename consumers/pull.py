@@ -17,12 +17,12 @@ from dataclasses import dataclass
 
 from django.db import connection
 
+from broker import xid
+from broker.counters import JOB, REDELIVERED, counts_for
 from broker.errors import (
     Conflict, Forbidden, InvalidInput, NotFound, PreconditionFailed, TooLarge, Unauthenticated,
 )
-from broker.auth import tokens_equal
-from broker.counters import JOB, REDELIVERED, counts_for
-from broker import xid
+from broker.tokens import tokens_equal
 from broker.xid import job_xid
 from jobs import state
 from jobs.state import DEAD, DELIVERED, INFLIGHT, QUEUED

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 
 from broker.errors import Conflict, Forbidden, InvalidInput, NotFound, RateLimited, Unauthenticated
-from broker.auth import tokens_equal
+from broker.tokens import tokens_equal
 from broker.xid import xid_new
 from jobs import state
 

@@ -9,7 +9,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils.http import parse_http_date_safe
 
 from broker.errors import InvalidInput, PreconditionFailed
-from broker.auth import token_generate
+from broker.tokens import token_generate
 
 # Every successful update moves updated_at to the next whole second at least, so the
 # http-date in Last-Modified (second precision) changes on every update and a second writer

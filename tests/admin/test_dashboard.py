@@ -185,7 +185,7 @@ def test_alert_rules_are_pluggable(broker):
 
 
 def test_admin_site_status_constants_match_the_model():
-    from broker import admin_site
+    from web import site as admin_site
     from jobs.models import JobStatus
 
     assert (admin_site.QUEUED, admin_site.INFLIGHT, admin_site.DELIVERED, admin_site.DEAD) == (

@@ -8,7 +8,7 @@ import inspect
 import pytest
 
 from broker import errors
-from broker.api.errors import domain_error_response, exception_handler, status_for
+from web.api.errors import domain_error_response, exception_handler, status_for
 
 EXPECTED = {
     errors.InvalidInput: 400, errors.Unauthenticated: 401, errors.Forbidden: 403, errors.NotFound: 404,

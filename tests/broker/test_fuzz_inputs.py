@@ -8,11 +8,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rest_framework.test import APIClient
 
-from broker.api.views import parse_message_id, parse_priority
-from broker.api.errors import status_for
 from broker.errors import DomainError
-from broker.middleware import signature_parse
 from broker.services.seed import seed_parse
+from web.api.errors import status_for
+from web.api.views import parse_message_id, parse_priority
+from web.middleware import signature_parse
 
 ini_line = st.one_of(
     st.sampled_from(["[initial-channels]", "[initial-consumers]", "[initial-channel-tokens]", "[c]",

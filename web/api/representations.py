@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime
 
 from django.utils.http import http_date
 
-
-def rfc3339(value: datetime | None) -> str | None:
-    if value is None:
-        return None
-    return value.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+from broker.times import rfc3339
 
 
 def changed_at(value: datetime) -> str:

@@ -22,16 +22,16 @@ from django.utils.html import format_html
 from django.utils.http import http_date
 from django.utils.text import Truncator
 
-from broker.admin_helpers import (
+from broker.counters import MESSAGE, counts_for
+from broker.errors import DomainError, PreconditionFailed
+from broker.models import Channel, Message, Producer, ScheduledMessage
+from broker.services.registry import Precondition, channel_upsert, producer_upsert
+from web.admin.helpers import (
     ChannelFilter, LargeTableAdmin, ServiceFormAdmin, admin_url, changelist_url, json_block, mask, payload_preview,
     table, url_id_validator,
 )
-from broker.errors import DomainError, PreconditionFailed
-from broker.counters import MESSAGE, counts_for
-from broker.models import Channel, Message, Producer, ScheduledMessage
-from broker.services.registry import Precondition, channel_upsert, producer_upsert
 
-logger = logging.getLogger("broker.admin")
+logger = logging.getLogger("web.admin.channels")
 
 SCHEDULED_SCOPE = 3  # broker_counter scope of scheduled messages (broker/migrations/0002)
 
@@ -261,7 +261,7 @@ class MessageAdmin(PayloadSizeMixin, LargeTableAdmin):
     @admin.display(description="jobs")
     def jobs_table(self, obj):
         from broker.xid import job_xid
-        from jobs.admin import job_admin_url, status_badge
+        from web.admin.jobs import job_admin_url, status_badge
         from jobs.models import Job
 
         jobs = Job.objects.filter(message_id=obj.pk).select_related("consumer").order_by("consumer__consumer_id")[:500]

@@ -16,22 +16,23 @@ from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from broker.errors import Forbidden, InvalidInput, NotFound
-from broker.api.pagination import paginate
-from broker.api.representations import message_url, rfc3339
-from broker.api.views import (
-    ADMIN_PARAM, CHANNEL_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, channel_or_404, form_value,
-    publish_context, require_channel_reader,
-)
-from broker.auth import is_admin, require_admin, require_registry, tokens_equal
 from broker.counters import JOB, counts_for
+from broker.errors import Forbidden, InvalidInput, NotFound
 from broker.models import Channel, ScheduledMessage
+from broker.tokens import tokens_equal
 from broker.xid import job_xid
-from consumers.api import consumer_or_404, require_consumer_or_admin
 from consumers.models import Consumer
 from consumers.services import consumer_rotate_secret
 from jobs import scheduling, state
 from jobs.models import Job, JobStatus
+from web.api.consumers import consumer_or_404, require_consumer_or_admin
+from web.api.pagination import paginate
+from web.api.representations import message_url, rfc3339
+from web.api.views import (
+    ADMIN_PARAM, CHANNEL_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, channel_or_404, form_value,
+    publish_context, require_channel_reader,
+)
+from web.auth import is_admin, require_admin, require_registry
 
 CONSUMER_TOKEN = OpenApiParameter("X-Broker-Consumer-Token", OpenApiTypes.STR, OpenApiParameter.HEADER)
 PUBLISHER_PARAMS = [

@@ -5,7 +5,7 @@ carry ``X-Broker-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<r
 missing or malformed 401, timestamp outside ``BROKER_HMAC_TOLERANCE`` seconds 403, wrong signature
 403 (constant-time compare). Per-object tokens are still checked after it; a verified request is
 marked (``request.broker_signed``) so the registry endpoints accept it without the admin token
-(``broker.auth.registry_allowed``), as webhook-broker's gateway auth does.
+(``web.auth.registry_allowed``), as webhook-broker's gateway auth does.
 """
 
 from __future__ import annotations

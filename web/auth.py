@@ -1,25 +1,14 @@
-"""Token checks. Every comparison is constant-time; tokens are never logged or echoed."""
+"""Who a request is: the admin token header or a staff session, and the registry's rule. Every
+comparison is constant-time (``broker.tokens``); tokens are never logged or echoed."""
 
 from __future__ import annotations
-
-import hmac
-import secrets
 
 from django.conf import settings
 
 from broker.errors import Forbidden, Unauthenticated
+from broker.tokens import tokens_equal
 
 ADMIN_HEADER = "X-Broker-Admin-Token"
-
-
-def tokens_equal(given: str | None, expected: str | None) -> bool:
-    if not given or not expected:
-        return False
-    return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), expected.encode("utf-8", "surrogatepass"))
-
-
-def token_generate() -> str:
-    return secrets.token_urlsafe(16)
 
 
 def is_admin(request) -> bool:
@@ -48,7 +37,7 @@ def registry_allowed(request) -> bool:
     ``BROKER_REGISTRY_AUTH=open`` (an authenticating gateway in front)."""
     if settings.BROKER_REGISTRY_AUTH == "open":
         return True
-    if getattr(request, "broker_signed", False):  # set by broker.middleware after verifying it
+    if getattr(request, "broker_signed", False):  # set by web.middleware after verifying it
         return True
     return is_admin(request)
 

@@ -15,12 +15,12 @@ from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
 from django.utils.html import format_html
 
-from broker.admin_helpers import LargeTableAdmin, admin_url, changelist_url, table
 from broker.errors import DomainError
 from jobs import partitions
 from jobs.models import Job, Partition, PartitionStatus
+from web.admin.helpers import LargeTableAdmin, admin_url, changelist_url, table
 
-logger = logging.getLogger("broker.admin")
+logger = logging.getLogger("web.admin.channels")
 
 ACTIONS = {
     # action name: (service function, past tense for the report)

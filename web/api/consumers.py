@@ -8,17 +8,18 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from broker.errors import Forbidden, InvalidInput, NotFound, Unauthenticated
-from broker.api.pagination import paginate
-from broker.api.representations import changed_at
-from broker.api.views import (
-    ADMIN_PARAM, CHANNEL_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, PRECONDITION, channel_or_404, form_value,
-    with_last_modified,
-)
-from broker.auth import is_admin, registry_allowed, require_admin, require_registry, tokens_equal
 from broker.services.registry import Precondition
+from broker.tokens import tokens_equal
 from consumers import groups, services
 from consumers.models import Consumer
 from consumers.pull import consumer_stats
+from web.api.pagination import paginate
+from web.api.representations import changed_at
+from web.api.views import (
+    ADMIN_PARAM, CHANNEL_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, PRECONDITION, channel_or_404, form_value,
+    with_last_modified,
+)
+from web.auth import is_admin, registry_allowed, require_admin, require_registry
 
 
 def consumer_or_404(channel, consumer_id: str) -> Consumer:

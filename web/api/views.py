@@ -15,19 +15,20 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from broker.api.errors import ERROR_RESPONSE
-from broker.errors import Forbidden, InvalidInput, NotFound, TooLarge, Unauthenticated
-from broker.api.pagination import paginate
-from broker.api.representations import (
-    channel_repr, last_modified, message_url, producer_repr, rfc3339,
-)
-from broker.auth import ADMIN_HEADER, is_admin, require_registry, tokens_equal
 from broker.counters import JOB, MESSAGE, counts_for
+from broker.errors import Forbidden, InvalidInput, NotFound, TooLarge, Unauthenticated
 from broker.models import Channel, Message, Producer, ScheduledMessage, SeedState
 from broker.services import publishing
 from broker.services.registry import Precondition, channel_upsert, producer_upsert
 from broker.services.seed import seed_applied
+from broker.tokens import tokens_equal
 from broker.xid import job_xid
+from web.api.errors import ERROR_RESPONSE
+from web.api.pagination import paginate
+from web.api.representations import (
+    channel_repr, last_modified, message_url, producer_repr, rfc3339,
+)
+from web.auth import ADMIN_HEADER, is_admin, require_registry
 
 ERROR = ERROR_RESPONSE  # the JSON error body (component "Error")
 ADMIN_PARAM = OpenApiParameter(ADMIN_HEADER, OpenApiTypes.STR, OpenApiParameter.HEADER,

@@ -23,15 +23,15 @@ from django.utils.html import format_html
 from django.utils.http import http_date
 from django.utils.text import Truncator
 
-from broker.admin_helpers import ServiceFormAdmin, changelist_url, mask, table, url_id_validator
-from broker.errors import DomainError, InvalidInput, PreconditionFailed
 from broker.counters import JOB, REDELIVERED
+from broker.errors import DomainError, InvalidInput, PreconditionFailed
 from broker.services.registry import Precondition
 from consumers import services
 from consumers.models import Advisory, Consumer
 from jobs.state import DEAD, DELIVERED, INFLIGHT, QUEUED
+from web.admin.helpers import ServiceFormAdmin, changelist_url, mask, table, url_id_validator
 
-logger = logging.getLogger("broker.admin")
+logger = logging.getLogger("web.admin.channels")
 
 # Pending features slot in here: flow control adds a "paused" column, pause/resume actions and
 # purge_queued; priority groups add the group pin state, the "Unpin" action and advisories.
@@ -238,7 +238,7 @@ class ConsumerAdmin(ServiceFormAdmin):
 
     @admin.display(description="last hour")
     def recent_chart(self, obj):
-        from broker import svg
+        from web import svg
         from broker.dashboard import minute_series
 
         series = minute_series(consumer_pks=[obj.pk]).get(obj.pk)

@@ -1,8 +1,8 @@
 """The operator's admin site: the index page is the broker dashboard.
 
-Installed in place of ``django.contrib.admin`` (settings: ``BrokerAdminConfig``), so
-``admin.site`` and every ``@admin.register`` use this site. Imported while the app registry is
-being built, so model-touching modules are imported inside the functions.
+``web.apps.BrokerAdminConfig`` (installed in place of ``django.contrib.admin``) names this site,
+so ``admin.site`` and every ``@admin.register`` use it. Loaded on first use of ``admin.site``,
+once the models are.
 """
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from __future__ import annotations
 from urllib.parse import urlencode
 
 from django.contrib import admin
-from django.contrib.admin.apps import AdminConfig
 from django.urls import NoReverseMatch, reverse
 
-from broker import svg
+from broker.dashboard import dashboard_snapshot, duration_text
+from jobs.state import DEAD, DELIVERED, INFLIGHT, QUEUED
+from pipeline.latest import pipeline_report_latest
+from web import svg
 
-# jobs.models.JobStatus values (importing jobs.models here would load models too early)
-QUEUED, INFLIGHT, DELIVERED, DEAD = 1001, 1002, 1003, 1004
 REFRESH_CHOICES = (0, 15, 60)  # seconds; the page reloads itself with <meta http-equiv="refresh">
 
 
@@ -28,8 +28,6 @@ class BrokerAdminSite(admin.AdminSite):
     site_url = None  # no public site: "/" is the HTTP API
 
     def index(self, request, extra_context=None):
-        from broker.dashboard import dashboard_snapshot
-
         dashboard = dashboard_snapshot()
         try:
             refresh = int(request.GET.get("refresh", "0"))
@@ -66,10 +64,8 @@ def _totals(source, failure_rate) -> dict:
 def _pipeline_report() -> dict | None:
     """The Spark pipeline's latest report, when its page is wired into the URLs."""
     try:
-        from pipeline.latest import pipeline_report_latest
-
         url = reverse("pipeline-report-latest")
-    except (ImportError, NoReverseMatch):
+    except NoReverseMatch:
         return None
     report = pipeline_report_latest()
     return {"url": url, "report": report} if report else None
@@ -111,8 +107,6 @@ def _channel_row(ch) -> dict:
 
 
 def _consumer_row(c) -> dict:
-    from broker.dashboard import duration_text
-
     pk = c.consumer.pk
     label = f"{c.consumer.channel.channel_id}/{c.consumer.consumer_id}"
     return {
@@ -127,7 +121,3 @@ def _consumer_row(c) -> dict:
         "backlog_spark": svg.line(c.series.backlog(c.backlog_now), label=f"{label} backlog"),
         "failure_pct": None if c.failure_rate is None else round(100 * c.failure_rate, 1),
     }
-
-
-class BrokerAdminConfig(AdminConfig):
-    default_site = "broker.admin_site.BrokerAdminSite"

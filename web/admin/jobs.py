@@ -24,14 +24,14 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 from django.utils.text import Truncator
 
-from broker.admin_helpers import ChannelFilter, LargeTableAdmin, admin_url, json_block, payload_preview, table
 from broker.counters import JOB, counts_for
 from broker.dashboard import duration_text
 from broker.xid import job_pk, job_xid
 from jobs import state
 from jobs.models import DeliveryAttempt, Job, JobStatus, JobTransition
+from web.admin.helpers import ChannelFilter, LargeTableAdmin, admin_url, json_block, payload_preview, table
 
-logger = logging.getLogger("broker.admin")
+logger = logging.getLogger("web.admin.channels")
 
 STATUS_NAMES = {s.value: s.name for s in JobStatus}
 CHUNK = 5000  # job ids handed to one state-machine call (its statements lock at most this many rows)
@@ -150,7 +150,7 @@ class PriorityGroupFilter(admin.SimpleListFilter):
         return queryset.filter(consumer_id__in=list(pks))
 
 
-from jobs.admin_partitions import JobPartitionFilter  # noqa: E402  (registers the partition admin too)
+from web.admin.partitions import JobPartitionFilter  # noqa: E402  (registers the partition admin too)
 
 
 # --- jobs -----------------------------------------------------------------------------------------------

@@ -17,9 +17,9 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.views import APIView
 
 from broker.errors import DomainError, Forbidden, InvalidInput, Locked
-from broker.api.views import ADMIN_PARAM, CHANNEL_TOKEN, ERROR, OBJ, read_body
-from broker.auth import ADMIN_HEADER, is_admin
 from consumers import pull
+from web.api.views import ADMIN_PARAM, CHANNEL_TOKEN, ERROR, OBJ, read_body
+from web.auth import ADMIN_HEADER, is_admin
 
 CONSUMER_TOKEN = OpenApiParameter("X-Broker-Consumer-Token", OpenApiTypes.STR, OpenApiParameter.HEADER)
 TOKENS = [CHANNEL_TOKEN, CONSUMER_TOKEN]
