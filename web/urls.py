@@ -5,7 +5,7 @@ from django.contrib import admin
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
-from web.api import consumers, dlq, metrics, partitions, pull, sample, views
+from web.api import consumers, dlq, messages, metrics, partitions, publishing, pull, registry, sample, status
 from web.reports import report_latest_view
 
 _C = "channel/<str:channel_id>/consumer/<str:consumer_id>"
@@ -16,15 +16,15 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="api-redoc"),
     # registry, publishing, messages, health
-    path("producers", views.ProducerListView.as_view()),
-    path("producer/<str:producer_id>", views.ProducerView.as_view()),
-    path("channels", views.ChannelListView.as_view()),
-    path("channel/<str:channel_id>", views.ChannelView.as_view()),
-    path("channel/<str:channel_id>/broadcast", views.BroadcastView.as_view()),
-    path("channel/<str:channel_id>/messages", views.MessagesView.as_view()),
-    path("channel/<str:channel_id>/message/<str:message_id>", views.MessageView.as_view()),
-    path("channel/<str:channel_id>/messages-status", views.MessagesStatusView.as_view()),
-    path("_status", views.StatusView.as_view()),
+    path("producers", registry.ProducerListView.as_view()),
+    path("producer/<str:producer_id>", registry.ProducerView.as_view()),
+    path("channels", registry.ChannelListView.as_view()),
+    path("channel/<str:channel_id>", registry.ChannelView.as_view()),
+    path("channel/<str:channel_id>/broadcast", publishing.BroadcastView.as_view()),
+    path("channel/<str:channel_id>/messages", messages.MessagesView.as_view()),
+    path("channel/<str:channel_id>/message/<str:message_id>", messages.MessageView.as_view()),
+    path("channel/<str:channel_id>/messages-status", messages.MessagesStatusView.as_view()),
+    path("_status", status.StatusView.as_view()),
     path("metrics", metrics.MetricsView.as_view()),
     path("_sample-receiver", sample.SampleReceiverView.as_view()),
     # consumers

@@ -11,7 +11,7 @@ from rest_framework.test import APIClient
 from broker.errors import DomainError
 from broker.services.seed import seed_parse
 from web.api.errors import status_for
-from web.api.views import parse_message_id, parse_priority
+from web.api.publishing import parse_message_id, parse_priority
 from web.middleware import signature_parse
 
 ini_line = st.one_of(

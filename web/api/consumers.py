@@ -13,12 +13,12 @@ from broker.tokens import tokens_equal
 from consumers import groups, services
 from consumers.models import Consumer
 from consumers.pull import consumer_stats
-from web.api.pagination import paginate
-from web.api.representations import changed_at
-from web.api.views import (
+from web.api.common import (
     ADMIN_PARAM, CHANNEL_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, PRECONDITION, channel_or_404, form_value,
     with_last_modified,
 )
+from web.api.pagination import paginate
+from web.api.representations import changed_at
 from web.auth import is_admin, registry_allowed, require_admin, require_registry
 
 

@@ -25,13 +25,13 @@ from consumers.models import Consumer
 from consumers.services import consumer_rotate_secret
 from jobs import scheduling, state
 from jobs.models import Job, JobStatus
+from web.api.common import (
+    ADMIN_PARAM, CHANNEL_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, channel_or_404, form_value, require_channel_reader,
+)
 from web.api.consumers import consumer_or_404, require_consumer_or_admin
 from web.api.pagination import paginate
+from web.api.publishing import publish_context
 from web.api.representations import message_url, rfc3339
-from web.api.views import (
-    ADMIN_PARAM, CHANNEL_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, channel_or_404, form_value,
-    publish_context, require_channel_reader,
-)
 from web.auth import is_admin, require_admin, require_registry
 
 CONSUMER_TOKEN = OpenApiParameter("X-Broker-Consumer-Token", OpenApiTypes.STR, OpenApiParameter.HEADER)

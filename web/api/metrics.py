@@ -12,6 +12,9 @@ from rest_framework.views import APIView
 
 from broker import delivery_metrics as dm
 from broker.counters import JOB, MESSAGE, REDELIVERED, counts_for
+from broker.models import Channel
+from consumers.models import Consumer
+from jobs.models import JobStatus
 
 
 def pull_waiters() -> dict[int, int]:
@@ -28,10 +31,6 @@ class DatabaseCollector:
     rows (counters, waiter rows), so a scrape reads a bounded number of rows."""
 
     def collect(self):
-        from broker.models import Channel
-        from consumers.models import Consumer
-        from jobs.models import JobStatus
-
         consumers = list(Consumer.objects.select_related("channel").only("id", "consumer_id", "channel__channel_id"))
         job_counts = counts_for(scope=JOB)
         jobs = GaugeMetricFamily("broker_jobs", "Jobs per consumer and status", labels=["channel", "consumer", "status"])

@@ -17,9 +17,9 @@ from rest_framework.views import APIView
 from broker.errors import InvalidInput
 from jobs import partitions
 from jobs.models import Partition, PartitionStatus
+from web.api.common import ADMIN_PARAM, CHANNEL_TOKEN, ERROR, PAGE_PARAMS, channel_or_404
 from web.api.consumers import consumer_or_404, require_consumer_or_admin
 from web.api.pagination import paginate
-from web.api.views import ADMIN_PARAM, CHANNEL_TOKEN, ERROR, PAGE_PARAMS, channel_or_404
 
 CONSUMER_TOKEN = OpenApiParameter("X-Broker-Consumer-Token", OpenApiTypes.STR, OpenApiParameter.HEADER)
 AUTH = [CHANNEL_TOKEN, CONSUMER_TOKEN, ADMIN_PARAM]

@@ -18,7 +18,7 @@ from rest_framework.views import APIView
 
 from broker.errors import DomainError, Forbidden, InvalidInput, Locked
 from consumers import pull
-from web.api.views import ADMIN_PARAM, CHANNEL_TOKEN, ERROR, OBJ, read_body
+from web.api.common import ADMIN_PARAM, CHANNEL_TOKEN, ERROR, OBJ, read_body
 from web.auth import ADMIN_HEADER, is_admin
 
 CONSUMER_TOKEN = OpenApiParameter("X-Broker-Consumer-Token", OpenApiTypes.STR, OpenApiParameter.HEADER)
