@@ -8,10 +8,10 @@ from urllib.parse import urlsplit
 
 from django.db import connection, transaction
 
-from broker.errors import InvalidInput, PreconditionFailed
 from broker.counters import JOB, counters_forget
+from broker.errors import InvalidInput, PreconditionFailed
 from broker.netpolicy import CallbackDenied, callback_url_check
-from broker.services.registry import Precondition, row_upsert
+from broker.registry import Precondition, row_upsert
 from consumers.models import Consumer
 
 

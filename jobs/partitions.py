@@ -215,7 +215,7 @@ def _notify(consumer_pk: int) -> None:
 
 
 def _advise(row: Row, type_: str, gate: int) -> None:
-    from consumers.advisories import advisory_record
+    from jobs.advisories import advisory_record
 
     counts = counts_repr(_counts(row.id))
     advisory_record(type=type_, channel=row.channel_id, consumer=row.consumer_id, consumer_pk=row.consumer_pk,
@@ -436,7 +436,7 @@ def partition_skip(*, consumer_pk: int | None = None, key: str | None = None,
     return {**partition_repr(_require(row.id)), "skipped": skipped}
 
 
-# --- publish (called by broker.services.publishing in the publish transaction) -----------------------
+# --- publish (called by jobs.publishing in the publish transaction) -----------------------
 
 _UPSERT_SQL = """
 INSERT INTO jobs_partition (consumer_id, key, gate, status, owner, version, closed, auto_close,

@@ -19,7 +19,7 @@ from django.db import connection, transaction
 
 from broker.errors import Conflict, InvalidInput, NotFound, PreconditionFailed
 from broker.models import ScheduledMessage
-from broker.services import publishing
+from jobs import publishing
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from rest_framework.test import APIClient
 
 from broker.errors import DomainError
-from broker.services.seed import seed_parse
+from consumers.seed import seed_parse
 from web.api.errors import status_for
 from web.api.publishing import parse_message_id, parse_priority
 from web.middleware import signature_parse

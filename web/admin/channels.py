@@ -1,7 +1,7 @@
 """Admin for channels, producers, messages and scheduled messages.
 
 Tokens are masked everywhere (last four characters at most); a new one can be set, never read
-back. Channel and producer saves go through ``broker.services.registry`` (the API's upserts, with
+back. Channel and producer saves go through ``broker.registry`` (the API's upserts, with
 the form's load time as If-Unmodified-Since); messages are read-only; cancelling a scheduled
 message calls ``jobs.scheduling.scheduled_message_cancel``, as ``DELETE .../scheduled-message/..``.
 """
@@ -25,7 +25,7 @@ from django.utils.text import Truncator
 from broker.counters import MESSAGE, counts_for
 from broker.errors import DomainError, PreconditionFailed
 from broker.models import Channel, Message, Producer, ScheduledMessage
-from broker.services.registry import Precondition, channel_upsert, producer_upsert
+from broker.registry import Precondition, channel_upsert, producer_upsert
 from web.admin.helpers import (
     ChannelFilter, LargeTableAdmin, ServiceFormAdmin, admin_url, changelist_url, json_block, mask, payload_preview,
     table, url_id_validator,

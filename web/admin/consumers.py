@@ -25,7 +25,7 @@ from django.utils.text import Truncator
 
 from broker.counters import JOB, REDELIVERED
 from broker.errors import DomainError, InvalidInput, PreconditionFailed
-from broker.services.registry import Precondition
+from broker.registry import Precondition
 from consumers import services
 from consumers.models import Advisory, Consumer
 from jobs.state import DEAD, DELIVERED, INFLIGHT, QUEUED
@@ -206,8 +206,8 @@ class ConsumerAdmin(ServiceFormAdmin):
     @admin.display(description="jobs")
     def statistics(self, obj):
         from broker.counters import counts_for
-        from broker.dashboard import duration_text, oldest_queued_ages
-        from consumers.pull import consumer_stats
+        from jobs.dashboard import duration_text, oldest_queued_ages
+        from jobs.pull import consumer_stats
 
         stats = consumer_stats(consumer_pk=obj.pk)  # what GET /channel/../consumer/.. reports
         redelivered = counts_for(scope=JOB, owner_ids=[obj.pk]).get(obj.pk, {}).get(REDELIVERED, 0)
@@ -223,8 +223,8 @@ class ConsumerAdmin(ServiceFormAdmin):
     @admin.display(description="priority groups")
     def priority_groups_col(self, obj):
         """Policy, pins (what GET consumer reports) and the latest advisories."""
-        from consumers.advisories import advisories_list
-        from consumers.groups import groups_state, target_for
+        from jobs.advisories import advisories_list
+        from jobs.groups import groups_state, target_for
 
         rows = [[g["group"], obj.priority_policy, g.get("pinned_client_id", "-"), g.get("pinned_ts", "-")]
                 for g in groups_state(target=target_for(obj))]
@@ -239,7 +239,7 @@ class ConsumerAdmin(ServiceFormAdmin):
     @admin.display(description="last hour")
     def recent_chart(self, obj):
         from web import svg
-        from broker.dashboard import minute_series
+        from jobs.dashboard import minute_series
 
         series = minute_series(consumer_pks=[obj.pk]).get(obj.pk)
         if series is None:
@@ -392,7 +392,7 @@ class ConsumerAdmin(ServiceFormAdmin):
     @admin.action(description="Unpin the priority groups of the selected consumers", permissions=["change"])
     def unpin(self, request, queryset):
         """Same service as POST .../unpin: UNPINNED advisory (reason admin), the next job pins another pull."""
-        from consumers.groups import group_unpin, target_for
+        from jobs.groups import group_unpin, target_for
 
         released = []
         for consumer in queryset.select_related("channel"):

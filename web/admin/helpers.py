@@ -19,7 +19,7 @@ from django.utils.http import http_date
 from django.utils.safestring import SafeString, mark_safe
 
 from broker.errors import DomainError
-from broker.services.registry import Precondition
+from broker.registry import Precondition
 
 MASK = "\u2022" * 4
 

@@ -25,9 +25,9 @@ from django.utils.html import format_html
 from django.utils.text import Truncator
 
 from broker.counters import JOB, counts_for
-from broker.dashboard import duration_text
 from broker.xid import job_pk, job_xid
 from jobs import state
+from jobs.dashboard import duration_text
 from jobs.models import DeliveryAttempt, Job, JobStatus, JobTransition
 from web.admin.helpers import ChannelFilter, LargeTableAdmin, admin_url, json_block, payload_preview, table
 

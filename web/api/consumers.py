@@ -8,11 +8,13 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from broker.errors import Forbidden, InvalidInput, NotFound, Unauthenticated
-from broker.services.registry import Precondition
+from broker.registry import Precondition
 from broker.tokens import tokens_equal
-from consumers import groups, services
+from consumers import services
 from consumers.models import Consumer
-from consumers.pull import consumer_stats
+from consumers.priority import priority_config_parse
+from jobs import groups
+from jobs.pull import consumer_stats
 from web.api.common import (
     ADMIN_PARAM, CHANNEL_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, PRECONDITION, channel_or_404, form_value,
     with_last_modified,
@@ -183,7 +185,7 @@ class ConsumerView(APIView):
         body.update(consumer_stats(consumer_pk=consumer.pk, sweep=consumer.is_pull))
         body["Backlog"] = body["NumPending"]  # flow control: QUEUED jobs, against MaxQueued
         if consumer.is_pull and consumer.callback_url:
-            from consumers.doorbell import doorbell_state
+            from jobs.doorbell import doorbell_state
 
             body["Doorbell"] = doorbell_state(consumer_pk=consumer.pk)
         return with_last_modified(body, consumer)
@@ -207,7 +209,7 @@ class ConsumerView(APIView):
         consumer_type = services.consumer_type_parse(form_value(request, "type"))
         fields = consumer_settings_parse(request)
         existing = Consumer.objects.filter(channel=channel, consumer_id=consumer_id).first()
-        fields.update(groups.priority_config_parse(
+        fields.update(priority_config_parse(
             request.data, existing=existing,
             consumer_type=consumer_type or (existing.type if existing else Consumer.Type.PUSH)))
         consumer, _created = services.consumer_upsert(

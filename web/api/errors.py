@@ -13,7 +13,7 @@ from rest_framework.response import Response
 
 from broker import errors
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("broker.api.errors")  # its name before the move: what operators filter on
 
 
 class ErrorSerializer(serializers.Serializer):

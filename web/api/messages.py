@@ -15,9 +15,9 @@ from rest_framework.views import APIView
 from broker.counters import JOB, MESSAGE, counts_for
 from broker.errors import InvalidInput, NotFound
 from broker.models import Message, ScheduledMessage
-from broker.services import publishing
 from broker.xid import job_xid
 from consumers.models import Consumer
+from jobs import publishing
 from jobs import scheduling
 from jobs.models import Job, JobStatus
 from web.api.common import (

@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from broker.errors import InvalidInput, TooLarge
-from broker.services import publishing
+from jobs import publishing
 from jobs.scheduling import scheduled_for_parse, scheduled_message_create
 from web.api.common import CHANNEL_TOKEN, ERROR, read_body
 from web.api.representations import message_url

@@ -1,6 +1,6 @@
 """HTTP API for pull consumers: the spec's endpoints and the fast path (pull, ack, progress).
 
-Views only translate HTTP: parse, call ``consumers.pull``, answer. The hot views (queued-jobs,
+Views only translate HTTP: parse, call ``jobs.pull``, answer. The hot views (queued-jobs,
 job state, pull, ack) skip DRF's parsers, authenticators and renderers and write JSON bytes
 themselves: per-request framework overhead is a measurable share of a 100-job pull.
 """
@@ -17,7 +17,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.views import APIView
 
 from broker.errors import DomainError, Forbidden, InvalidInput, Locked
-from consumers import pull
+from jobs import pull
 from web.api.common import ADMIN_PARAM, CHANNEL_TOKEN, ERROR, OBJ, read_body
 from web.auth import ADMIN_HEADER, is_admin
 
@@ -219,7 +219,7 @@ class PullView(HotView):
         if ctx.policy == "none":
             jobs = pull.jobs_pull(ctx=ctx, req=req)
             return json_response({"Result": [pull.claimed_repr(j) for j in jobs]})
-        from consumers import groups
+        from jobs import groups
 
         result = groups.jobs_pull_grouped(ctx=ctx, req=req)
         if result.wrong_pin and not result.jobs:
@@ -264,7 +264,7 @@ class UnpinView(HotView):
         parameters=[*TOKENS, ADMIN_PARAM], request={"application/json": OpenApiTypes.OBJECT}, responses={200: OBJ, **AUTH_ERRORS},
     )
     def post(self, request, channel_id: str, consumer_id: str):
-        from consumers import groups
+        from jobs import groups
 
         ctx = authenticate(request, channel_id, consumer_id, allow_admin=True, require_pull=False)
         data = json_body(request, empty={})
@@ -285,7 +285,7 @@ class AdvisoriesView(HotView):
         responses={200: OBJ, **AUTH_ERRORS},
     )
     def get(self, request, channel_id: str, consumer_id: str):
-        from consumers.advisories import advisories_list
+        from jobs.advisories import advisories_list
 
         ctx = authenticate(request, channel_id, consumer_id, allow_admin=True, require_pull=False)
         raw = request.GET.get("limit")

@@ -9,7 +9,7 @@ from rest_framework.views import APIView
 
 from broker.errors import InvalidInput, NotFound
 from broker.models import Channel, Producer
-from broker.services.registry import Precondition, channel_upsert, producer_upsert
+from broker.registry import Precondition, channel_upsert, producer_upsert
 from web.api.common import (
     ADMIN_PARAM, ERROR, LIST, OBJ, PAGE_PARAMS, PRECONDITION, channel_or_404, form_value, with_last_modified,
 )

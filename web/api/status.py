@@ -8,7 +8,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from broker.models import SeedState
-from broker.services.seed import seed_applied
+from consumers.seed import seed_applied
 from web.api.common import OBJ
 from web.api.representations import rfc3339
 from web.auth import is_admin

@@ -30,7 +30,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, channel=None, consumer=None, all=False, older_than=None, batch=5000, **options):
         from consumers.models import Consumer
-        from consumers.pull import older_than_parse
+        from jobs.pull import older_than_parse
 
         if batch < 1:
             raise CommandError("--batch must be at least 1")

@@ -3,7 +3,7 @@
 ``advisory_record`` is the one entry point (pinned / unpinned priority groups today; partition
 events reuse it). The record is written in the caller's transaction; when
 ``BROKER_ADVISORY_CHANNEL`` names a channel the same JSON is published there, in the same
-transaction, through ``broker.services.publishing.messages_publish`` (so subscribers of that
+transaction, through ``jobs.publishing.messages_publish`` (so subscribers of that
 channel get it like any message, and a record is never lost to a failed publish: publishing
 problems are logged, never raised). The publisher is a broker-owned producer, ``broker-advisories``,
 created on first use with a random token nobody needs.
@@ -35,7 +35,7 @@ def advisory_repr(advisory: Advisory) -> dict:
 
 def _publish(body: dict) -> None:
     from broker.models import Channel, Producer
-    from broker.services.publishing import NewMessage, PublishContext, messages_publish
+    from jobs.publishing import NewMessage, PublishContext, messages_publish
 
     target = settings.BROKER_ADVISORY_CHANNEL
     channel = Channel.objects.filter(channel_id=target).only("pk").first()

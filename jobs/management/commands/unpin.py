@@ -5,8 +5,8 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from broker.errors import DomainError
-from consumers.groups import group_unpin, target_for
 from consumers.models import Consumer
+from jobs.groups import group_unpin, target_for
 
 
 class Command(BaseCommand):

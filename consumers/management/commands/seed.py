@@ -1,7 +1,7 @@
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from broker.services.seed import seed_from_file
+from consumers.seed import seed_from_file
 
 
 class Command(BaseCommand):

@@ -55,7 +55,7 @@ class PullContext:
     consumer_type: str
     max_retry: int
     job: tuple | None = None  # (id, status, retry_count, incremental_timeout, expired)
-    policy: str = "none"  # priority groups (consumers.groups)
+    policy: str = "none"  # priority groups (jobs.groups)
     groups: list | None = None
     priority_timeout: float | None = None
 

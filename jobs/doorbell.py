@@ -54,7 +54,7 @@ from jobs.models import JobStatus
 from jobs.push import delivery
 from jobs.wakeup import CHANNEL
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("consumers.doorbell")  # its name before the move: what operators filter on
 
 LOCK_KEY = "broker-doorbell"
 LOCK_RETRY = 2.0  # seconds between attempts to take the ringer lock

@@ -1,6 +1,6 @@
 """Priority groups of pull consumers (ADR-42): overflow, pinned_client, prioritized, unpin.
 
-Only consumers with a policy come here; the plain pull path (``consumers.pull.jobs_pull``) is
+Only consumers with a policy come here; the plain pull path (``jobs.pull.jobs_pull``) is
 untouched. Everything every web process must agree on lives in the database:
 
 - each waiting pull is a ``PullWaiter`` row (group, priority, pin id, thresholds, batch);
@@ -19,118 +19,27 @@ that woke for the pin's expiry, GET consumer).
 
 from __future__ import annotations
 
-import re
 import secrets
 import time
 from dataclasses import dataclass, field
 
 from django.db import connection, transaction
 
-from broker.errors import InvalidInput, Locked, NotFound
 from broker.counters import JOB, counts_for
-from consumers.advisories import advisory_record
-from consumers.pull import _NEXT_SQL as pull_next_sql
+from broker.errors import InvalidInput, Locked, NotFound
+from consumers.priority import DEFAULT_PIN_TIMEOUT, GROUP_NAME, NONE, OVERFLOW, PINNED, PRIORITIZED
 from jobs import state
+from jobs.advisories import advisory_record
+from jobs.pull import _NEXT_SQL as pull_next_sql
 from jobs.state import INFLIGHT, QUEUED
 from jobs.wakeup import wakeups
 
-NONE, OVERFLOW, PINNED, PRIORITIZED = "none", "overflow", "pinned_client", "prioritized"
-POLICIES = (NONE, OVERFLOW, PINNED, PRIORITIZED)
-GROUP_NAME = re.compile(r"^[a-zA-Z0-9/_=-]{1,16}$")
-DEFAULT_PIN_TIMEOUT = 120.0
-TIMEOUT_MAX = 365 * 24 * 3600.0
 LOCK_BASE = 0x7072 << 48  # pg_advisory_xact_lock key: "pr" + consumer pk (distinct from other locks)
 
 WAITING, SERVED, WRONG_PIN = 0, 1, 2
 
 PINNED_ADVISORY = "consumer_group_pinned"
 UNPINNED_ADVISORY = "consumer_group_unpinned"
-
-
-# --- consumer configuration ----------------------------------------------------------------------
-
-def _groups_value(raw) -> list[str] | None:
-    """``priorityGroups`` as a list: a JSON list, or a string (comma-separated, form fields)."""
-    if raw is None:
-        return None
-    if isinstance(raw, (list, tuple)):
-        if not all(isinstance(g, str) for g in raw):
-            raise InvalidInput("invalid_priority_group", "priorityGroups must be group names")
-        return [g.strip() for g in raw]
-    if not isinstance(raw, str):
-        raise InvalidInput("invalid_priority_group", "priorityGroups must be group names")
-    return [g.strip() for g in raw.split(",")]
-
-
-def priority_config_parse(data, *, consumer_type: str, existing=None) -> dict:
-    """Validate the priority fields of a consumer PUT against the consumer's type and (on update)
-    its current configuration. Returns the model fields to set; every violation is its own 400."""
-    raw_policy = data.get("priorityPolicy") if hasattr(data, "get") else None
-    raw_groups = data.get("priorityGroups") if hasattr(data, "get") else None
-    if hasattr(data, "getlist") and raw_groups is not None and len(data.getlist("priorityGroups")) > 1:
-        raw_groups = data.getlist("priorityGroups")  # repeated form field
-    raw_timeout = data.get("priorityTimeout") if hasattr(data, "get") else None
-    if raw_policy is None and raw_groups is None and raw_timeout is None:
-        if existing is not None and existing.priority_policy != NONE and consumer_type != "pull":
-            raise InvalidInput("priority_policy_on_push", "priority groups can not be used with push consumers")
-        return {}
-    if raw_policy is not None and not isinstance(raw_policy, str):
-        raise InvalidInput("invalid_priority_policy", f"priorityPolicy must be one of {', '.join(POLICIES)}")
-    policy = raw_policy.strip() if isinstance(raw_policy, str) else None
-    if policy == "":
-        policy = NONE
-    if policy is not None and policy not in POLICIES:
-        raise InvalidInput("invalid_priority_policy", f"priorityPolicy must be one of {', '.join(POLICIES)}")
-    groups = _groups_value(raw_groups)
-    if groups == [""] and isinstance(raw_groups, str) and policy in (None, NONE):
-        groups = []  # an empty form field means "no groups"
-    timeout = None
-    if raw_timeout is not None and not (isinstance(raw_timeout, str) and raw_timeout.strip() == ""):
-        try:
-            timeout = float(raw_timeout)
-        except (TypeError, ValueError):
-            raise InvalidInput("invalid_priority_timeout", "priorityTimeout must be seconds") from None
-        if isinstance(raw_timeout, bool) or not 0 < timeout <= TIMEOUT_MAX:
-            raise InvalidInput("invalid_priority_timeout", "priorityTimeout must be a positive number of seconds")
-
-    current_policy = existing.priority_policy if existing is not None else NONE
-    effective = policy if policy is not None else current_policy
-    if effective != NONE and consumer_type != "pull":
-        raise InvalidInput("priority_policy_on_push", "priority groups can not be used with push consumers")
-    if effective == NONE:
-        if groups:
-            raise InvalidInput("priority_groups_without_policy",
-                               "consumer can not have priority groups when policy is none")
-        if timeout is not None:
-            raise InvalidInput("priority_timeout_without_policy",
-                               "priorityTimeout cannot be set when priorityPolicy is none")
-    else:
-        if groups is None and existing is None:
-            groups = []
-        if groups is not None:
-            if not groups:
-                raise InvalidInput("priority_group_required",
-                                   "setting priorityPolicy requires at least one priority group")
-            for g in groups:
-                if g == "":
-                    raise InvalidInput("priority_group_empty", "group name cannot be an empty string")
-                if not GROUP_NAME.match(g):
-                    raise InvalidInput("invalid_priority_group",
-                                       "valid priority group name must match A-Z, a-z, 0-9, -_/= and may not exceed "
-                                       "16 characters")
-            if len(groups) > 1:
-                raise InvalidInput("too_many_priority_groups", "only one priority group is supported")
-    if existing is not None:  # only priorityTimeout may change once the consumer exists
-        if effective != current_policy:
-            raise InvalidInput("priority_policy_immutable",
-                               "the priority policy of an existing consumer cannot be changed")
-        if groups is not None and groups != list(existing.priority_groups or []):
-            raise InvalidInput("priority_groups_immutable",
-                               "the priority groups of an existing consumer cannot be changed")
-        return {"priority_timeout": timeout} if timeout is not None else {}
-    if effective == PINNED and timeout is None:
-        timeout = DEFAULT_PIN_TIMEOUT
-    return {"priority_policy": effective, "priority_groups": groups or [], "priority_timeout": timeout}
 
 
 # --- locking and group state ---------------------------------------------------------------------
@@ -429,10 +338,10 @@ def _finish(cur, waiter_id: int) -> GroupPull:
 
 def jobs_pull_grouped(*, ctx, req) -> GroupPull:
     """A pull on a consumer with a priority policy (fields already checked by
-    ``consumers.pull.pull_request_check``). Admission, pin check and timer reset, waiter insert
+    ``jobs.pull.pull_request_check``). Admission, pin check and timer reset, waiter insert
     and a first dispatch are one transaction under the consumer's lock; then the waiter sleeps
     (no connection held) until its row is served, its expiry, or the pin's timeout."""
-    from consumers.pull import WAIT_SAFETY_NET, WAIT_UNLISTENED, consumer_sweep
+    from jobs.pull import WAIT_SAFETY_NET, WAIT_UNLISTENED, consumer_sweep
 
     target = Target(consumer_pk=ctx.consumer_pk, channel_id=ctx.channel_id, consumer_id=ctx.consumer_id,
                     policy=ctx.policy, groups=ctx.groups, timeout=ctx.priority_timeout)

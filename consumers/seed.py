@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 from django.db import transaction
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("broker.services.seed")  # its name before the move: what operators filter on
 
 
 @dataclass
@@ -161,7 +161,7 @@ def seed_parse(text: str) -> SeedPlan:
 
 def _apply_row(model, lookup: dict, values: dict):
     """Create the row, or update the fields that differ from the seed."""
-    from broker.services.registry import _db_now, row_update
+    from broker.registry import _db_now, row_update
 
     obj = model.objects.filter(**lookup).first()
     if obj is None:
