@@ -542,6 +542,11 @@ def main() -> int:
     return 0
 
 
+# bench/common.py's smoke convention: what the printed table must match (tests/bench)
+SMOKE_TABLE = (r"^bench/growth\.py: median of \d+ requests .*\n(?s:.*)^pull 100 \+ ack 100 +[\d.]+ +[\d.]+ +[\d.]+$"
+               r"(?s:.*)^targets: ratios <= 1\.5 ")
+
+
 def report(sizes, results, sweeps, plans, load_before, args) -> None:
     first, last = sizes[0], sizes[-1]
     print()

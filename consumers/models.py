@@ -76,7 +76,8 @@ class PullWaiter(models.Model):
 
     # No database constraint: these rows are ephemeral, and a consumer deletion (raw SQL) must
     # never fail on a waiter that is just arriving; its row expires on its own.
-    consumer = models.ForeignKey(Consumer, on_delete=models.CASCADE, related_name="waiters", db_constraint=False)
+    consumer = models.ForeignKey(Consumer, on_delete=models.CASCADE, related_name="waiters", db_constraint=False,
+                                 db_index=False)  # pullwaiter_live leads with consumer_id
     group = models.CharField(max_length=64, blank=True, default="")
     priority = models.IntegerField(default=0)
     pin_id = models.CharField(max_length=64, blank=True, default="")

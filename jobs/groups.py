@@ -176,8 +176,7 @@ SELECT id, pin_id, priority, min_pending, min_ack_pending, batch, max_bytes, inc
        cardinality(job_ids), turn
   FROM consumers_pullwaiter
  WHERE consumer_id = %s AND state = 0 AND expires_at > now()
- ORDER BY id
-"""
+"""  # pullwaiter_live; arrival order (id) is sorted in Python: an ORDER BY id let fresh statistics pick the pkey
 # Is a job due? The claim's own first step (job_claim, in claim order, first due job): an EXISTS
 # was planned as a scan of the whole table when the statistics were those of a smaller one.
 _DUE_SQL = (f"SELECT (SELECT id FROM jobs_job WHERE consumer_id = %s AND status = {QUEUED} "
@@ -228,7 +227,7 @@ def _dispatch(cur, target: Target, group: str) -> GroupState:
     ends the loop), so ineligible waiters never make it spin."""
     gs = _group_state(cur, target, group)
     cur.execute(_WAITERS_SQL, [target.consumer_pk])
-    waiters = [Waiter(*row) for row in cur.fetchall()]
+    waiters = sorted((Waiter(*row) for row in cur.fetchall()), key=lambda w: w.id)
     if not waiters:
         return gs
     d = Dispatch(target=target, cur=cur, gs=gs, max_turn=max(w.turn for w in waiters))
