@@ -56,6 +56,6 @@ def on_starting(server):
         import django
 
         django.setup()
-        from broker.services.seed import seed_from_file
+        from consumers.seed import seed_from_file
 
         seed_from_file(seed)

@@ -206,7 +206,7 @@ def registry_create(*, channels: list[str], producers: list[str], consumers: lis
     scripts that bulk-insert messages and jobs with SQL need no change when the registry grows.
     Django must be set up (``BROKER_CALLBACK_ALLOW`` must allow loopback callbacks)."""
     from broker.models import Channel
-    from broker.services.registry import Precondition, channel_upsert, producer_upsert
+    from broker.registry import Precondition, channel_upsert, producer_upsert
     from consumers.services import consumer_upsert
 
     create = Precondition(None)  # never read on create

@@ -106,7 +106,7 @@ def render_times() -> None:
     from django.contrib.auth.models import User
     from django.test import Client
 
-    from broker.dashboard import dashboard_snapshot
+    from jobs.dashboard import dashboard_snapshot
     from broker.xid import job_xid
     from consumers.models import Consumer
     from jobs.models import Job

@@ -157,6 +157,7 @@ INSTALLED_APPS = [
     "consumers",
     "jobs",
     "pipeline",
+    "web",
 ]
 
 MIDDLEWARE = [
@@ -164,14 +165,14 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
-    "broker.middleware.HmacSignatureMiddleware",
+    "web.middleware.HmacSignatureMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
-ROOT_URLCONF = "broker.urls"
+ROOT_URLCONF = "web.urls"
 WSGI_APPLICATION = "broker.wsgi.application"
 APPEND_SLASH = False
 
@@ -203,7 +204,7 @@ WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
 
 SESSION_COOKIE_HTTPONLY = True
-SESSION_ENGINE = "broker.sessions"  # malformed session cookies are ignored, not a 500
+SESSION_ENGINE = "web.sessions"  # malformed session cookies are ignored, not a 500
 SESSION_COOKIE_SECURE = not DEBUG and not TESTING and env_bool("BROKER_SECURE_COOKIES", True)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 X_FRAME_OPTIONS = "DENY"
@@ -222,7 +223,7 @@ REST_FRAMEWORK = {
     # the broker's per-object tokens, checked in the views.
     "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": [],
-    "EXCEPTION_HANDLER": "broker.api.errors.exception_handler",
+    "EXCEPTION_HANDLER": "web.api.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
 
@@ -236,7 +237,7 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
-                             "broker.api.errors.schema_common_responses"],  # 503 (and HMAC 401/403) everywhere
+                             "web.api.errors.schema_common_responses"],  # 503 (and HMAC 401/403) everywhere
 }
 
 # --- broker settings ---------------------------------------------------------------------------
@@ -266,7 +267,7 @@ BROKER_HMAC_EXEMPT_PATHS = [p.strip() for p in env_str(
 ).split(",") if p.strip()]
 # Who may use the registry (producers, channels, consumers; /dlq-status, /job-status): "token" = the
 # admin token, a staff session, or with BROKER_HMAC_SECRET a validly signed request (webhook-broker's
-# gateway model); "open" = anyone, for deployments behind an authenticating gateway (broker.auth).
+# gateway model); "open" = anyone, for deployments behind an authenticating gateway (web.auth).
 BROKER_REGISTRY_AUTH = env_str("BROKER_REGISTRY_AUTH", "token").strip().lower() or "token"
 if BROKER_REGISTRY_AUTH not in ("token", "open"):
     raise ImproperlyConfigured(f"BROKER_REGISTRY_AUTH must be token or open, got {BROKER_REGISTRY_AUTH!r}")
@@ -342,8 +343,8 @@ BROKER_SECRET_ROTATION_GRACE = env_float("BROKER_SECRET_ROTATION_GRACE", 24 * 36
 BROKER_CALLBACK_DENY_PRIVATE = env_bool("BROKER_CALLBACK_DENY_PRIVATE", not DEBUG)
 BROKER_CALLBACK_ALLOW = env_str("BROKER_CALLBACK_ALLOW")
 
-# --- admin (the operator's admin: broker/admin_site.py, broker/dashboard.py) --------------------
+# --- admin (the operator's admin: web/admin/site.py, jobs/dashboard.py) ------------------------
 # The admin site whose index is the dashboard replaces django.contrib.admin's default site.
-INSTALLED_APPS[INSTALLED_APPS.index("django.contrib.admin")] = "broker.admin_site.BrokerAdminConfig"
+INSTALLED_APPS[INSTALLED_APPS.index("django.contrib.admin")] = "web.apps.BrokerAdminConfig"
 BROKER_ADMIN_PAYLOAD_PREVIEW_BYTES = env_int("BROKER_ADMIN_PAYLOAD_PREVIEW_BYTES", 64 * 1024)  # shown per payload
 FORMAT_MODULE_PATH = ["broker.formats"]  # admin dates as 2026-11-22 19:25:54 (broker/formats/en/formats.py)

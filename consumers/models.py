@@ -31,7 +31,7 @@ class Consumer(models.Model):
     previous_signing_secret = models.CharField(max_length=128, blank=True, default="")
     previous_secret_expires_at = models.DateTimeField(null=True, blank=True)
 
-    # Priority groups (pull consumers only; consumers.groups). One group for now.
+    # Priority groups (pull consumers only; jobs.groups). One group for now.
     priority_policy = models.CharField(max_length=16, default="none")
     priority_groups = models.JSONField(default=list, blank=True)
     priority_timeout = models.FloatField(null=True, blank=True)
@@ -107,7 +107,7 @@ class PriorityGroupState(models.Model):
 
     ``pinned_client_id``/``pinned_ts`` are empty while unpinned; ``renewed_at`` is the last pull
     carrying the current pin id (or the pin time): the pin is released once ``priorityTimeout``
-    passes after it. Written only under the consumer's dispatch lock (``consumers.groups``).
+    passes after it. Written only under the consumer's dispatch lock (``jobs.groups``).
     """
 
     consumer = models.ForeignKey(Consumer, on_delete=models.CASCADE, related_name="group_states",
@@ -129,7 +129,7 @@ class Advisory(models.Model):
 
     Generic on purpose: ``type`` names the event, ``data`` holds its own fields. Identified by
     the channel and consumer ids as text (and the consumer's pk, no constraint) so the record
-    outlives a deleted consumer. See ``consumers.advisories.advisory_record``.
+    outlives a deleted consumer. See ``jobs.advisories.advisory_record``.
     """
 
     type = models.CharField(max_length=64)
@@ -149,7 +149,7 @@ class Advisory(models.Model):
 
 
 class DoorbellState(models.Model):
-    """Doorbell state of a pull consumer with a callback URL (``consumers.doorbell``).
+    """Doorbell state of a pull consumer with a callback URL (``jobs.doorbell``).
 
     ``armed``: a check saw no ready QUEUED job since the last ring (or the last ring failed).
     ``mark``: the newest QUEUED job id when it last rang; once that job has left QUEUED the

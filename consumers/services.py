@@ -8,10 +8,10 @@ from urllib.parse import urlsplit
 
 from django.db import connection, transaction
 
-from broker.api.errors import ApiError
 from broker.counters import JOB, counters_forget
+from broker.errors import InvalidInput, PreconditionFailed
 from broker.netpolicy import CallbackDenied, callback_url_check
-from broker.services.registry import Precondition, row_upsert
+from broker.registry import Precondition, row_upsert
 from consumers.models import Consumer
 
 
@@ -25,9 +25,9 @@ def signing_secret_validate(secret: str) -> str:
     try:
         decoded = base64.b64decode(raw, validate=True)
     except (ValueError, base64.binascii.Error):
-        raise ApiError(400, "invalid_signing_secret", "signingSecret must be whsec_ followed by base64") from None
+        raise InvalidInput("invalid_signing_secret", "signingSecret must be whsec_ followed by base64") from None
     if not 24 <= len(decoded) <= 64:
-        raise ApiError(400, "invalid_signing_secret", "signingSecret must decode to 24-64 bytes")
+        raise InvalidInput("invalid_signing_secret", "signingSecret must decode to 24-64 bytes")
     return "whsec_" + raw
 
 
@@ -36,13 +36,13 @@ def callback_url_validate(url: str) -> str:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - a bad port or IPv6 literal raises ValueError: a 400, not a 500
     except ValueError:
-        raise ApiError(400, "invalid_callback_url", "callbackUrl must be an absolute http(s) URL") from None
+        raise InvalidInput("invalid_callback_url", "callbackUrl must be an absolute http(s) URL") from None
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ApiError(400, "invalid_callback_url", "callbackUrl must be an absolute http(s) URL")
+        raise InvalidInput("invalid_callback_url", "callbackUrl must be an absolute http(s) URL")
     try:  # no loopback / private / link-local targets unless allowed (broker.netpolicy)
         callback_url_check(url)
     except CallbackDenied as exc:
-        raise ApiError(400, "callback_url_not_allowed", str(exc)) from None
+        raise InvalidInput("callback_url_not_allowed", str(exc)) from None
     return url
 
 
@@ -54,7 +54,7 @@ def consumer_type_parse(value: str | None) -> str | None:
     if value == "":
         return Consumer.Type.PUSH
     if value not in (Consumer.Type.PUSH, Consumer.Type.PULL):
-        raise ApiError(400, "invalid_consumer_type", "type must be push or pull")
+        raise InvalidInput("invalid_consumer_type", "type must be push or pull")
     return value
 
 
@@ -72,7 +72,7 @@ def consumer_upsert(*, channel, consumer_id: str, name: str | None, token: str |
     if effective_url:
         callback_url_validate(effective_url)
     elif consumer_type == Consumer.Type.PUSH:
-        raise ApiError(400, "callback_url_required", "a push consumer needs an absolute callbackUrl")
+        raise InvalidInput("callback_url_required", "a push consumer needs an absolute callbackUrl")
     fields = dict(settings)
     if name:
         fields["name"] = name
@@ -97,7 +97,7 @@ def consumer_delete(*, consumer: Consumer, precondition: Precondition) -> None:
                 [consumer.pk, since],
             )
             if cur.fetchone() is None:
-                raise ApiError(412, "precondition_failed", "the consumer was modified since If-Unmodified-Since")
+                raise PreconditionFailed("precondition_failed", "the consumer was modified since If-Unmodified-Since")
             cur.execute("DELETE FROM jobs_job WHERE consumer_id = %s", [consumer.pk])
             cur.execute("DELETE FROM consumers_pullwaiter WHERE consumer_id = %s", [consumer.pk])
             cur.execute("DELETE FROM consumers_consumer WHERE id = %s", [consumer.pk])

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db import connection, transaction
 
+from broker.errors import Conflict, NotFound
 from jobs.models import JobStatus, PartitionStatus
 
 logger = logging.getLogger(__name__)
@@ -50,14 +51,6 @@ def lease_seconds() -> float:
     if value is None:
         value = os.environ.get("BROKER_PARTITION_LEASE_SECONDS") or 10.0
     return max(0.3, float(value))
-
-
-class PartitionError(Exception):
-    """A refused partition operation: (status, code, detail) for the API."""
-
-    def __init__(self, status: int, code: str, detail: str) -> None:
-        super().__init__(detail)
-        self.status, self.code, self.detail = status, code, detail
 
 
 # --- reading ------------------------------------------------------------------------------------
@@ -107,7 +100,7 @@ def _row(*, partition_pk: int | None = None, consumer_pk: int | None = None, key
 def _require(partition_pk=None, consumer_pk=None, key=None) -> Row:
     row = _row(partition_pk=partition_pk, consumer_pk=consumer_pk, key=key)
     if row is None:
-        raise PartitionError(404, "partition_not_found", "partition not found")
+        raise NotFound("partition_not_found", "partition not found")
     return row
 
 
@@ -165,7 +158,7 @@ def partition_repr(row: Row, *, counts: bool = True) -> dict:
 
 def partition_get(*, consumer_pk: int | None = None, key: str | None = None,
                   partition_pk: int | None = None) -> dict:
-    """A partition with its counts per gate and status (404 as PartitionError)."""
+    """A partition with its counts per gate and status (NotFound for an unknown one)."""
     return partition_repr(_require(partition_pk, consumer_pk, key))
 
 
@@ -222,7 +215,7 @@ def _notify(consumer_pk: int) -> None:
 
 
 def _advise(row: Row, type_: str, gate: int) -> None:
-    from consumers.advisories import advisory_record
+    from jobs.advisories import advisory_record
 
     counts = counts_repr(_counts(row.id))
     advisory_record(type=type_, channel=row.channel_id, consumer=row.consumer_id, consumer_pk=row.consumer_pk,
@@ -360,7 +353,7 @@ def _occ(partition_pk, consumer_pk, key, change) -> dict:
             if update is None or _write(row, *update) is not None:
                 break
     else:
-        raise PartitionError(409, "version_conflict", "the partition changed concurrently too often; try again")
+        raise Conflict("version_conflict", "the partition changed concurrently too often; try again")
     partition_settle(partition_pk=row.id)
     return partition_repr(_require(row.id))
 
@@ -395,14 +388,14 @@ def partition_advance(*, consumer_pk: int | None = None, key: str | None = None,
     ``no_next_gate`` when no higher gate has jobs."""
     def change(row):
         if row.status != AVAILABLE:
-            raise PartitionError(409, "partition_not_available",
-                                 f"partition is {STATUS_NAMES[row.status]}; only AVAILABLE partitions advance")
+            raise Conflict("partition_not_available",
+                           f"partition is {STATUS_NAMES[row.status]}; only AVAILABLE partitions advance")
         counts = _counts(row.id, row.gate)
         if any(counts.get((row.gate, s), 0) for s in (QUEUED, INFLIGHT, DEAD)):
-            raise PartitionError(409, "gate_not_finished", f"jobs at gate {row.gate} are not all delivered")
+            raise Conflict("gate_not_finished", f"jobs at gate {row.gate} are not all delivered")
         higher = sorted({g for (g, s), n in counts.items() if g > row.gate and s != DELIVERED and n})
         if not higher:
-            raise PartitionError(409, "no_next_gate", "no higher gate has jobs")
+            raise Conflict("no_next_gate", "no higher gate has jobs")
         return "gate = %s", [higher[0]]
 
     body = _occ(partition_pk, consumer_pk, key, change)
@@ -443,7 +436,7 @@ def partition_skip(*, consumer_pk: int | None = None, key: str | None = None,
     return {**partition_repr(_require(row.id)), "skipped": skipped}
 
 
-# --- publish (called by broker.services.publishing in the publish transaction) -----------------------
+# --- publish (called by jobs.publishing in the publish transaction) -----------------------
 
 _UPSERT_SQL = """
 INSERT INTO jobs_partition (consumer_id, key, gate, status, owner, version, closed, auto_close,
@@ -477,11 +470,10 @@ def partitions_for_publish(*, channel_pk: int, gates_by_key: dict[str, list[int]
     settle = []
     for pk, _consumer, key, gate, status, closed in rows:
         if closed:
-            raise PartitionError(409, "partition_closed", f"partition {key!r} is closed")
+            raise Conflict("partition_closed", f"partition {key!r} is closed")
         low = min(gates_by_key[key])
         if low < gate:
-            raise PartitionError(409, "gate_passed", f"partition {key!r} is at gate {gate}; gate {low} "
-                                                     "could never run")
+            raise Conflict("gate_passed", f"partition {key!r} is at gate {gate}; gate {low} could never run")
         if max(gates_by_key[key]) > gate:
             settle.append(pk)
     return settle

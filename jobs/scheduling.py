@@ -17,9 +17,9 @@ from datetime import datetime, timezone
 from django.conf import settings
 from django.db import connection, transaction
 
-from broker.api.errors import ApiError
+from broker.errors import Conflict, InvalidInput, NotFound, PreconditionFailed
 from broker.models import ScheduledMessage
-from broker.services import publishing
+from jobs import publishing
 
 logger = logging.getLogger(__name__)
 
@@ -37,14 +37,14 @@ def scheduled_for_parse(raw: str) -> datetime:
             raise ValueError(value)
         when = datetime.fromisoformat(value[:-1] + "+00:00" if value[-1] in "zZ" else value)
     except ValueError:
-        raise ApiError(400, "invalid_scheduled_for",
-                       "X-Broker-Scheduled-For must be an RFC 3339 date-time with a time zone") from None
+        raise InvalidInput("invalid_scheduled_for",
+                           "X-Broker-Scheduled-For must be an RFC 3339 date-time with a time zone") from None
     if when.tzinfo is None:
-        raise ApiError(400, "invalid_scheduled_for", "X-Broker-Scheduled-For needs a time zone (e.g. Z)")
+        raise InvalidInput("invalid_scheduled_for", "X-Broker-Scheduled-For needs a time zone (e.g. Z)")
     try:  # in UTC: PostgreSQL refuses offsets beyond +-15:59 that Python accepts (was a 500)
         return when.astimezone(timezone.utc)
     except OverflowError:
-        raise ApiError(400, "invalid_scheduled_for", "X-Broker-Scheduled-For is out of range") from None
+        raise InvalidInput("invalid_scheduled_for", "X-Broker-Scheduled-For is out of range") from None
 
 
 _CREATE_SQL = """
@@ -80,10 +80,10 @@ def scheduled_message_create(*, ctx: publishing.PublishContext, message: publish
         })
         in_time, taken, created = cur.fetchone()
     if not in_time:
-        raise ApiError(412, "schedule_too_soon", f"X-Broker-Scheduled-For must be at least "
-                       f"{settings.BROKER_MIN_SCHEDULE_DELAY:g} seconds in the future")
+        raise PreconditionFailed("schedule_too_soon", f"X-Broker-Scheduled-For must be at least "
+                                 f"{settings.BROKER_MIN_SCHEDULE_DELAY:g} seconds in the future")
     if taken or not created:
-        raise ApiError(409, "duplicate_message_id", "duplicate message id for channel")
+        raise Conflict("duplicate_message_id", "duplicate message id for channel")
     return mid
 
 
@@ -160,8 +160,8 @@ def scheduled_message_cancel(*, channel_pk: int, message_id: str) -> None:
                     [channel_pk, message_id])
         row = cur.fetchone()
     if row is None:
-        raise ApiError(404, "scheduled_message_not_found", "scheduled message not found")
-    raise ApiError(409, "already_dispatched", "the scheduled message was already dispatched")
+        raise NotFound("scheduled_message_not_found", "scheduled message not found")
+    raise Conflict("already_dispatched", "the scheduled message was already dispatched")
 
 
 def scheduled_next_at(*, channel_pk: int):

@@ -946,7 +946,7 @@ def job_move_pull_authenticated(*, channel_id: str, consumer_id: str, job_id: in
     The tokens are compared as md5 digests in SQL (timing reveals nothing usable about the
     secret); the caller still checks the returned tokens in constant time and decides the HTTP
     answer from the row as it was before the move. Returns (auth row, moved) where the row has
-    ``consumers.pull._AUTH_SQL``'s columns, or None for an unknown channel."""
+    ``jobs.pull._AUTH_SQL``'s columns, or None for an unknown channel."""
     row = _pull_move_auth_run(_PULL_MOVE_AUTH_SQL, 11, channel_id=channel_id, consumer_id=consumer_id,
                               job_id=job_id, channel_token=channel_token, consumer_token=consumer_token,
                               from_statuses=from_statuses, to_status=to_status,
@@ -979,7 +979,7 @@ def _pull_move_auth_run(sql: str, moved_col: int, *, channel_id, consumer_id, jo
     return row
 
 
-# Priority groups (consumers.groups): on a consumer with a priority policy every claim goes
+# Priority groups (jobs.groups): on a consumer with a priority policy every claim goes
 # through its group dispatcher, so the spec path's per-job INFLIGHT move is refused there. Same
 # statement as above plus the consumer's policy in the auth row and one guard on the move.
 _PULL_MOVE_AUTH_GROUPED_SQL = statuses_inline(_PULL_MOVE_AUTH_SQL).replace(

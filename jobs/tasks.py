@@ -79,7 +79,7 @@ def push_dispatch(wait: float = 0.0) -> str:
         number = slot.acquire(slots, wait)
         if number is None:
             return "every dispatcher slot is taken"
-        from consumers.doorbell import doorbell_thread_start
+        from jobs.doorbell import doorbell_thread_start
 
         doorbell_thread_start()  # this process's doorbell ringer thread (rings while it holds its lock)
         claim_for = float(settings.BROKER_PUSH_LOOP_SECONDS)

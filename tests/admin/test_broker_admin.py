@@ -119,7 +119,7 @@ def test_admin_pages_have_a_dashboard_link(admin_client, broker):
 
 
 def test_precondition_helper_matches_the_api_format(broker):
-    from broker.admin_helpers import precondition_for
+    from web.admin.helpers import precondition_for
 
     ch = Channel.objects.get(channel_id="ch1")
     assert precondition_for(ch.updated_at).raw == http_date(int(ch.updated_at.timestamp()))

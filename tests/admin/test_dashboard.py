@@ -9,8 +9,8 @@ from django.db import connection
 from django.template.defaultfilters import floatformat
 from django.test.utils import CaptureQueriesContext
 
-from broker.dashboard import MINUTES, dashboard_snapshot
 from jobs import state
+from jobs.dashboard import MINUTES, dashboard_snapshot
 from tests.admin.conftest import consumer_pk, finish
 
 pytestmark = pytest.mark.django_db
@@ -171,7 +171,7 @@ def test_alert_overdue_inflight_means_the_sweep_is_not_running(admin_client, bro
 
 
 def test_alert_rules_are_pluggable(broker):
-    from broker import dashboard
+    from jobs import dashboard
 
     @dashboard.alert_rule
     def paused(stats):  # what the flow-control feature will add
@@ -185,7 +185,7 @@ def test_alert_rules_are_pluggable(broker):
 
 
 def test_admin_site_status_constants_match_the_model():
-    from broker import admin_site
+    from web import site as admin_site
     from jobs.models import JobStatus
 
     assert (admin_site.QUEUED, admin_site.INFLIGHT, admin_site.DELIVERED, admin_site.DEAD) == (
@@ -200,7 +200,7 @@ def test_channel_filter_for_the_snapshot(broker, make):
 
 
 def test_alert_pin_changing_often(broker):
-    from consumers.advisories import advisory_record
+    from jobs.advisories import advisory_record
     from consumers.models import Consumer
 
     c2 = Consumer.objects.select_related("channel").get(consumer_id="c2")
@@ -216,7 +216,7 @@ def test_alert_pin_changing_often(broker):
 # --- "delivered / min": one source of truth with the chart ---------------------------------------------
 
 def test_rate_is_the_charts_last_bars_over_the_time_they_cover():
-    from broker.dashboard import RATE_MINUTES, Series
+    from jobs.dashboard import RATE_MINUTES, Series
 
     s = Series()
     s.delivered[-1] = 21  # deliveries in the current minute only, as the issue saw: chart 21, card 0.0
@@ -228,7 +228,7 @@ def test_rate_is_the_charts_last_bars_over_the_time_they_cover():
 
 
 def test_delivered_per_minute_card_agrees_with_its_chart(admin_client, broker):
-    from broker.dashboard import RATE_MINUTES
+    from jobs.dashboard import RATE_MINUTES
 
     finish("c2", 4, state.DELIVERED)  # delivered now: in the chart's current (last) minute
     dash = dashboard_snapshot()

@@ -12,9 +12,9 @@ from django.test.utils import CaptureQueriesContext
 
 from broker.xid import job_xid
 from jobs import state
-from jobs.admin import JobAdmin
 from jobs.models import DeliveryAttempt, Job, JobStatus, JobTransition
 from tests.admin.conftest import consumer_pk, dead_ids, finish, queued_ids
+from web.admin.jobs import JobAdmin
 
 pytestmark = pytest.mark.django_db
 

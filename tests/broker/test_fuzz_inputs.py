@@ -8,10 +8,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rest_framework.test import APIClient
 
-from broker.api.views import parse_message_id, parse_priority
-from broker.api.errors import ApiError
-from broker.middleware import signature_parse
-from broker.services.seed import seed_parse
+from broker.errors import DomainError
+from consumers.seed import seed_parse
+from web.api.errors import status_for
+from web.api.publishing import parse_message_id, parse_priority
+from web.middleware import signature_parse
 
 ini_line = st.one_of(
     st.sampled_from(["[initial-channels]", "[initial-consumers]", "[initial-channel-tokens]", "[c]",
@@ -37,8 +38,8 @@ def test_header_parsers_raise_only_api_errors(raw):
     for parse in (parse_priority, parse_message_id):
         try:
             parse(raw)
-        except ApiError as exc:
-            assert exc.status_code == 400
+        except DomainError as exc:
+            assert status_for(exc) == 400
     signature_parse(raw)
 
 

@@ -12,9 +12,9 @@ import pytest
 import requests
 from rest_framework.test import APIClient
 
-from broker.middleware import signature_make
 from tests.hardening.test_secure_defaults import settings_in_subprocess
 from tests.processes import start_web
+from web.middleware import signature_make
 
 SECRET = b"r" * 32
 FORM = "application/x-www-form-urlencoded"

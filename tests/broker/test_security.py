@@ -10,8 +10,8 @@ import time
 import pytest
 from rest_framework.test import APIClient
 
-from broker import auth
-from broker.middleware import signature_make
+from broker import tokens as auth
+from web.middleware import signature_make
 
 pytestmark = pytest.mark.django_db
 SECRET = base64.b64encode(b"s" * 32).decode()

@@ -8,8 +8,8 @@ import pytest
 from django.core.management import call_command
 
 from broker.models import Channel, Producer, SeedState
-from broker.services.seed import seed_apply, seed_parse
 from consumers.models import Consumer
+from consumers.seed import seed_apply, seed_parse
 
 INI = """
 [initial-channels]

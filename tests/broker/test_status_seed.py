@@ -6,7 +6,7 @@ import pytest
 import requests
 from rest_framework.test import APIClient
 
-from broker.services.seed import seed_apply, seed_parse
+from consumers.seed import seed_apply, seed_parse
 from tests.conftest import ADMIN_TOKEN
 from tests.processes import start_web
 

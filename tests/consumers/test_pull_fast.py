@@ -18,7 +18,7 @@ pytestmark = pytest.mark.django_db
 
 
 def bulk_publish(n, priority=0, payload=b"x"):
-    from broker.services import publishing
+    from jobs import publishing
 
     ctx = publishing.publish_authenticate(channel_id="ch1", channel_token="ch-token", producer_id="p1",
                                           producer_token="p-token")

@@ -176,7 +176,7 @@ def test_binary_payload_is_base64(world, pc):
 
 
 def test_limit_default_clip_and_validation(world, pc):
-    from broker.services import publishing
+    from jobs import publishing
 
     ctx = publishing.publish_authenticate(channel_id="ch1", channel_token="ch-token", producer_id="p1",
                                           producer_token="p-token")

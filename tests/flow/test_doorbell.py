@@ -26,7 +26,7 @@ BELL = "/bell"
 
 class RingerThread:
     def __init__(self, use_lock: bool = True) -> None:
-        from consumers.doorbell import Ringer
+        from jobs.doorbell import Ringer
 
         self.ringer = Ringer(use_lock=use_lock)
         self.stop_event = threading.Event()
@@ -350,7 +350,7 @@ notifyInterval=0
 
 
 def test_seed_notify_interval():
-    from broker.services.seed import seed_apply, seed_parse
+    from consumers.seed import seed_apply, seed_parse
     from consumers.models import Consumer
 
     plan = seed_parse(SEED)

@@ -7,8 +7,8 @@ import time
 import pytest
 from rest_framework.test import APIClient
 
-from broker.dashboard import ConsumerStats, consumer_paused
 from broker.xid import job_pk
+from jobs.dashboard import ConsumerStats, consumer_paused
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

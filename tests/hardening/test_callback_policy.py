@@ -8,8 +8,8 @@ import logging
 import pytest
 
 from broker import netpolicy
-from broker.services.seed import seed_apply, seed_parse
 from consumers.models import Consumer
+from consumers.seed import seed_apply, seed_parse
 from jobs.models import DeliveryAttempt, Job, JobStatus
 
 DENIED = [

@@ -6,7 +6,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from broker.dashboard import dashboard_snapshot, duration_text
+from jobs.dashboard import dashboard_snapshot, duration_text
 
 
 class Command(BaseCommand):

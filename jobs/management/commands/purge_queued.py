@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
+from broker.errors import DomainError
 from jobs.state import jobs_purge_queued
 
 
@@ -28,9 +29,8 @@ class Command(BaseCommand):
         parser.add_argument("--batch", type=int, default=5000, help="jobs per statement (default 5000)")
 
     def handle(self, *args, channel=None, consumer=None, all=False, older_than=None, batch=5000, **options):
-        from broker.api.errors import ApiError
         from consumers.models import Consumer
-        from consumers.pull import older_than_parse
+        from jobs.pull import older_than_parse
 
         if batch < 1:
             raise CommandError("--batch must be at least 1")
@@ -40,8 +40,8 @@ class Command(BaseCommand):
             raise CommandError("--consumer needs --channel")
         try:
             age = older_than_parse(older_than)
-        except ApiError as exc:
-            raise CommandError(exc.detail if hasattr(exc, "detail") else str(exc)) from None
+        except DomainError as exc:
+            raise CommandError(exc.detail) from None
         consumers = Consumer.objects.select_related("channel").order_by("channel__channel_id", "consumer_id")
         if channel:
             consumers = consumers.filter(channel__channel_id=channel)

@@ -1,0 +1,105 @@
+"""Create and update channels and producers (PUT upserts with optimistic concurrency)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import IntegrityError, connection, transaction
+from django.utils.http import parse_http_date_safe
+
+from broker.errors import InvalidInput, PreconditionFailed
+from broker.tokens import token_generate
+
+# Every successful update moves updated_at to the next whole second at least, so the
+# http-date in Last-Modified (second precision) changes on every update and a second writer
+# holding the old If-Unmodified-Since is always refused with 412.
+_BUMP = "GREATEST(now(), date_trunc('second', updated_at) + interval '1 second')"
+
+
+@dataclass
+class Precondition:
+    """The If-Unmodified-Since header of an update, parsed."""
+
+    raw: str | None
+
+    def epoch(self) -> int:
+        if not self.raw:
+            raise InvalidInput("precondition_required", "If-Unmodified-Since header is required for an update")
+        value = parse_http_date_safe(self.raw)
+        if value is None:
+            raise InvalidInput("invalid_precondition", "If-Unmodified-Since is not a valid HTTP date")
+        return value
+
+
+def row_upsert(*, model, key_field: str, key: str, fields: dict, token: str | None,
+               precondition: Precondition, extra_where: dict | None = None,
+               create_defaults: dict | None = None) -> tuple[object, bool]:
+    """Insert the row, or update it when ``precondition`` matches its current Last-Modified.
+
+    Returns (instance, created). The update is one conditional UPDATE, so of two concurrent
+    writers with the same If-Unmodified-Since exactly one wins; the other gets 412.
+    """
+    lookup = {key_field: key, **(extra_where or {})}
+    existing = model.objects.filter(**lookup).only("pk").first()
+    if existing is None:
+        try:
+            with transaction.atomic():
+                obj = model.objects.create(**lookup, **{**(create_defaults or {}), **fields},
+                                           token=token or token_generate(),
+                                           updated_at=_db_now())
+            return obj, True
+        except IntegrityError:
+            existing = model.objects.filter(**lookup).only("pk").first()
+            if existing is None:
+                raise
+    since = precondition.epoch()
+    sets = dict(fields)
+    if token:
+        sets["token"] = token
+    if not row_update(model=model, pk=existing.pk, values=sets, unmodified_since=since):
+        raise PreconditionFailed("precondition_failed", "the resource was modified since If-Unmodified-Since")
+    return model.objects.get(pk=existing.pk), False
+
+
+def row_update(*, model, pk: int, values: dict, unmodified_since: int | None = None) -> bool:
+    """UPDATE the row and bump ``updated_at``; with ``unmodified_since`` (epoch seconds) only if
+    its Last-Modified still equals it. True when the row was updated."""
+    table = model._meta.db_table
+    columns = "".join(f'"{model._meta.get_field(k).column}" = %s, ' for k in values)
+    sql = f'UPDATE "{table}" SET {columns}updated_at = {_BUMP} WHERE id = %s'
+    params = [*values.values(), pk]
+    if unmodified_since is not None:
+        sql += " AND date_trunc('second', updated_at) = to_timestamp(%s)"
+        params.append(unmodified_since)
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        return cur.rowcount == 1
+
+
+def _db_now() -> datetime:
+    with connection.cursor() as cur:
+        cur.execute("SELECT date_trunc('milliseconds', now())")
+        return cur.fetchone()[0]
+
+
+def channel_upsert(*, channel_id: str, name: str | None, token: str | None, precondition: Precondition):
+    from broker.models import Channel
+
+    return row_upsert(model=Channel, key_field="channel_id", key=channel_id,
+                      fields={"name": name} if name else {}, create_defaults={"name": channel_id},
+                      token=token, precondition=precondition)
+
+
+def producer_upsert(*, producer_id: str, name: str | None, token: str | None, precondition: Precondition,
+                    rate: dict | None = None):
+    """``rate``: validated flow-control fields (rate_limit_per_second, burst); a changed limit
+    refills the bucket (its state is reset)."""
+    from broker.models import Producer
+
+    fields = {"name": name} if name else {}
+    if rate:
+        fields.update(rate, rate_tokens=None, rate_at=None)
+    return row_upsert(model=Producer, key_field="producer_id", key=producer_id,
+                      fields=fields, create_defaults={"name": producer_id},
+                      token=token, precondition=precondition)

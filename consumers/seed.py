@@ -1,0 +1,220 @@
+"""Seed channels, producers and consumers from webhook-broker's INI format (idempotent).
+
+    [initial-channels]        id=Name
+    [initial-producers]       id=Name
+    [initial-consumers]       consumerId=callbackURL   (empty for a pull consumer)
+    [initial-channel-tokens]  id=token
+    [initial-producer-tokens] id=token
+    [initial-producer-rate-limits] id=rateLimitPerSecond[,burst]   (flow control)
+    [<consumerId>]            token=, channel=, type=push|pull (empty = push), name=,
+                              maxInFlight=, maxDeliveriesPerSecond=, maxAckPending=, maxQueued=, ordered=,
+                              notifyInterval= (doorbell seconds > 0; a pull consumer with a
+                              callback URL in [initial-consumers] gets the doorbell)
+
+A consumer with an invalid type, an unknown channel or a bad callback URL is skipped with a
+logged error (as the pull-consumer spec says); the rest of the file still applies.
+"""
+
+from __future__ import annotations
+
+import configparser
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+from urllib.parse import urlsplit
+
+from django.db import transaction
+
+logger = logging.getLogger("broker.services.seed")  # its name before the move: what operators filter on
+
+
+@dataclass
+class AppliedSeed:
+    """The seed this process applied (``/_status``): brokers sharing a database each show
+    their own, where the database row only knows the last one applied by anybody."""
+
+    digest: str
+    data: dict
+    applied_at: datetime
+
+
+_applied: AppliedSeed | None = None
+
+
+def seed_applied() -> AppliedSeed | None:
+    """What this process applied, or None. gunicorn applies BROKER_SEED_CONFIG in its master
+    before forking, so every worker of an instance answers the same."""
+    return _applied
+
+
+@dataclass
+class SeedPlan:
+    channels: dict = field(default_factory=dict)  # id -> {"name", "token"}
+    producers: dict = field(default_factory=dict)
+    consumers: dict = field(default_factory=dict)  # id -> {"channel", "name", "token", "callback_url", "type", ...}
+    errors: list = field(default_factory=list)
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(
+            {"channels": self.channels, "producers": self.producers, "consumers": self.consumers},
+            sort_keys=True).encode()).hexdigest()
+
+    def public(self) -> dict:
+        """The plan without tokens or secrets (for /_status)."""
+        strip = lambda d: {k: {f: v for f, v in o.items() if f not in ("token", "signing_secret")} for k, o in d.items()}  # noqa: E731
+        return {"channels": strip(self.channels), "producers": strip(self.producers), "consumers": strip(self.consumers)}
+
+
+def _section(ini, name: str) -> dict:
+    return dict(ini.items(name)) if ini.has_section(name) else {}
+
+
+def seed_parse(text: str) -> SeedPlan:
+    """Parse the INI text into a plan; problems are collected in ``plan.errors``, never raised."""
+    plan = SeedPlan()
+    ini = configparser.ConfigParser(interpolation=None, strict=False, delimiters=("=",))
+    ini.optionxform = str
+    try:
+        ini.read_string(text)
+    except configparser.Error as exc:
+        plan.errors.append(f"invalid INI: {exc}")
+        return plan
+    channel_tokens = _section(ini, "initial-channel-tokens")
+    producer_tokens = _section(ini, "initial-producer-tokens")
+    for cid, name in _section(ini, "initial-channels").items():
+        token = channel_tokens.get(cid, "").strip()
+        if not token:
+            plan.errors.append(f"channel {cid}: no token in [initial-channel-tokens], skipped")
+            continue
+        plan.channels[cid] = {"name": name.strip() or cid, "token": token}
+    for pid, name in _section(ini, "initial-producers").items():
+        token = producer_tokens.get(pid, "").strip()
+        if not token:
+            plan.errors.append(f"producer {pid}: no token in [initial-producer-tokens], skipped")
+            continue
+        plan.producers[pid] = {"name": name.strip() or pid, "token": token}
+        limit = _section(ini, "initial-producer-rate-limits").get(pid, "").strip()
+        if limit:
+            try:
+                parts = [x.strip() for x in limit.split(",")]
+                rate = float(parts[0])
+                burst = int(parts[1]) if len(parts) > 1 and parts[1] else None
+                if not 0 < rate < 1e9 or (burst is not None and burst < 1):
+                    raise ValueError
+            except ValueError:
+                plan.errors.append(f"producer {pid}: rate limit {limit!r} is not rate[,burst], ignored")
+            else:
+                plan.producers[pid]["rate_limit_per_second"] = rate
+                plan.producers[pid]["burst"] = burst
+    for cid, url in _section(ini, "initial-consumers").items():
+        options = _section(ini, cid)
+        url = url.strip()
+        ctype = options.get("type", "").strip() or "push"
+        if ctype not in ("push", "pull"):
+            plan.errors.append(f"consumer {cid}: invalid type {ctype!r}, skipped")
+            continue
+        channel = options.get("channel", "").strip()
+        if channel not in plan.channels:
+            plan.errors.append(f"consumer {cid}: channel {channel!r} is not a seeded channel, skipped")
+            continue
+        if url:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                plan.errors.append(f"consumer {cid}: callback URL {url!r} is not absolute, skipped")
+                continue
+        elif ctype == "push":
+            plan.errors.append(f"consumer {cid}: a push consumer needs a callback URL, skipped")
+            continue
+        consumer = {"channel": channel, "name": options.get("name", "").strip() or cid,
+                    "token": options.get("token", "").strip(), "callback_url": url, "type": ctype}
+        try:
+            if options.get("maxInFlight", "").strip():
+                consumer["max_in_flight"] = max(1, int(options["maxInFlight"]))
+            if options.get("maxDeliveriesPerSecond", "").strip():
+                consumer["max_deliveries_per_second"] = float(options["maxDeliveriesPerSecond"])
+            if options.get("maxAckPending", "").strip():
+                consumer["max_ack_pending"] = max(1, int(options["maxAckPending"]))
+            if options.get("maxQueued", "").strip():
+                consumer["max_queued"] = max(1, int(options["maxQueued"]))
+            if options.get("notifyInterval", "").strip():
+                consumer["notify_interval"] = float(options["notifyInterval"])
+                if not 0 < consumer["notify_interval"] < 1e9:
+                    raise ValueError("notifyInterval")
+        except ValueError:
+            plan.errors.append(f"consumer {cid}: maxInFlight/maxDeliveriesPerSecond/maxAckPending/maxQueued/"
+                               f"notifyInterval must be (positive) numbers, skipped")
+            continue
+        ordered = options.get("ordered", "").strip().lower()
+        if ordered:  # partitions: one job of a partition in flight at a time, in publish order
+            if ordered not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+                plan.errors.append(f"consumer {cid}: ordered must be true or false, skipped")
+                continue
+            consumer["ordered"] = ordered in ("true", "1", "yes", "on")
+        if not consumer["token"]:
+            plan.errors.append(f"consumer {cid}: no token, skipped")
+            continue
+        plan.consumers[cid] = consumer
+    return plan
+
+
+def _apply_row(model, lookup: dict, values: dict):
+    """Create the row, or update the fields that differ from the seed."""
+    from broker.registry import _db_now, row_update
+
+    obj = model.objects.filter(**lookup).first()
+    if obj is None:
+        return model.objects.create(**lookup, **values, updated_at=_db_now()), True
+    changed = {k: v for k, v in values.items() if getattr(obj, k) != v}
+    if changed:
+        row_update(model=model, pk=obj.pk, values=changed)
+    return obj, False
+
+
+def seed_apply(plan: SeedPlan) -> dict:
+    """Upsert everything in the plan in one transaction and record it. Returns counts."""
+    from broker.models import Channel, Producer, SeedState
+    from broker.netpolicy import CallbackDenied, callback_url_check
+    from consumers.models import Consumer
+    from consumers.services import signing_secret_generate
+    from django.utils import timezone
+
+    for error in plan.errors:
+        logger.error("seed: %s", error)
+    created = {"channels": 0, "producers": 0, "consumers": 0}
+    with transaction.atomic():
+        channels = {}
+        for cid, values in plan.channels.items():
+            channels[cid], new = _apply_row(Channel, {"channel_id": cid}, values)
+            created["channels"] += new
+        for pid, values in plan.producers.items():
+            _, new = _apply_row(Producer, {"producer_id": pid}, values)
+            created["producers"] += new
+        for cid, values in plan.consumers.items():
+            values = dict(values)
+            if values.get("callback_url"):
+                try:  # the callback policy applies to seeded consumers too (broker.netpolicy)
+                    callback_url_check(values["callback_url"])
+                except CallbackDenied as exc:
+                    logger.error("seed: consumer %s skipped: %s", cid, exc)
+                    continue
+            channel = channels[values.pop("channel")]
+            existing = Consumer.objects.filter(channel=channel, consumer_id=cid).exists()
+            if not existing:
+                values["signing_secret"] = signing_secret_generate()
+            _, new = _apply_row(Consumer, {"channel": channel, "consumer_id": cid}, values)
+            created["consumers"] += new
+        applied = AppliedSeed(digest=plan.digest(), data=plan.public(), applied_at=timezone.now())
+        SeedState.objects.update_or_create(
+            pk=1, defaults={"data_hash": applied.digest, "data": applied.data, "applied_at": applied.applied_at})
+    global _applied
+    _applied = applied
+    return created
+
+
+def seed_from_file(path: str) -> tuple[SeedPlan, dict]:
+    with open(path, encoding="utf-8") as fh:
+        plan = seed_parse(fh.read())
+    return plan, seed_apply(plan)
+

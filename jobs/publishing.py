@@ -1,0 +1,280 @@
+"""Publishing: store a message and fan it out to one QUEUED job per consumer, atomically.
+
+The message insert, the job fan-out and the wake-up NOTIFY are one SQL statement, hence one
+transaction: once the producer gets 201 nothing can be lost, and nobody is woken before the rows are
+visible. This is a measured hot path (bench/publish.py), so it is raw SQL: one auth query and one
+write statement per request, however many messages and consumers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+from broker.errors import Conflict, Forbidden, InvalidInput, NotFound, RateLimited, Unauthenticated
+from broker.tokens import tokens_equal
+from broker.xid import xid_new
+from jobs import state
+
+DISPATCHED = 102
+BACKLOG_RETRY_AFTER = 1  # seconds: a full backlog drains at the consumer's pace
+
+
+@dataclass
+class PublishContext:
+    """The authenticated channel and producer of a publish request."""
+
+    channel_pk: int
+    channel_id: str
+    producer_pk: int
+    producer_id: str
+    rate: float | None = None  # flow control: the producer's rateLimitPerSecond (None: no limit)
+    burst: int | None = None
+
+
+def message_id_generate() -> str:
+    """A new xid, as webhook-broker generates message ids (``broker.xid.xid_new``)."""
+    return xid_new()
+
+
+# The last column is flow control's backlog cap, in the auth statement (no extra round trip): the
+# first consumer of the channel whose QUEUED count (maintained counters, never COUNT(*) over jobs)
+# has reached its maxQueued. Channels without caps pay one probe of the consumer index by channel.
+_AUTH_SQL = """
+SELECT c.id, c.token, p.id, p.token,
+       (SELECT k.consumer_id FROM consumers_consumer k
+         WHERE k.channel_id = c.id AND k.max_queued IS NOT NULL
+           AND k.max_queued <= COALESCE((SELECT sum(x.n) FROM (
+                   SELECT count AS n FROM broker_counter
+                    WHERE scope = 1 AND owner_id = k.id AND status = 1001
+                   UNION ALL
+                   SELECT delta FROM broker_counterdelta
+                    WHERE scope = 1 AND owner_id = k.id AND status = 1001) x), 0)
+         ORDER BY k.consumer_id LIMIT 1),
+       p.rate_limit_per_second, p.burst
+  FROM broker_channel c LEFT JOIN broker_producer p ON p.producer_id = %(producer)s::text
+ WHERE c.channel_id = %(channel)s::text
+"""
+
+
+def publish_authenticate(*, channel_id: str, channel_token: str | None, producer_id: str | None,
+                         producer_token: str | None) -> PublishContext:
+    """webhook-broker's order of checks: channel 404, channel token 403, producer 401, token 403."""
+    rows = state.prepared_fetchall(_AUTH_SQL, {"producer": producer_id or "", "channel": channel_id})
+    row = rows[0] if rows else None
+    if row is None:
+        raise NotFound("channel_not_found", "channel not found")
+    if not tokens_equal(channel_token, row[1]):
+        raise Forbidden("channel_token_mismatch", "channel token does not match")
+    if row[2] is None:
+        raise Unauthenticated("producer_not_found", "producer could not be found")
+    if not tokens_equal(producer_token, row[3]):
+        raise Forbidden("producer_token_mismatch", "producer token does not match")
+    if row[4] is not None:
+        # Checked before the write, so concurrent publishes can pass the cap by at most their own jobs.
+        raise RateLimited("backlog_full", f"consumer {row[4]} has reached its maxQueued backlog cap",
+                          retry_after=BACKLOG_RETRY_AFTER)
+    return PublishContext(channel_pk=row[0], channel_id=channel_id, producer_pk=row[2], producer_id=producer_id,
+                          rate=row[5], burst=row[6])
+
+
+# Flow control: the producer's token bucket, in its row, taken in ONE conditional UPDATE so the limit
+# holds across every web process: the row lock serializes concurrent publishes and PostgreSQL
+# re-checks the WHERE on the newest row version, so two processes never spend the same tokens.
+# Elapsed time comes from the database clock. No row returned: not enough tokens.
+_RATE_TAKE_SQL = """
+UPDATE broker_producer SET
+    rate_tokens = LEAST(%(burst)s::float8,
+                        COALESCE(rate_tokens + extract(epoch FROM now() - rate_at) * %(rate)s::float8,
+                                 %(burst)s::float8)) - %(n)s::float8,
+    rate_at = now()
+ WHERE id = %(producer)s::bigint
+   AND LEAST(%(burst)s::float8,
+             COALESCE(rate_tokens + extract(epoch FROM now() - rate_at) * %(rate)s::float8,
+                      %(burst)s::float8)) >= %(n)s::float8
+RETURNING rate_tokens
+"""
+
+
+def producer_rate_take(*, ctx: PublishContext, n: int) -> None:
+    """Spend ``n`` tokens of the producer's bucket or answer 429 ``rate_limited`` with Retry-After
+    (seconds until ``n`` tokens could be there). Only called for producers with a limit: others
+    pay nothing."""
+    import math
+
+    rate = float(ctx.rate)
+    burst = float(ctx.burst or max(1, math.ceil(rate)))
+    rows = state.prepared_fetchall(_RATE_TAKE_SQL, {"producer": ctx.producer_pk, "rate": rate,
+                                                    "burst": burst, "n": n})
+    if not rows:
+        wait = max(1, math.ceil(min(n, burst) / rate))
+        raise RateLimited("rate_limited",
+                          f"producer {ctx.producer_id} is over its rate limit ({rate:g}/s, burst {burst:g})",
+                          retry_after=wait)
+
+
+@dataclass
+class NewMessage:
+    payload: bytes
+    content_type: str = "application/octet-stream"
+    priority: int = 0
+    message_id: str | None = None
+    headers: dict = field(default_factory=dict)
+    partition_key: str | None = None  # jobs.partitions: X-Broker-Partition-Key
+    gate: int = 0  # X-Broker-Gate
+
+
+PARTITION_KEY_MAX = 255
+GATE_MAX = 2**31 - 1
+
+
+def partition_headers(headers) -> tuple[str | None, int]:
+    """``X-Broker-Partition-Key`` (at most 255 characters) and ``X-Broker-Gate`` (an integer >= 0,
+    default 0; only with a key) from request headers; 400 when invalid."""
+    key = headers.get("X-Broker-Partition-Key")
+    if key is not None:
+        try:  # WSGI hands header bytes over as latin-1: a UTF-8 key is decoded back to its text
+            key = key.encode("latin-1").decode("utf-8")
+        except UnicodeError:
+            pass
+    return partition_parse(key, headers.get("X-Broker-Gate"))
+
+
+def partition_parse(key: str | None, raw_gate: str | None) -> tuple[str | None, int]:
+    """A partition key and gate (text) as given in headers or a batch item; 400 when invalid."""
+    if key is not None and key.strip() == "":
+        raise InvalidInput("invalid_partition_key", "X-Broker-Partition-Key must not be empty")
+    if key is not None and len(key) > PARTITION_KEY_MAX:
+        raise InvalidInput("invalid_partition_key", "X-Broker-Partition-Key is longer than 255 characters")
+    gate = 0
+    if raw_gate is not None and raw_gate.strip() != "":
+        value = raw_gate.strip()
+        if not (value.isascii() and value.isdigit()) or int(value) > GATE_MAX:
+            raise InvalidInput("invalid_gate", "X-Broker-Gate must be an integer >= 0")
+        gate = int(value)
+        if key is None:
+            raise InvalidInput("invalid_gate", "X-Broker-Gate needs X-Broker-Partition-Key")
+    return key, gate
+
+
+_INSERT_MANY_SQL = f"""
+WITH m AS (
+    INSERT INTO broker_message (channel_id, message_id, producer_id, payload, content_type, priority,
+                                headers, status, received_at, dispatched_at)
+    SELECT %(channel)s::bigint, t.mid, %(producer)s::bigint, t.payload, t.ctype, t.prio, t.headers, {DISPATCHED}, now(), now()
+      FROM unnest(%(mids)s::text[], %(payloads)s::bytea[], %(ctypes)s::text[], %(prios)s::int[],
+                  %(headers)s::jsonb[]) WITH ORDINALITY AS t(mid, payload, ctype, prio, headers, ord)
+     ORDER BY t.ord
+    ON CONFLICT (channel_id, message_id) DO NOTHING
+    RETURNING id, message_id, priority, channel_id
+), {state.jobs_fanout_sql("m")}
+SELECT m.message_id, (SELECT count(*) FROM jobs_notified) FROM m
+"""
+
+_INSERT_ONE_SQL = f"""
+WITH m AS (
+    INSERT INTO broker_message (channel_id, message_id, producer_id, payload, content_type, priority,
+                                headers, status, received_at, dispatched_at)
+    VALUES (%(channel)s::bigint, %(mid)s::text, %(producer)s::bigint, %(payload)s::bytea, %(ctype)s::text,
+            %(prio)s::int, %(headers)s::jsonb, {DISPATCHED}, now(), now())
+    ON CONFLICT (channel_id, message_id) DO NOTHING
+    RETURNING id, message_id, priority, channel_id
+), {state.jobs_fanout_sql("m")}
+SELECT m.message_id, (SELECT count(*) FROM jobs_notified) FROM m
+"""
+
+
+_INSERT_PARTITIONED_SQL = f"""
+WITH m AS (
+    INSERT INTO broker_message (channel_id, message_id, producer_id, payload, content_type, priority,
+                                headers, status, received_at, dispatched_at)
+    SELECT %(channel)s::bigint, t.mid, %(producer)s::bigint, t.payload, t.ctype, t.prio, t.headers, {DISPATCHED}, now(), now()
+      FROM unnest(%(mids)s::text[], %(payloads)s::bytea[], %(ctypes)s::text[], %(prios)s::int[],
+                  %(headers)s::jsonb[]) WITH ORDINALITY AS t(mid, payload, ctype, prio, headers, ord)
+     ORDER BY t.ord
+    ON CONFLICT (channel_id, message_id) DO NOTHING
+    RETURNING id, message_id, priority, channel_id
+), src AS (
+    SELECT DISTINCT ON (m.id) m.id, m.priority, m.channel_id, k.pkey, k.gate
+      FROM m JOIN unnest(%(mids)s::text[], %(pkeys)s::text[], %(gates)s::int[]) WITH ORDINALITY
+                  AS k(mid, pkey, gate, ord) ON k.mid = m.message_id
+     ORDER BY m.id, k.ord
+), {state.jobs_fanout_sql("src", partitioned=True)}
+SELECT m.message_id, (SELECT count(*) FROM jobs_notified) FROM m
+"""
+
+
+def _publish_partitioned(ctx: PublishContext, messages: list[NewMessage], ids: list[str]) -> list[tuple]:
+    """A publish with partition keys, in one transaction: partitions upserted and checked first
+    (409 ``partition_closed`` / ``gate_passed`` roll everything back), then messages and jobs in
+    one statement, then the partitions whose gate is below a new job's are settled (they may have
+    been waiting with nothing left at their gate)."""
+    from django.db import transaction
+    from psycopg.types.json import Jsonb
+
+    from jobs.partitions import partition_settle, partitions_for_publish
+
+    gates: dict[str, list[int]] = {}
+    for m in messages:
+        if m.partition_key is not None:
+            gates.setdefault(m.partition_key, []).append(int(m.gate))
+    with transaction.atomic():
+        settle = partitions_for_publish(channel_pk=ctx.channel_pk, gates_by_key=gates)
+        rows = state.prepared_fetchall(_INSERT_PARTITIONED_SQL, {
+            "channel": ctx.channel_pk, "producer": ctx.producer_pk, "mids": ids,
+            "payloads": [m.payload for m in messages], "ctypes": [m.content_type for m in messages],
+            "prios": [m.priority for m in messages], "headers": [Jsonb(m.headers or {}) for m in messages],
+            "pkeys": [m.partition_key for m in messages], "gates": [int(m.gate) for m in messages],
+        })
+        for pk in settle:
+            partition_settle(partition_pk=pk)
+    return rows
+
+
+def messages_publish(*, ctx: PublishContext, messages: list[NewMessage]) -> list[tuple[str, bool]]:
+    """Store messages and their jobs in one statement (so one transaction, one round trip).
+
+    Returns [(message_id, created)] in input order; ``created`` is False for a duplicate id (an id
+    already in the channel, or repeated within the batch: the first occurrence wins).
+    """
+    from psycopg.types.json import Jsonb
+
+    if ctx.rate:
+        producer_rate_take(ctx=ctx, n=len(messages))
+    ids = [m.message_id or message_id_generate() for m in messages]
+    # Prepared statements: planning these multi-CTE statements costs more than running them.
+    if any(m.partition_key is not None for m in messages):
+        rows = _publish_partitioned(ctx, messages, ids)
+    elif len(messages) == 1:
+        m = messages[0]
+        rows = state.prepared_fetchall(_INSERT_ONE_SQL, {
+            "channel": ctx.channel_pk, "producer": ctx.producer_pk, "mid": ids[0], "payload": m.payload,
+            "ctype": m.content_type, "prio": m.priority, "headers": Jsonb(m.headers or {}),
+        })
+    else:
+        rows = state.prepared_fetchall(_INSERT_MANY_SQL, {
+            "channel": ctx.channel_pk,
+            "producer": ctx.producer_pk,
+            "mids": ids,
+            "payloads": [m.payload for m in messages],
+            "ctypes": [m.content_type for m in messages],
+            "prios": [m.priority for m in messages],
+            "headers": [Jsonb(m.headers or {}) for m in messages],
+        })
+    created = {r[0] for r in rows}
+    result = []
+    for mid in ids:
+        if mid in created:
+            result.append((mid, True))
+            created.discard(mid)  # a repeat of the same id later in the batch is a duplicate
+        else:
+            result.append((mid, False))
+    return result
+
+
+def message_publish(*, ctx: PublishContext, message: NewMessage) -> str:
+    """Publish one message; 409 when its id already exists in the channel."""
+    [(mid, created)] = messages_publish(ctx=ctx, messages=[message])
+    if not created:
+        raise Conflict("duplicate_message_id", "duplicate message id for channel")
+    return mid

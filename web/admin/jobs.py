@@ -1,0 +1,595 @@
+"""Admin for jobs: find them (status, channel, consumer, retries, age), see everything about one
+(payload, headers, every attempt, every state change) and act on them (requeue, mark dead, delete
+dead) through the job state machine's functions, the same ones the HTTP API calls.
+
+Every field is read-only: a job's status changes only through ``jobs.state``. The tables are
+large, so lists never count them (``LargeTableAdmin``); when the filters are only status,
+channel and consumer, the count comes exactly from the maintained counters.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from datetime import timedelta
+
+from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import PermissionDenied
+from django.db.models import BooleanField, DateTimeField, DurationField, ExpressionWrapper, F, Q
+from django.db.models.functions import Now
+from django.http import HttpResponseNotAllowed, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.urls import path, reverse
+from django.utils.html import format_html
+from django.utils.text import Truncator
+
+from broker.counters import JOB, counts_for
+from broker.xid import job_pk, job_xid
+from jobs import state
+from jobs.dashboard import duration_text
+from jobs.models import DeliveryAttempt, Job, JobStatus, JobTransition
+from web.admin.helpers import ChannelFilter, LargeTableAdmin, admin_url, json_block, payload_preview, table
+
+logger = logging.getLogger("web.admin.channels")
+
+STATUS_NAMES = {s.value: s.name for s in JobStatus}
+CHUNK = 5000  # job ids handed to one state-machine call (its statements lock at most this many rows)
+DETAIL_ROWS = 200  # attempts / state changes listed on a job's page
+
+
+def job_admin_url(pk: int) -> str:
+    """A job's admin page, addressed by its job ID (the xid the API shows), not the bigint key."""
+    return reverse("admin:jobs_job_change", args=[job_xid(pk)])
+
+
+def status_badge(status: int):
+    name = STATUS_NAMES.get(status, str(status))
+    return format_html('<span class="status status-{}">{}</span>', name.lower(), name)
+
+
+def _delta_text(value: timedelta | None, *, future: bool = False) -> str:
+    if value is None:
+        return ""
+    seconds = value.total_seconds()
+    if future:
+        return "due" if seconds <= 0 else f"in {duration_text(seconds)}"
+    return duration_text(seconds)
+
+
+# --- filters ------------------------------------------------------------------------------------------
+
+class ConsumerFilter(admin.SimpleListFilter):
+    title = "consumer"
+    parameter_name = "consumer"
+
+    def lookups(self, request, model_admin):
+        from consumers.models import Consumer
+
+        consumers = Consumer.objects.order_by("channel__channel_id", "consumer_id")
+        channel = request.GET.get("channel", "")
+        if channel.isdigit():
+            consumers = consumers.filter(channel_id=int(channel))
+        return [(pk, f"{ch} / {c}") for pk, ch, c in
+                consumers.values_list("pk", "channel__channel_id", "consumer_id")[:500]]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value is None:
+            return queryset
+        if not value.isdigit():
+            return queryset.none()
+        # a range, not an equality: the consumer stays a sort key (JobAdmin.get_ordering)
+        return queryset.filter(consumer_id__gte=int(value), consumer_id__lte=int(value))
+
+
+class AttemptsFilter(admin.SimpleListFilter):
+    title = "retries"
+    parameter_name = "attempts"
+
+    def lookups(self, request, model_admin):
+        return [("0", "none"), ("1", "1 or more"), ("3", "3 or more"), ("5", "5 or more"), ("10", "10 or more")]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value is None:
+            return queryset
+        if not value.isdigit():
+            return queryset.none()
+        n = int(value)
+        return queryset.filter(retry_count=0) if n == 0 else queryset.filter(retry_count__gte=n)
+
+
+class AgeFilter(admin.SimpleListFilter):
+    """Age of the job (since it was created), by the database clock."""
+
+    title = "age"
+    parameter_name = "age"
+    CHOICES = {
+        "lt5m": ("younger than 5 minutes", "gte", timedelta(minutes=5)),
+        "lt1h": ("younger than 1 hour", "gte", timedelta(hours=1)),
+        "lt24h": ("younger than 24 hours", "gte", timedelta(hours=24)),
+        "gt1h": ("older than 1 hour", "lt", timedelta(hours=1)),
+        "gt24h": ("older than 24 hours", "lt", timedelta(hours=24)),
+        "gt7d": ("older than 7 days", "lt", timedelta(days=7)),
+    }
+
+    def lookups(self, request, model_admin):
+        return [(key, label) for key, (label, _, _) in self.CHOICES.items()]
+
+    def queryset(self, request, queryset):
+        choice = self.CHOICES.get(self.value() or "")
+        if choice is None:
+            return queryset if self.value() is None else queryset.none()
+        _, op, age = choice
+        boundary = ExpressionWrapper(Now() - age, output_field=DateTimeField())
+        return queryset.filter(**{f"created_at__{op}": boundary})
+
+
+class PriorityGroupFilter(admin.SimpleListFilter):
+    """Jobs of the pull consumers that serve a priority group (from the small consumer table,
+    so the job query stays a ``consumer_id IN (...)`` on an index)."""
+
+    title = "priority group"
+    parameter_name = "group"
+
+    def lookups(self, request, model_admin):
+        from consumers.models import Consumer
+
+        names = set()
+        for groups in Consumer.objects.exclude(priority_groups=[]).values_list("priority_groups", flat=True):
+            names.update(groups or [])
+        return [(name, name) for name in sorted(names)]
+
+    def queryset(self, request, queryset):
+        if not self.value():
+            return queryset
+        from consumers.models import Consumer
+
+        pks = Consumer.objects.filter(priority_groups__contains=[self.value()]).values_list("pk", flat=True)
+        return queryset.filter(consumer_id__in=list(pks))
+
+
+from web.admin.partitions import JobPartitionFilter  # noqa: E402  (registers the partition admin too)
+
+
+# --- jobs -----------------------------------------------------------------------------------------------
+
+class JobChangeList(ChangeList):
+    def url_for_result(self, result):
+        return job_admin_url(result.pk)
+
+
+@admin.register(Job)
+class JobAdmin(LargeTableAdmin):
+    list_display = ("job_id_col", "status_col", "channel_col", "consumer_col", "message_col", "priority",
+                    "retry_count", "age_col", "timing_col")
+    list_display_links = ("job_id_col",)
+    list_filter = ("status", ChannelFilter, ConsumerFilter, JobPartitionFilter, PriorityGroupFilter, AttemptsFilter,
+                   AgeFilter)
+    list_select_related = False  # done in get_queryset, with the payload deferred
+    search_fields = ("=message__message_id",)  # see get_search_results
+    search_help_text = "A job ID, or a message id (exact)."
+    actions = ("requeue", "mark_dead", "delete_dead")
+    fieldsets = (
+        (None, {"fields": ("job_id_col", "status_col", "channel_col", "consumer_col", "message_col", "partition_col",
+                           "gate", "priority", "retry_count", "created_at", "status_changed_at", "next_attempt_at", "deadline",
+                           "incremental_timeout")}),
+        ("Message", {"fields": ("message_content_type", "message_headers", "message_payload")}),
+        ("Delivery attempts", {"fields": ("attempts_table",)}),
+        ("State changes", {"fields": ("history_table",)}),
+    )
+    readonly_fields = ("job_id_col", "status_col", "channel_col", "consumer_col", "message_col", "partition_col", "gate",
+                       "priority", "retry_count",
+                       "created_at", "status_changed_at", "next_attempt_at", "deadline", "incremental_timeout",
+                       "message_content_type", "message_headers", "message_payload", "attempts_table",
+                       "history_table")
+
+    # Counts that the maintained counters answer exactly; anything else is a capped count.
+    COUNTER_PARAMS = {"status__exact", "channel", "consumer"}
+
+    def get_queryset(self, request):
+        return (super().get_queryset(request)
+                .select_related("channel", "consumer", "message")
+                .defer("payload", "message__payload", "message__headers")
+                .annotate(has_own_payload=ExpressionWrapper(Q(payload__isnull=False), output_field=BooleanField()),
+                          age=ExpressionWrapper(Now() - F("created_at"), output_field=DurationField()),
+                          due_in=ExpressionWrapper(F("next_attempt_at") - Now(), output_field=DurationField()),
+                          deadline_in=ExpressionWrapper(F("deadline") - Now(), output_field=DurationField())))
+
+    def get_changelist(self, request, **kwargs):
+        return JobChangeList
+
+    def get_object(self, request, object_id, from_field=None):
+        """Job pages are addressed by job ID; anything else is "doesn't exist"."""
+        pk = job_pk(object_id)
+        return None if pk is None else super().get_object(request, str(pk), from_field)
+
+    def get_search_results(self, request, queryset, search_term):
+        """Exact matches only, each served by an index: the job ID (its primary key), or the
+        message id (messages by (channel, message_id), then jobs by message)."""
+        from broker.models import Message
+
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        # the message pks first (one per channel at most): a literal list lets the planner OR two
+        # index scans, where a subquery made it walk the whole primary key
+        message_pks = list(Message.objects.filter(message_id=term).values_list("pk", flat=True)[:1000])
+        by_message = Q(message_id__in=message_pks)
+        pk = job_pk(term)
+        if pk is not None:
+            return queryset.filter(Q(pk=pk) | by_message), False
+        return queryset.filter(by_message), False
+
+    def exact_count(self, request) -> int | None:
+        params = {k: v for k, v in request.GET.items() if k not in self.IGNORED_COUNT_PARAMS}
+        if set(params) - self.COUNTER_PARAMS or any(not v.isdigit() for v in params.values()):
+            return None
+        from consumers.models import Consumer
+
+        consumers = Consumer.objects.all()
+        if "channel" in params:
+            consumers = consumers.filter(channel_id=int(params["channel"]))
+        if "consumer" in params:
+            consumers = consumers.filter(pk=int(params["consumer"]))
+        pks = list(consumers.values_list("pk", flat=True)[:10_001])
+        if len(pks) > 10_000:
+            return None
+        statuses = [int(params["status__exact"])] if "status__exact" in params else list(STATUS_NAMES)
+        counts = counts_for(scope=JOB, owner_ids=pks)
+        return max(sum(counts.get(pk, {}).get(s, 0) for pk in pks for s in statuses), 0)
+
+    def get_ordering(self, request):
+        """One consumer's jobs in one status are read off job_consumer_status (consumer, status,
+        id DESC) in its order: ordered by id alone, the planner walked the primary key over every
+        other consumer's jobs to fill a page (ConsumerFilter filters by a range, so the consumer
+        stays a sort key the index provides)."""
+        if request.GET.get("consumer", "").isdigit() and request.GET.get("status__exact", "").isdigit():
+            return ("consumer_id", "-id")
+        return super().get_ordering(request)
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # only dead jobs are deleted, by the "delete dead" action
+
+    def has_delete_dead_permission(self, request):
+        return request.user.has_perm("jobs.delete_job")
+
+    def save_model(self, request, obj, form, change):
+        """Nothing on a job is edited here: never write the row (a stale status could be saved)."""
+
+    def changelist_view(self, request, extra_context=None):
+        title = "Dead jobs" if request.GET.get("status__exact") == str(state.DEAD) else "Jobs"
+        return super().changelist_view(request, {"title": title, **(extra_context or {})})
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        extra = {"show_save": False, "show_save_and_continue": False, "show_save_and_add_another": False,
+                 "show_delete": False, "can_act": self.has_change_permission(request),
+                 "can_delete_dead": self.has_delete_dead_permission(request), "title": "Job",
+                 "job_xid": object_id, **(extra_context or {})}
+        return super().change_view(request, object_id, form_url, extra)
+
+    # columns
+
+    @admin.display(description="ID", ordering="id")
+    def job_id_col(self, obj):
+        return job_xid(obj.pk)
+
+    @admin.display(description="status")
+    def status_col(self, obj):
+        return status_badge(obj.status)
+
+    @admin.display(description="partition")
+    def partition_col(self, obj):
+        if obj.partition_id is None:
+            return "—"
+        from jobs.models import Partition
+
+        key = Partition.objects.filter(pk=obj.partition_id).values_list("key", flat=True).first()
+        if key is None:
+            return f"#{obj.partition_id}"
+        return format_html('<a href="{}">{}</a>', reverse("admin:jobs_partition_change", args=[obj.partition_id]), key)
+
+    @admin.display(description="channel")
+    def channel_col(self, obj):
+        return obj.channel.channel_id
+
+    @admin.display(description="consumer")
+    def consumer_col(self, obj):
+        return format_html('<a href="{}">{}</a>', admin_url(obj.consumer), obj.consumer.consumer_id)
+
+    @admin.display(description="message")
+    def message_col(self, obj):
+        return format_html('<a href="{}">{}</a>', admin_url(obj.message),
+                           Truncator(obj.message.message_id).chars(40))
+
+    @admin.display(description="age")
+    def age_col(self, obj):
+        return _delta_text(getattr(obj, "age", None))
+
+    @admin.display(description="due / deadline")
+    def timing_col(self, obj):
+        if obj.status == state.QUEUED:
+            return _delta_text(getattr(obj, "due_in", None), future=True)
+        if obj.status == state.INFLIGHT:
+            left = getattr(obj, "deadline_in", None)
+            if left is None:
+                return ""
+            seconds = left.total_seconds()
+            return f"deadline in {duration_text(seconds)}" if seconds >= 0 else f"overdue {duration_text(-seconds)}"
+        return ""
+
+    @admin.display(description="content type")
+    def message_content_type(self, obj):
+        return obj.message.content_type
+
+    @admin.display(description="headers")
+    def message_headers(self, obj):
+        from broker.models import Message
+
+        return json_block(Message.objects.filter(pk=obj.message_id).values_list("headers", flat=True).first())
+
+    @admin.display(description="payload")
+    def message_payload(self, obj):
+        if obj.has_own_payload:  # moved to a later gate with the handler's new data: that is what is delivered
+            return format_html('<p class="help">{}</p>{}', "this job's own payload (set by a handler-driven gate move)",
+                               payload_preview(table="jobs_job", pk=obj.pk))
+        return payload_preview(table="broker_message", pk=obj.message_id)
+
+    @admin.display(description="attempts")
+    def attempts_table(self, obj):
+        rows = list(DeliveryAttempt.objects.filter(job_id=obj.pk).order_by("-id")[:DETAIL_ROWS + 1])
+        more = len(rows) > DETAIL_ROWS
+        rows = rows[:DETAIL_ROWS]
+        body = table(
+            ["#", "started", "status code", "duration", "outcome", "response excerpt", "error"],
+            [[a.attempt, a.started_at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3], a.status_code,
+              "" if a.duration_ms is None else f"{a.duration_ms:,.1f} ms", a.outcome,
+              Truncator(a.response_excerpt).chars(300), Truncator(a.error).chars(300)] for a in reversed(rows)],
+            empty="No delivery attempts recorded (pull consumers report outcomes without attempts).")
+        if more:
+            return format_html("{}<p class='help'>Showing the latest {} attempts.</p>", body, DETAIL_ROWS)
+        return body
+
+    @admin.display(description="history")
+    def history_table(self, obj):
+        rows = list(JobTransition.objects.filter(job_id=obj.pk).order_by("-at", "-id")[:DETAIL_ROWS])
+        return table(["at", "from", "to", "retries", "reason"],
+                     [[t.at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3],
+                       STATUS_NAMES.get(t.from_status, "(created)") if t.from_status else "(created)",
+                       STATUS_NAMES.get(t.to_status, t.to_status), t.retry_count, t.reason]
+                      for t in reversed(rows)],
+                     empty="No state changes recorded.")
+
+    # actions: each calls the state machine and says what it did
+
+    @admin.action(description="Requeue selected dead jobs", permissions=["change"])
+    def requeue(self, request, queryset):
+        selected = _selected_count(request, queryset)
+        moved = sum(state.jobs_requeue_dead(consumer_pk=consumer, job_ids=ids, reason="admin-requeue")
+                    for consumer, ids in _dead_chunks(queryset))
+        self._report(request, selected, moved, f"Requeued {moved:,} dead job{_s(moved)}.",
+                     "not dead (only dead jobs are requeued)")
+
+    @admin.action(description="Mark selected queued / in-flight jobs dead", permissions=["change"])
+    def mark_dead(self, request, queryset):
+        selected = _selected_count(request, queryset)
+        moved: dict[int, int] = {}
+        for ids in _id_chunks(queryset.filter(status__in=[state.QUEUED, state.INFLIGHT])):
+            moved.update(state.jobs_mark_dead(job_ids=ids, reason="admin-mark-dead"))
+        queued = sum(1 for s in moved.values() if s == state.QUEUED)
+        text = (f"Marked {len(moved):,} job{_s(len(moved))} dead "
+                f"({queued:,} were queued, {len(moved) - queued:,} in flight).")
+        self._report(request, selected, len(moved), text, "already delivered or dead")
+
+    @admin.action(description="Delete selected dead jobs", permissions=["delete_dead"])
+    def delete_dead(self, request, queryset):
+        selected = _selected_count(request, queryset)
+        deleted = sum(state.jobs_delete_dead(consumer_pk=consumer, job_ids=ids)
+                      for consumer, ids in _dead_chunks(queryset))
+        self._report(request, selected, deleted, f"Deleted {deleted:,} dead job{_s(deleted)}.",
+                     "not dead (only dead jobs are deleted)")
+
+    def _report(self, request, selected: int | None, done: int, text: str, why_skipped: str) -> None:
+        logger.info("admin user %s: %s", request.user.get_username(), text)  # the audit trail: who did what
+        if selected is not None:
+            skipped = selected - done
+            if skipped > 0:
+                text += f" {skipped:,} selected job{_s(skipped)} left alone: {why_skipped}."
+        self.message_user(request, text, messages.SUCCESS if done else messages.WARNING)
+
+    # one-job buttons on the job's page
+
+    def get_urls(self):
+        view = self.admin_site.admin_view
+        return [
+            path("<path:object_id>/requeue/", view(self.job_action_view), {"action": "requeue"},
+                 name="jobs_job_requeue"),
+            path("<path:object_id>/mark-dead/", view(self.job_action_view), {"action": "mark_dead"},
+                 name="jobs_job_mark_dead"),
+            path("<path:object_id>/delete-dead/", view(self.job_action_view), {"action": "delete_dead"},
+                 name="jobs_job_delete_dead"),
+            *super().get_urls(),
+        ]
+
+    def job_action_view(self, request, object_id: str, action: str):
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        allowed = (self.has_delete_dead_permission(request) if action == "delete_dead"
+                   else self.has_change_permission(request))
+        if not allowed:
+            raise PermissionDenied
+        job = get_object_or_404(Job.objects.only("pk"), pk=job_pk(object_id) or -1)
+        getattr(self, action)(request, Job.objects.filter(pk=job.pk))
+        if action == "delete_dead" and not Job.objects.filter(pk=job.pk).exists():
+            return HttpResponseRedirect(reverse("admin:jobs_job_changelist"))
+        return HttpResponseRedirect(job_admin_url(job.pk))
+
+
+def _selected_count(request, queryset) -> int | None:
+    """How many jobs an explicit selection holds (a page at most); None for "select all", which
+    may be millions and is not counted."""
+    return None if request.POST.get("select_across") == "1" else queryset.count()
+
+
+def _s(n: int) -> str:
+    return "" if n == 1 else "s"
+
+
+def _id_chunks(queryset):
+    """The ids of ``queryset`` in lists of at most CHUNK, streamed (a select-across may be millions)."""
+    chunk: list[int] = []
+    for pk in queryset.order_by().values_list("pk", flat=True).iterator(chunk_size=CHUNK):
+        chunk.append(pk)
+        if len(chunk) >= CHUNK:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _dead_chunks(queryset):
+    """(consumer pk, [dead job ids]) batches of ``queryset``: the DLQ functions work per consumer."""
+    pending: dict[int, list[int]] = defaultdict(list)
+    rows = queryset.filter(status=state.DEAD).order_by().values_list("consumer_id", "pk")
+    for consumer, pk in rows.iterator(chunk_size=CHUNK):
+        pending[consumer].append(pk)
+        if len(pending[consumer]) >= CHUNK:
+            yield consumer, pending.pop(consumer)
+    yield from pending.items()
+
+
+# --- history tables (read-only) -------------------------------------------------------------------------
+
+class ReadOnlyAdmin(LargeTableAdmin):
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+class RecentFilter(admin.SimpleListFilter):
+    title = "when"
+    parameter_name = "recent"
+    field = "at"
+
+    def lookups(self, request, model_admin):
+        return [("1h", "last hour"), ("24h", "last 24 hours"), ("7d", "last 7 days")]
+
+    def queryset(self, request, queryset):
+        spans = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7)}
+        if self.value() is None:
+            return queryset
+        if self.value() not in spans:
+            return queryset.none()
+        boundary = ExpressionWrapper(Now() - spans[self.value()], output_field=DateTimeField())
+        return queryset.filter(**{f"{self.field}__gte": boundary})
+
+
+class AttemptRecentFilter(RecentFilter):
+    field = "started_at"
+
+
+class OutcomeFilter(admin.SimpleListFilter):
+    title = "outcome"
+    parameter_name = "outcome"
+
+    def lookups(self, request, model_admin):
+        return [(o, o) for o in ("delivered", "failed", "timeout", "error", "gone")]
+
+    def queryset(self, request, queryset):
+        return queryset if self.value() is None else queryset.filter(outcome=self.value())
+
+
+class StatusClassFilter(admin.SimpleListFilter):
+    title = "status code"
+    parameter_name = "code"
+
+    def lookups(self, request, model_admin):
+        return [("2", "2xx"), ("3", "3xx"), ("4", "4xx"), ("5", "5xx"), ("none", "no response")]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value is None:
+            return queryset
+        if value == "none":
+            return queryset.filter(status_code__isnull=True)
+        if value in ("2", "3", "4", "5"):
+            low = int(value) * 100
+            return queryset.filter(status_code__gte=low, status_code__lt=low + 100)
+        return queryset.none()
+
+
+class ToStatusFilter(admin.SimpleListFilter):
+    """Fixed choices: the default filter would run SELECT DISTINCT over the whole history table."""
+
+    title = "to status"
+    parameter_name = "to"
+
+    def lookups(self, request, model_admin):
+        return [(str(s.value), s.name) for s in JobStatus]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value is None:
+            return queryset
+        return queryset.filter(to_status=int(value)) if value.isdigit() else queryset.none()
+
+
+def _job_link(job_id: int):
+    return format_html('<a href="{}">{}</a>', job_admin_url(job_id), job_xid(job_id))
+
+
+@admin.register(DeliveryAttempt)
+class DeliveryAttemptAdmin(ReadOnlyAdmin):
+    list_display = ("id", "job_col", "attempt", "started_at", "status_code", "duration_col", "outcome", "error_col")
+    list_filter = (OutcomeFilter, StatusClassFilter, AttemptRecentFilter)
+    search_fields = ("=job_id",)
+    search_help_text = "A job ID."
+
+    def get_search_results(self, request, queryset, search_term):
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        pk = job_pk(term)
+        return (queryset.filter(job_id=pk) if pk is not None else queryset.none()), False
+
+    @admin.display(description="job")
+    def job_col(self, obj):
+        return _job_link(obj.job_id)
+
+    @admin.display(description="duration")
+    def duration_col(self, obj):
+        return "" if obj.duration_ms is None else f"{obj.duration_ms:,.1f} ms"
+
+    @admin.display(description="error / response")
+    def error_col(self, obj):
+        return Truncator(obj.error or obj.response_excerpt).chars(80)
+
+
+@admin.register(JobTransition)
+class JobTransitionAdmin(ReadOnlyAdmin):
+    list_display = ("id", "job_col", "from_col", "to_col", "retry_count", "reason", "at")
+    list_filter = (ToStatusFilter, RecentFilter)
+    search_fields = ("=job_id",)
+    search_help_text = "A job ID."
+    get_search_results = DeliveryAttemptAdmin.get_search_results
+
+    @admin.display(description="job")
+    def job_col(self, obj):
+        return _job_link(obj.job_id)
+
+    @admin.display(description="from")
+    def from_col(self, obj):
+        return status_badge(obj.from_status) if obj.from_status else "(created)"
+
+    @admin.display(description="to")
+    def to_col(self, obj):
+        return status_badge(obj.to_status)

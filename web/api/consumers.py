@@ -1,0 +1,255 @@
+"""HTTP API for the consumer registry: PUT/GET/DELETE a consumer, list a channel's consumers."""
+
+from __future__ import annotations
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from broker.errors import Forbidden, InvalidInput, NotFound, Unauthenticated
+from broker.registry import Precondition
+from broker.tokens import tokens_equal
+from consumers import services
+from consumers.models import Consumer
+from consumers.priority import priority_config_parse
+from jobs import groups
+from jobs.pull import consumer_stats
+from web.api.common import (
+    ADMIN_PARAM, CHANNEL_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, PRECONDITION, channel_or_404, form_value,
+    with_last_modified,
+)
+from web.api.pagination import paginate
+from web.api.representations import changed_at
+from web.auth import is_admin, registry_allowed, require_admin, require_registry
+
+
+def consumer_or_404(channel, consumer_id: str) -> Consumer:
+    consumer = Consumer.objects.filter(channel=channel, consumer_id=consumer_id).first()
+    if consumer is None:
+        raise NotFound("consumer_not_found", "consumer not found")
+    return consumer
+
+
+def consumer_url(channel_id: str, consumer_id: str) -> str:
+    return f"/channel/{channel_id}/consumer/{consumer_id}"
+
+
+def consumer_repr(consumer: Consumer, *, show_secret: bool) -> dict:
+    channel_id = consumer.channel.channel_id
+    base = consumer_url(channel_id, consumer.consumer_id)
+    body = {
+        "ID": consumer.consumer_id,
+        "Name": consumer.name,
+        "Token": consumer.token,
+        "ChangedAt": changed_at(consumer.updated_at),
+        "CallbackURL": consumer.callback_url,
+        "DeadLetterQueueURL": f"{base}/dlq",
+        "Type": consumer.type,
+        "ChannelID": channel_id,
+        "MaxInFlight": consumer.max_in_flight,
+        "MaxDeliveriesPerSecond": consumer.max_deliveries_per_second,
+        "ConnectionTimeout": consumer.connection_timeout,
+        "MaxRetry": consumer.max_retry,
+        "RetryBackoff": consumer.retry_backoff,
+        "Paused": consumer.paused,
+        "MaxAckPending": consumer.max_ack_pending,
+        "MaxQueued": consumer.max_queued,
+        "Ordered": consumer.ordered,
+        "NotifyInterval": consumer.notify_interval,
+        "PriorityPolicy": consumer.priority_policy,
+        "PriorityTimeout": consumer.priority_timeout,
+        "PriorityGroups": groups.groups_state(target=groups.target_for(consumer)),
+    }
+    if show_secret:
+        body["SigningSecret"] = consumer.signing_secret
+    return body
+
+
+def _positive_int(request, name: str, *, allow_zero: bool = False) -> int | None:
+    raw = form_value(request, name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidInput(f"invalid_{name}", f"{name} must be an integer") from None
+    if value < 0 or (value == 0 and not allow_zero) or value > 2**31 - 1:
+        raise InvalidInput(f"invalid_{name}", f"{name} is out of range")
+    return value
+
+
+def _positive_float(request, name: str) -> float | None:
+    raw = form_value(request, name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InvalidInput(f"invalid_{name}", f"{name} must be a number") from None
+    if not 0 < value < 1e9:
+        raise InvalidInput(f"invalid_{name}", f"{name} must be positive")
+    return value
+
+
+def consumer_settings_parse(request) -> dict:
+    """Optional delivery settings of the consumer PUT, validated, as model fields."""
+    fields: dict = {}
+    value = _positive_int(request, "maxInFlight")
+    if value is not None:
+        fields["max_in_flight"] = value
+    value = _positive_float(request, "maxDeliveriesPerSecond")
+    if value is not None:
+        fields["max_deliveries_per_second"] = value
+    value = _positive_float(request, "connectionTimeout")
+    if value is not None:
+        fields["connection_timeout"] = value
+    value = _positive_int(request, "maxAckPending")
+    if value is not None:
+        fields["max_ack_pending"] = value
+    raw = form_value(request, "maxQueued")
+    if raw is not None and raw.strip().lower() in ("unlimited", "none", "0"):
+        fields["max_queued"] = None  # back to unlimited
+    else:
+        value = _positive_int(request, "maxQueued")
+        if value is not None:
+            fields["max_queued"] = value
+    raw = form_value(request, "ordered")  # partitions: one job of a partition in flight, in publish order
+    if raw is not None and raw.strip():
+        flag = raw.strip().lower()
+        if flag not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+            raise InvalidInput("invalid_ordered", "ordered must be true or false")
+        fields["ordered"] = flag in ("true", "1", "yes", "on")
+    value = _positive_float(request, "notifyInterval")
+    if value is not None:
+        fields["notify_interval"] = value
+    value = _positive_int(request, "maxRetry", allow_zero=True)
+    if value is not None:
+        fields["max_retry"] = value
+    raw = form_value(request, "retryBackoff")
+    if raw is not None and raw.strip():
+        try:
+            steps = [float(x) for x in raw.split(",") if x.strip()]
+        except ValueError:
+            raise InvalidInput("invalid_retryBackoff", "retryBackoff must be comma-separated seconds") from None
+        if not steps or any(s < 0 for s in steps):
+            raise InvalidInput("invalid_retryBackoff", "retryBackoff must be comma-separated seconds")
+        fields["retry_backoff"] = ",".join(f"{s:g}" for s in steps)
+    raw = form_value(request, "signingSecret")
+    if raw is not None and raw.strip():
+        fields["signing_secret"] = services.signing_secret_validate(raw.strip())
+    return fields
+
+
+class ConsumerListView(APIView):
+    @extend_schema(summary="List the consumers of a channel", parameters=[ADMIN_PARAM, *PAGE_PARAMS],
+                   responses={200: LIST, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR})
+    def get(self, request, channel_id: str):
+        require_registry(request)
+        channel = channel_or_404(channel_id)
+        return Response(paginate(request, Consumer.objects.filter(channel=channel),
+                                 path=f"/channel/{channel_id}/consumers",
+                                 item=lambda c: consumer_url(channel_id, c.consumer_id)))
+
+
+def require_consumer_or_admin(request, channel, consumer) -> bool:
+    """Admin token, or the channel and consumer tokens. Returns True for the admin."""
+    if is_admin(request):
+        return True
+    channel_token = request.headers.get("X-Broker-Channel-Token")
+    consumer_token = request.headers.get("X-Broker-Consumer-Token")
+    if channel_token is None and consumer_token is None:
+        if request.headers.get("X-Broker-Admin-Token") is not None:
+            raise Forbidden("forbidden", "admin token does not match")
+        raise Unauthenticated("unauthorized", "admin token or channel and consumer tokens are required")
+    if not tokens_equal(channel_token, channel.token) or not tokens_equal(consumer_token, consumer.token):
+        raise Forbidden("forbidden", "token does not match")
+    return False
+
+
+class ConsumerView(APIView):
+    @extend_schema(
+        summary="Get a consumer (admin token, or its channel and consumer tokens)",
+        description="Includes statistics: NumPending (queued), NumAckPending (in flight), NumRedelivered, "
+                    "NumWaiting (pulls waiting now, all processes), NumDead, NumDelivered; pull consumers with a "
+                    "callbackUrl: Doorbell (Armed, RangAt, Rings, Failures).",
+        parameters=[ADMIN_PARAM, CHANNEL_TOKEN], responses={200: OBJ, 401: ERROR, 403: ERROR, 404: ERROR},
+    )
+    def get(self, request, channel_id: str, consumer_id: str):
+        channel = channel_or_404(channel_id)
+        consumer = consumer_or_404(channel, consumer_id)
+        admin = registry_allowed(request) or require_consumer_or_admin(request, channel, consumer)
+        body = consumer_repr(consumer, show_secret=admin)
+        if not admin:
+            body.pop("Token", None)
+        body.update(consumer_stats(consumer_pk=consumer.pk, sweep=consumer.is_pull))
+        body["Backlog"] = body["NumPending"]  # flow control: QUEUED jobs, against MaxQueued
+        if consumer.is_pull and consumer.callback_url:
+            from jobs.doorbell import doorbell_state
+
+            body["Doorbell"] = doorbell_state(consumer_pk=consumer.pk)
+        return with_last_modified(body, consumer)
+
+    @extend_schema(
+        summary="Create or update a consumer",
+        description="Form fields (or JSON): token, name, callbackUrl, type (push|pull), maxInFlight, "
+                    "maxDeliveriesPerSecond, connectionTimeout, maxRetry, retryBackoff, signingSecret, maxAckPending "
+                    "(default 1000), maxQueued (default unlimited; 0 or 'unlimited' clears it), notifyInterval (seconds "
+                    "> 0, default 1: the doorbell of a pull consumer with a callbackUrl rings at most once "
+                    "per interval); pull consumers: "
+                    "priorityPolicy (none|overflow|pinned_client|prioritized), priorityGroups (one group name), "
+                    "priorityTimeout (seconds, pinned_client default 120; the only priority field that may "
+                    "change later).",
+        parameters=[ADMIN_PARAM, PRECONDITION], request=OpenApiTypes.OBJECT,
+        responses={200: OBJ, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 412: ERROR, 415: ERROR},
+    )
+    def put(self, request, channel_id: str, consumer_id: str):
+        require_registry(request)
+        channel = channel_or_404(channel_id)
+        consumer_type = services.consumer_type_parse(form_value(request, "type"))
+        fields = consumer_settings_parse(request)
+        existing = Consumer.objects.filter(channel=channel, consumer_id=consumer_id).first()
+        fields.update(priority_config_parse(
+            request.data, existing=existing,
+            consumer_type=consumer_type or (existing.type if existing else Consumer.Type.PUSH)))
+        consumer, _created = services.consumer_upsert(
+            channel=channel, consumer_id=consumer_id, name=form_value(request, "name"),
+            token=form_value(request, "token"), callback_url=form_value(request, "callbackUrl"),
+            type=consumer_type, settings=fields,
+            precondition=Precondition(request.headers.get("If-Unmodified-Since")),
+        )
+        consumer.channel = channel
+        return with_last_modified(consumer_repr(consumer, show_secret=True), consumer)  # 200 on create too
+
+    @extend_schema(summary="Delete a consumer and its jobs", parameters=[ADMIN_PARAM, PRECONDITION],
+                   responses={204: None, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 412: ERROR})
+    def delete(self, request, channel_id: str, consumer_id: str):
+        require_registry(request)
+        channel = channel_or_404(channel_id)
+        consumer = consumer_or_404(channel, consumer_id)
+        services.consumer_delete(consumer=consumer,
+                                 precondition=Precondition(request.headers.get("If-Unmodified-Since")))
+        return Response(status=204)
+
+
+
+class ConsumerPauseView(APIView):
+    paused = True
+
+    @extend_schema(summary="Pause a consumer (admin): jobs keep accumulating, nothing is pushed or pulled",
+                   parameters=[ADMIN_PARAM], request=None, responses={200: OBJ, 401: ERROR, 403: ERROR, 404: ERROR})
+    def post(self, request, channel_id: str, consumer_id: str):
+        require_admin(request)
+        channel = channel_or_404(channel_id)
+        consumer = consumer_or_404(channel, consumer_id)
+        services.consumer_pause(consumer=consumer, paused=self.paused)
+        return with_last_modified(consumer_repr(consumer, show_secret=False), consumer)
+
+
+class ConsumerResumeView(ConsumerPauseView):
+    paused = False
+
+    @extend_schema(summary="Resume a paused consumer (admin): delivery starts again at once",
+                   parameters=[ADMIN_PARAM], request=None, responses={200: OBJ, 401: ERROR, 403: ERROR, 404: ERROR})
+    def post(self, request, channel_id: str, consumer_id: str):
+        return super().post(request, channel_id, consumer_id)

@@ -1,0 +1,167 @@
+"""HTTP API for a channel's messages: list them, publish a batch, read one with its jobs, and
+the message and job counts (messages-status)."""
+
+from __future__ import annotations
+
+import base64
+from urllib.parse import quote
+
+from django.conf import settings
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from broker.counters import JOB, MESSAGE, counts_for
+from broker.errors import InvalidInput, NotFound
+from broker.models import Message, ScheduledMessage
+from broker.xid import job_xid
+from consumers.models import Consumer
+from jobs import publishing
+from jobs import scheduling
+from jobs.models import Job, JobStatus
+from web.api.common import (
+    ADMIN_PARAM, CHANNEL_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, channel_or_404, read_body, require_channel_reader,
+)
+from web.api.pagination import paginate
+from web.api.publishing import PARTITION_PARAMS, PUBLISH_PARAMS, batch_parse, publish_context
+from web.api.representations import message_url, rfc3339
+
+
+class MessagesView(APIView):
+    parser_classes = []
+
+    @extend_schema(
+        summary="List messages of a channel",
+        parameters=[CHANNEL_TOKEN, ADMIN_PARAM, OpenApiParameter("status", OpenApiTypes.STR), *PAGE_PARAMS],
+        responses={200: LIST, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR},
+    )
+    def get(self, request, channel_id: str):
+        channel = channel_or_404(channel_id)
+        require_channel_reader(request, channel)
+        qs = Message.objects.filter(channel=channel).only("id", "message_id")
+        statuses = []
+        for raw in request.query_params.getlist("status"):
+            for part in raw.split(","):
+                part = part.strip().upper()
+                if not part:
+                    continue
+                if part.isdigit() and int(part) in Message.Status.values:
+                    statuses.append(int(part))
+                elif part in Message.Status.names:
+                    statuses.append(Message.Status[part].value)
+                else:
+                    raise InvalidInput("invalid_status", "status must be ACKNOWLEDGED/DISPATCHED (or 101/102)")
+        if statuses:
+            qs = qs.filter(status__in=statuses)
+        return Response(paginate(request, qs, path=f"/channel/{channel_id}/messages", keep_params=("status",),
+                                 item=lambda m: message_url(channel_id, quote(m.message_id, safe="-_.~"))))
+
+    @extend_schema(
+        summary="Publish a batch of up to 1,000 messages in one transaction",
+        description='JSON list of {"MessageID"?, "Priority"?, "ContentType"?, "PartitionKey"?, "Gate"?, "Payload"}. '
+                    "Answers per message: created or duplicate. 201 when at least one was created.",
+        parameters=[*PUBLISH_PARAMS, *PARTITION_PARAMS], request={"application/json": OpenApiTypes.OBJECT},
+        responses={200: OBJ, 201: OBJ, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 409: ERROR, 413: ERROR,
+                   429: ERROR},
+    )
+    def post(self, request, channel_id: str):
+        ctx = publish_context(request, channel_id)
+        limit = settings.BROKER_MAX_PAYLOAD_BYTES * 4 + settings.BROKER_MAX_BATCH_MESSAGES * 1024
+        partition_key, gate = publishing.partition_headers(request.headers)
+        messages = batch_parse(read_body(request, max(limit, 64 * 1024 * 1024)))
+        for m in messages:  # partitions: the request's headers apply to every message of the batch
+            if m.partition_key is None and partition_key is not None:
+                m.partition_key, m.gate = partition_key, gate
+        results = publishing.messages_publish(ctx=ctx, messages=messages)
+        created = sum(1 for _, ok in results if ok)
+        body = {
+            "Created": created,
+            "Duplicates": len(results) - created,
+            "Result": [
+                {"MessageID": mid, "Status": "created" if ok else "duplicate",
+                 "Location": message_url(channel_id, quote(mid, safe="-_.~"))}
+                for mid, ok in results
+            ],
+        }
+        return Response(body, status=201 if created else 200)
+
+
+class MessageView(APIView):
+    @extend_schema(summary="Get a message with each consumer's job status",
+                   parameters=[CHANNEL_TOKEN, ADMIN_PARAM], responses={200: OBJ, 401: ERROR, 403: ERROR, 404: ERROR})
+    def get(self, request, channel_id: str, message_id: str):
+        channel = channel_or_404(channel_id)
+        require_channel_reader(request, channel)
+        message = Message.objects.select_related("producer").filter(channel=channel, message_id=message_id).first()
+        if message is None:
+            raise NotFound("message_not_found", "message not found")
+        jobs = Job.objects.filter(message=message).select_related("consumer").order_by("id")
+        payload = bytes(message.payload)
+        try:
+            text = payload.decode("utf-8")
+        except UnicodeDecodeError:
+            text = base64.b64encode(payload).decode()
+        return Response({
+            "ID": message.message_id,
+            "Payload": text,
+            "ContentType": message.content_type,
+            "Priority": message.priority,
+            "ProducedBy": message.producer.name,
+            "ProducerID": message.producer.producer_id,
+            "ReceivedAt": rfc3339(message.received_at),
+            "DispatchedAt": rfc3339(message.dispatched_at),
+            "Status": Message.Status(message.status).name,
+            "Headers": message.headers or {},
+            "Jobs": [
+                {
+                    "ID": job_xid(j.pk),
+                    "ListenerEndpoint": j.consumer.callback_url,
+                    "ListenerName": j.consumer.name,
+                    "ConsumerID": j.consumer.consumer_id,
+                    "Status": JobStatus(j.status).name,
+                    "RetryCount": j.retry_count,
+                    "StatusChangedAt": rfc3339(j.status_changed_at),
+                }
+                for j in jobs
+            ],
+        })
+
+
+class MessagesStatusView(APIView):
+    @extend_schema(summary="Message and job counts of a channel", parameters=[CHANNEL_TOKEN, ADMIN_PARAM],
+                   responses={200: OBJ, 401: ERROR, 403: ERROR, 404: ERROR})
+    def get(self, request, channel_id: str):
+        channel = channel_or_404(channel_id)
+        require_channel_reader(request, channel)
+        message_counts = counts_for(scope=MESSAGE, owner_ids=[channel.pk]).get(channel.pk, {})
+        counts = {
+            status.name: {
+                "Count": message_counts.get(status.value, 0),
+                "Links": {"messages": f"/channel/{channel_id}/messages?status={status.value}"},
+            }
+            for status in Message.Status
+        }
+        scheduled_counts = counts_for(scope=scheduling.SCOPE, owner_ids=[channel.pk]).get(channel.pk, {})
+        for status in (scheduling.SCHEDULED, scheduling.DISPATCHED):
+            counts[f"SCHEDULED_{ScheduledMessage.Status(status).name}"] = {
+                "Count": scheduled_counts.get(status, 0),
+                "Links": {"messages": f"/channel/{channel_id}/scheduled-messages?status={status}"},
+            }
+        body = {"counts": counts}
+        next_at = scheduling.scheduled_next_at(channel_pk=channel.pk)
+        if next_at is not None:
+            body["next_scheduled_message_at"] = rfc3339(next_at)
+        consumers = list(Consumer.objects.filter(channel=channel).only("id", "consumer_id", "max_queued"))
+        job_counts = counts_for(scope=JOB, owner_ids=[c.pk for c in consumers])
+        body["consumers"] = {
+            c.consumer_id: {s.name: job_counts.get(c.pk, {}).get(s.value, 0) for s in JobStatus}
+            for c in consumers
+        }
+        # flow control: each consumer's backlog (QUEUED jobs) and its cap (null: unlimited)
+        body["backlog"] = {
+            c.consumer_id: {"Backlog": job_counts.get(c.pk, {}).get(JobStatus.QUEUED.value, 0),
+                            "MaxQueued": c.max_queued}
+            for c in consumers
+        }
+        return Response(body)

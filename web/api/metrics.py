@@ -1,0 +1,87 @@
+"""Prometheus metrics. Gauges are read from the database at scrape time, so they are correct
+whatever number of web processes and worker clusters run."""
+
+from __future__ import annotations
+
+from django.db import connection
+from django.http import HttpResponse
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from rest_framework.views import APIView
+
+from broker import delivery_metrics as dm
+from broker.counters import JOB, MESSAGE, REDELIVERED, counts_for
+from broker.models import Channel
+from consumers.models import Consumer
+from jobs.models import JobStatus
+
+
+def pull_waiters() -> dict[int, int]:
+    """Live waiting pulls per consumer (rows of every web process; a dead waiter's row expires)."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT consumer_id, count(*) FROM consumers_pullwaiter WHERE expires_at > now() "
+                    "GROUP BY consumer_id")
+        return dict(cur.fetchall())
+
+
+class DatabaseCollector:
+    """Backlog, in-flight, delivered and dead jobs, pull waiters, push attempt outcomes and the
+    attempt-duration and delivery-latency histograms per channel and consumer: all maintained
+    rows (counters, waiter rows), so a scrape reads a bounded number of rows."""
+
+    def collect(self):
+        consumers = list(Consumer.objects.select_related("channel").only("id", "consumer_id", "channel__channel_id"))
+        job_counts = counts_for(scope=JOB)
+        jobs = GaugeMetricFamily("broker_jobs", "Jobs per consumer and status", labels=["channel", "consumer", "status"])
+        dead = GaugeMetricFamily("dead_job_count", "Dead jobs per consumer (webhook-broker name)",
+                                 labels=["channel", "consumer"])
+        backlog = GaugeMetricFamily("broker_consumer_backlog", "QUEUED jobs per consumer", labels=["channel", "consumer"])
+        inflight = GaugeMetricFamily("broker_consumer_in_flight", "INFLIGHT jobs per consumer",
+                                     labels=["channel", "consumer"])
+        redelivered = GaugeMetricFamily("broker_consumer_redelivered", "Jobs being redelivered",
+                                        labels=["channel", "consumer"])
+        waiting = pull_waiters()
+        delivery_counts = counts_for(scope=dm.DELIVERY)
+        waiters = GaugeMetricFamily("broker_consumer_pull_waiters", "Pull requests waiting for jobs now",
+                                    labels=["channel", "consumer"])
+        attempts = CounterMetricFamily("broker_push_attempts", "Push attempts by class of answer "
+                                       "(2xx, 3xx, 4xx, 5xx, error: no answer, timeout)",
+                                       labels=["channel", "consumer", "class"])
+        attempt_seconds = HistogramMetricFamily("broker_push_attempt_duration_seconds",
+                                                "Push attempt round trip (connect, send, full answer)",
+                                                labels=["channel", "consumer"])
+        latency = HistogramMetricFamily("broker_delivery_latency_seconds",
+                                        "Publish to DELIVERED, per job (push and pull)", labels=["channel", "consumer"])
+        for c in consumers:
+            counts = job_counts.get(c.pk, {})
+            labels = [c.channel.channel_id, c.consumer_id]
+            waiters.add_metric(labels, waiting.get(c.pk, 0))
+            stats = delivery_counts.get(c.pk, {})
+            for code, name in dm.OUTCOME_CODES.items():
+                attempts.add_metric([*labels, name], stats.get(code, 0))
+            buckets, total = dm.histogram(stats, base=dm.ATTEMPT_BUCKET, sum_code=dm.ATTEMPT_SUM,
+                                          bounds=dm.ATTEMPT_BOUNDS)
+            attempt_seconds.add_metric(labels, buckets, total)
+            buckets, total = dm.histogram(stats, base=dm.LATENCY_BUCKET, sum_code=dm.LATENCY_SUM,
+                                          bounds=dm.LATENCY_BOUNDS)
+            latency.add_metric(labels, buckets, total)
+            for status in JobStatus:
+                jobs.add_metric([*labels, status.name], counts.get(status.value, 0))
+            dead.add_metric(labels, counts.get(JobStatus.DEAD.value, 0))
+            backlog.add_metric(labels, counts.get(JobStatus.QUEUED.value, 0))
+            inflight.add_metric(labels, counts.get(JobStatus.INFLIGHT.value, 0))
+            redelivered.add_metric(labels, counts.get(REDELIVERED, 0))
+        messages = GaugeMetricFamily("broker_messages", "Messages per channel", labels=["channel"])
+        message_counts = counts_for(scope=MESSAGE)
+        for ch in Channel.objects.only("id", "channel_id"):
+            messages.add_metric([ch.channel_id], sum(message_counts.get(ch.pk, {}).values()))
+        yield from (jobs, dead, backlog, inflight, redelivered, messages, waiters, attempts, attempt_seconds, latency)
+
+
+class MetricsView(APIView):
+    @extend_schema(summary="Prometheus metrics", responses={200: OpenApiResponse(description="text/plain exposition")})
+    def get(self, request):
+        registry = CollectorRegistry()
+        registry.register(DatabaseCollector())
+        return HttpResponse(generate_latest(registry), content_type="text/plain; version=0.0.4; charset=utf-8")

@@ -1,0 +1,172 @@
+"""HTTP API for publishing: one message (``broadcast``, or scheduled for later) and its headers;
+the batch body parser (the batch endpoint shares its path with the message list, web.api.messages)."""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import quote
+
+from django.conf import settings
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from broker.errors import InvalidInput, TooLarge
+from jobs import publishing
+from jobs.scheduling import scheduled_for_parse, scheduled_message_create
+from web.api.common import CHANNEL_TOKEN, ERROR, read_body
+from web.api.representations import message_url
+
+
+PUBLISH_PARAMS = [
+    CHANNEL_TOKEN,
+    OpenApiParameter("X-Broker-Producer-ID", OpenApiTypes.STR, OpenApiParameter.HEADER),
+    OpenApiParameter("X-Broker-Producer-Token", OpenApiTypes.STR, OpenApiParameter.HEADER),
+]
+
+
+PARTITION_PARAMS = [
+    OpenApiParameter("X-Broker-Partition-Key", OpenApiTypes.STR, OpenApiParameter.HEADER,
+                     description="partition of the message's jobs (<= 255 chars); 409 partition_closed"),
+    OpenApiParameter("X-Broker-Gate", OpenApiTypes.INT, OpenApiParameter.HEADER,
+                     description="gate in the partition (>= 0, default 0); 409 gate_passed when below the "
+                                 "partition's current gate"),
+]
+
+
+def parse_priority(raw: str | None) -> int:
+    if raw is None or raw.strip() == "":
+        return 0
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise InvalidInput("invalid_priority", "X-Broker-Message-Priority must be an integer") from None
+    if not -(2**31) <= value < 2**31:
+        raise InvalidInput("invalid_priority", "X-Broker-Message-Priority is out of range")
+    return value
+
+
+def parse_message_id(raw: str | None) -> str | None:
+    if raw is None:
+        return None
+    value = raw.strip()
+    if not value:
+        return None
+    if len(value) > 255:
+        raise InvalidInput("invalid_message_id", "X-Broker-Message-ID is longer than 255 characters")
+    return value
+
+
+def metadata_headers(request) -> dict:
+    """Headers named in X-Broker-Metadata-Headers (comma-separated) that are present."""
+    names = request.headers.get("X-Broker-Metadata-Headers", "")
+    result = {}
+    for name in names.split(","):
+        name = name.strip()
+        if name and name in request.headers:
+            result[name] = request.headers[name]
+    return result
+
+
+def publish_context(request, channel_id: str) -> publishing.PublishContext:
+    return publishing.publish_authenticate(
+        channel_id=channel_id,
+        channel_token=request.headers.get("X-Broker-Channel-Token"),
+        producer_id=request.headers.get("X-Broker-Producer-ID"),
+        producer_token=request.headers.get("X-Broker-Producer-Token"),
+    )
+
+
+class BroadcastView(APIView):
+    parser_classes = []  # the body is stored raw, whatever its content type
+
+    @extend_schema(
+        summary="Publish a message",
+        description="The body is stored as-is with its Content-Type. 201 with Location of the message.",
+        parameters=[
+            *PUBLISH_PARAMS,
+            OpenApiParameter("X-Broker-Message-ID", OpenApiTypes.STR, OpenApiParameter.HEADER),
+            OpenApiParameter("X-Broker-Message-Priority", OpenApiTypes.INT, OpenApiParameter.HEADER),
+            OpenApiParameter("X-Broker-Metadata-Headers", OpenApiTypes.STR, OpenApiParameter.HEADER),
+            OpenApiParameter("X-Broker-Scheduled-For", OpenApiTypes.DATETIME, OpenApiParameter.HEADER,
+                             description="RFC 3339; publish then instead of now (201 with the "
+                                         "scheduled-message Location; 400 bad date, 412 too soon)"),
+            *PARTITION_PARAMS,
+        ],
+        request={"*/*": OpenApiTypes.BINARY},
+        responses={201: OpenApiResponse(description="Created; Location header"), 400: ERROR, 401: ERROR,
+                   403: ERROR, 404: ERROR, 409: ERROR, 412: ERROR, 413: ERROR, 429: ERROR},
+    )
+    def post(self, request, channel_id: str):
+        ctx = publish_context(request, channel_id)
+        body = read_body(request, settings.BROKER_MAX_PAYLOAD_BYTES)
+        if not body:
+            raise InvalidInput("empty_body", "message body must not be empty")
+        partition_key, gate = publishing.partition_headers(request.headers)
+        message = publishing.NewMessage(
+            payload=body,
+            content_type=request.META.get("CONTENT_TYPE") or "application/octet-stream",
+            priority=parse_priority(request.headers.get("X-Broker-Message-Priority")),
+            message_id=parse_message_id(request.headers.get("X-Broker-Message-ID")),
+            headers=metadata_headers(request),
+            partition_key=partition_key, gate=gate,
+        )
+        scheduled_for = (request.headers.get("X-Broker-Scheduled-For") or "").strip()
+        if scheduled_for and partition_key is not None:
+            raise InvalidInput("partition_not_schedulable", "a scheduled message cannot carry X-Broker-Partition-Key")
+        if scheduled_for:  # publish later (jobs.scheduling): 400 bad date, 412 too soon
+            mid = scheduled_message_create(ctx=ctx, message=message, dispatch_at=scheduled_for_parse(scheduled_for))
+            response = Response(status=201)
+            response["Location"] = f"/channel/{channel_id}/scheduled-message/{quote(mid, safe='-_.~')}"
+            return response
+        mid = publishing.message_publish(ctx=ctx, message=message)
+        response = Response(status=201)
+        response["Location"] = message_url(channel_id, quote(mid, safe="-_.~"))
+        return response
+
+
+def batch_parse(raw: bytes) -> list[publishing.NewMessage]:
+    try:
+        items = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise InvalidInput("malformed_json", "body must be a JSON list of messages") from None
+    if isinstance(items, dict) and isinstance(items.get("Messages"), list):
+        items = items["Messages"]
+    if not isinstance(items, list) or not items:
+        raise InvalidInput("invalid_batch", "body must be a non-empty JSON list of messages")
+    if len(items) > settings.BROKER_MAX_BATCH_MESSAGES:
+        raise TooLarge("batch_too_large", f"at most {settings.BROKER_MAX_BATCH_MESSAGES} messages per batch")
+    messages = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or "Payload" not in item:
+            raise InvalidInput("invalid_batch", f"message {i} must be an object with a Payload")
+        payload = item["Payload"]
+        content_type = item.get("ContentType")
+        if isinstance(payload, str):
+            data = payload.encode("utf-8", "surrogatepass")
+        else:
+            data = json.dumps(payload, separators=(",", ":")).encode()
+            content_type = content_type or "application/json"
+        if not data or payload is None:
+            raise InvalidInput("empty_body", f"message {i} has an empty Payload")
+        if len(data) > settings.BROKER_MAX_PAYLOAD_BYTES:
+            raise TooLarge("payload_too_large", f"message {i} is larger than {settings.BROKER_MAX_PAYLOAD_BYTES} bytes")
+        if content_type is not None and not isinstance(content_type, str):
+            raise InvalidInput("invalid_batch", f"message {i}: ContentType must be a string")
+        priority = item.get("Priority", 0)
+        if isinstance(priority, bool) or not isinstance(priority, int) or not -(2**31) <= priority < 2**31:
+            raise InvalidInput("invalid_priority", f"message {i}: Priority must be an integer")
+        mid = item.get("MessageID")
+        if mid is not None and not isinstance(mid, str):
+            raise InvalidInput("invalid_message_id", f"message {i}: MessageID must be a string")
+        key, gate = item.get("PartitionKey"), item.get("Gate")  # partitions, per message
+        if key is not None or gate is not None:
+            key, gate = publishing.partition_parse(
+                key if isinstance(key, str) or key is None else "",
+                None if gate is None else (str(gate) if isinstance(gate, int) and not isinstance(gate, bool) else "x"))
+        messages.append(publishing.NewMessage(
+            payload=data, content_type=content_type or "application/octet-stream", priority=priority,
+            message_id=parse_message_id(mid), partition_key=key, gate=gate or 0,
+        ))
+    return messages

@@ -1,0 +1,41 @@
+"""JSON shapes of the API objects (webhook-broker's PascalCase field names)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.utils.http import http_date
+
+from broker.times import rfc3339
+
+
+def changed_at(value: datetime) -> str:
+    """ChangedAt at second precision, so it formats to the same instant as Last-Modified."""
+    return rfc3339(value.replace(microsecond=0))
+
+
+def last_modified(value: datetime) -> str:
+    return http_date(value.timestamp())
+
+
+def producer_repr(p) -> dict:
+    return {"ID": p.producer_id, "Name": p.name, "Token": p.token, "ChangedAt": changed_at(p.updated_at),
+            "RateLimitPerSecond": p.rate_limit_per_second, "Burst": p.burst}
+
+
+def channel_repr(c) -> dict:
+    base = f"/channel/{c.channel_id}"
+    return {
+        "ID": c.channel_id,
+        "Name": c.name,
+        "Token": c.token,
+        "ChangedAt": changed_at(c.updated_at),
+        "ConsumersURL": f"{base}/consumers",
+        "MessagesURL": f"{base}/messages",
+        "BroadcastURL": f"{base}/broadcast",
+        "MessagesStatusURL": f"{base}/messages-status",
+    }
+
+
+def message_url(channel_id: str, message_id: str) -> str:
+    return f"/channel/{channel_id}/message/{message_id}"
