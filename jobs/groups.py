@@ -312,7 +312,7 @@ RETURNING id
 _JOBS_SQL = """
 SELECT j.id, j.priority, j.retry_count, j.incremental_timeout, j.deadline,
        m.message_id, COALESCE(j.payload, m.payload), m.content_type, m.headers,
-       (SELECT pt.key FROM jobs_partition pt WHERE pt.id = j.partition_id), j.gate  -- partitions
+       (SELECT pt.key FROM jobs_partition pt WHERE pt.id = j.partition_id), j.gate, m.type  -- partitions, type
   FROM jobs_job j JOIN broker_message m ON m.id = j.message_id
  WHERE j.id = ANY(%s::bigint[]) AND j.status = %s
  ORDER BY j.priority DESC, j.id
