@@ -63,8 +63,9 @@ def jobs_expire_messages(*, limit: int = EXPIRY_BATCH, budget: float = EXPIRY_BU
             return total
 
 
-# by primary key: is this job DEAD with an expired message (a requeue would be refused)?
-_DEAD_EXPIRED_SQL = f"SELECT 1 FROM jobs_job WHERE id = %s AND status = {DEAD} AND expires_at <= now()"
+# index: jobs_job_pkey (``+ 0``: the status is checked on the row, never looked up through job_dead).
+# Is this job DEAD with an expired message (a requeue would be refused)?
+_DEAD_EXPIRED_SQL = f"SELECT 1 FROM jobs_job WHERE id = %s AND status + 0 = {DEAD} AND expires_at <= now()"
 
 
 def job_dead_expired(*, job_pk: int) -> bool:
