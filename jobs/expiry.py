@@ -63,14 +63,16 @@ def jobs_expire_messages(*, limit: int = EXPIRY_BATCH, budget: float = EXPIRY_BU
             return total
 
 
-# index: jobs_job_pkey (``+ 0``: the status is checked on the row, never looked up through job_dead).
-# Is this job DEAD with an expired message (a requeue would be refused)?
-_DEAD_EXPIRED_SQL = f"SELECT 1 FROM jobs_job WHERE id = %s AND status + 0 = {DEAD} AND expires_at <= now()"
+# index: jobs_job_pkey (by primary key; no status condition, so no status index competes).
+# The status of this job if its message has expired (no row: not expired, or no such job).
+_EXPIRED_STATUS_SQL = "SELECT status FROM jobs_job WHERE id = %s AND expires_at <= now()"
 
 
-def job_dead_expired(*, job_pk: int) -> bool:
-    """True when the job is DEAD and its message has expired: requeueing it is a 409
-    ``message_expired`` (it could never be delivered)."""
+def job_expired_status(*, job_pk: int) -> int | None:
+    """The job's status when its message has expired, else None. Asked only after a move was
+    refused, to answer 409 ``message_expired`` (a requeue of a DEAD job, a claim of a QUEUED one)
+    instead of a generic 400."""
     with connection.cursor() as cur:
-        cur.execute(_DEAD_EXPIRED_SQL, [job_pk])
-        return cur.fetchone() is not None
+        cur.execute(_EXPIRED_STATUS_SQL, [job_pk])
+        row = cur.fetchone()
+    return None if row is None else row[0]

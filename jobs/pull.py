@@ -25,7 +25,7 @@ from broker.errors import (
 from broker.tokens import tokens_equal
 from broker.xid import job_xid
 from jobs import state
-from jobs.expiry import job_dead_expired
+from jobs.expiry import job_expired_status
 from jobs.state import DEAD, DELIVERED, INFLIGHT, QUEUED
 from jobs.wakeup import wakeups
 
@@ -271,6 +271,8 @@ def job_transition(*, channel_id: str, consumer_id: str, job_id: str, channel_to
         raise InvalidInput("group_missing", "Bad Request - Priority Group missing: claim jobs of a consumer "
                                                  "with a priority policy through .../pull with a group")
     current = ctx.job[1]
+    if target == INFLIGHT and current in from_states and job_expired_status(job_pk=ctx.job[0]) is not None:
+        raise Conflict("message_expired", "the job's message has expired: it is never handed out")
     if incremental_timeout is not None and (target != INFLIGHT or current == INFLIGHT):
         raise InvalidInput("timeout_invalid_state", "timeout provided with invalid state")
     if current == target:
@@ -328,7 +330,7 @@ def job_requeue_dead(*, ctx: PullContext) -> None:
     """DEAD -> QUEUED with the retry count reset; a job that is not DEAD is a 400, one whose
     message expired a 409 ``message_expired``."""
     if state.jobs_requeue_dead(consumer_pk=ctx.consumer_pk, job_ids=[ctx.job[0]], reason="requeue-dead-job") != 1:
-        if job_dead_expired(job_pk=ctx.job[0]):
+        if job_expired_status(job_pk=ctx.job[0]) == DEAD:
             raise Conflict("message_expired", "the job's message has expired: it cannot be delivered any more")
         raise InvalidInput("job_not_dead", "job could not be found in DEAD state")
 

@@ -139,9 +139,10 @@ def jobs_fanout_sql(source: str, *, partitioned: bool = False) -> str:
     """SQL for two CTEs that create one QUEUED job per (message in CTE ``source``, consumer of
     its channel whose type patterns match the message's type) and NOTIFY the consumers' waiters.
     ``source`` must expose ``id``, ``priority``, ``channel_id``, ``type`` and ``expires_at`` (copied
-    onto each job, so claims filter expired jobs without a join). Publishing composes this into its insert statement so a publish is one
-    round trip and one implicit transaction: the message and its jobs exist together or not at all,
-    and the NOTIFY is delivered on commit, when the rows are visible.
+    onto each job, so claims filter expired jobs without a join). Publishing composes this into its
+    insert statement so a publish is one round trip and one implicit transaction: the message and
+    its jobs exist together or not at all, and the NOTIFY is delivered on commit, when the rows are
+    visible.
 
     ``partitioned``: ``source`` also exposes ``pkey`` (text or NULL) and ``gate``, and each job
     joins its consumer's partition of the key (created by ``jobs.partitions.partitions_for_publish``

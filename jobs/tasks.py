@@ -150,8 +150,10 @@ def maintenance() -> dict:
     from jobs.scheduling import scheduled_dispatch_due
     from jobs.state import jobs_expire_inflight
 
-    return {"expired": jobs_expire_inflight(), "messages_expired": jobs_expire_messages(),
-            "scheduled": scheduled_dispatch_due(),
+    dead = jobs_expire_messages()  # expiry (jobs.expiry); logged, so the task's result keeps its keys
+    if dead:
+        logger.info("maintenance: %d jobs of expired messages moved to DEAD", dead)
+    return {"expired": jobs_expire_inflight(), "scheduled": scheduled_dispatch_due(),
             "compacted": counters_compact()}
 
 

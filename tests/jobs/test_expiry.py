@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 from django.db import connection
@@ -17,6 +18,7 @@ from broker.xid import job_xid
 from jobs import state
 from jobs.expiry import jobs_expire_messages
 from jobs.models import Job, JobStatus, JobTransition
+from jobs.scheduling import scheduled_dispatch_due
 from tests.consumers.conftest import PullClient
 from tests.jobs.conftest import json_of
 
@@ -98,7 +100,8 @@ def test_expired_job_is_never_pulled_and_dies_with_reason_expired(world, dispatc
     # before any sweep: listed and pulled jobs leave the expired one out
     assert [j["Message"]["MessageID"] for j in pc.queued().json()["Result"]] == ["long"]
     r = pc.set_state(job_xid(job.pk), {"NextState": "INFLIGHT"})  # the spec path cannot claim it either
-    assert r.status_code == 400
+    assert r.status_code == 409 and r.json()["error"] == "message_expired"
+    assert Job.objects.get(pk=job.pk).status == JobStatus.QUEUED
     pulled = pc.pull(batch=10).json()["Result"]
     assert [j["Message"]["MessageID"] for j in pulled] == ["long"]
     # the dispatcher loop's sweep (every second) moves it to DEAD: for the pull and the push consumer
@@ -214,3 +217,19 @@ def test_pull_racing_expiry_never_returns_an_expired_job(world):
     assert totals["expired"] > 0  # the pulls did run into the expiry
     assert Job.objects.filter(consumer__consumer_id="c2", status=JobStatus.DEAD).exclude(
         pk__in=JobTransition.objects.filter(reason="expired").values("job_id")).count() == 0
+
+
+def test_scheduled_message_keeps_type_and_ttl(world, api, push_settings):
+    """Type and TTL travel with a scheduled message; its TTL counts from publication."""
+    since = api.get("/channel/ch1/consumer/c2")["Last-Modified"]
+    r = api.put("/channel/ch1/consumer/c2", {"messageTypes": "user.*"}, HTTP_IF_UNMODIFIED_SINCE=since)
+    assert r.status_code == 200
+    at = (_db_now() + timedelta(seconds=1.2)).isoformat()
+    r = world.publish(HTTP_X_BROKER_MESSAGE_ID="later", HTTP_X_BROKER_SCHEDULED_FOR=at,
+                      HTTP_X_BROKER_MESSAGE_TYPE="order.created", HTTP_X_BROKER_MESSAGE_TTL="60")
+    assert r.status_code == 201, r.content
+    time.sleep(1.4)
+    assert scheduled_dispatch_due() == 1
+    assert [c for c, in Job.objects.filter(message__message_id="later").values_list("consumer__consumer_id")] == ["c1"]
+    assert api.get("/channel/ch1/message/later").json()["Type"] == "order.created"
+    assert _ttl_of("later") == pytest.approx(60, abs=0.01)
