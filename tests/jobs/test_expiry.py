@@ -224,11 +224,11 @@ def test_scheduled_message_keeps_type_and_ttl(world, api, push_settings):
     since = api.get("/channel/ch1/consumer/c2")["Last-Modified"]
     r = api.put("/channel/ch1/consumer/c2", {"messageTypes": "user.*"}, HTTP_IF_UNMODIFIED_SINCE=since)
     assert r.status_code == 200
-    at = (_db_now() + timedelta(seconds=1.2)).isoformat()
+    at = (_db_now() + timedelta(seconds=2.5)).isoformat()  # BROKER_MIN_SCHEDULE_DELAY is 1 s here
     r = world.publish(HTTP_X_BROKER_MESSAGE_ID="later", HTTP_X_BROKER_SCHEDULED_FOR=at,
                       HTTP_X_BROKER_MESSAGE_TYPE="order.created", HTTP_X_BROKER_MESSAGE_TTL="60")
     assert r.status_code == 201, r.content
-    time.sleep(1.4)
+    time.sleep(2.7)
     assert scheduled_dispatch_due() == 1
     assert [c for c, in Job.objects.filter(message__message_id="later").values_list("consumer__consumer_id")] == ["c1"]
     assert api.get("/channel/ch1/message/later").json()["Type"] == "order.created"
