@@ -11,6 +11,8 @@ class Channel(models.Model):
     channel_id = models.CharField(max_length=255, unique=True)
     name = models.CharField(max_length=255)
     token = models.CharField(max_length=255)
+    # Expiry: seconds a message without its own X-Broker-Message-TTL stays deliverable (null: forever).
+    message_ttl = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField()
 
@@ -58,6 +60,10 @@ class Message(models.Model):
     status = models.PositiveSmallIntegerField(choices=Status.choices, default=Status.DISPATCHED)
     received_at = models.DateTimeField()
     dispatched_at = models.DateTimeField(null=True, blank=True)
+    # Filters: the message's type (X-Broker-Message-Type), matched against consumers' messageTypes at
+    # fan-out. Expiry: after ``expires_at`` none of its jobs is delivered (copied onto each job).
+    type = models.CharField(max_length=128, null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -94,6 +100,8 @@ class ScheduledMessage(models.Model):
     created_at = models.DateTimeField()
     dispatched_at = models.DateTimeField(null=True, blank=True)
     error = models.CharField(max_length=255, blank=True, default="")
+    type = models.CharField(max_length=128, null=True, blank=True)  # published with the message
+    ttl = models.PositiveIntegerField(null=True, blank=True)  # seconds, counted from publication
 
     class Meta:
         constraints = [

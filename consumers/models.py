@@ -46,6 +46,9 @@ class Consumer(models.Model):
     notify_interval = models.FloatField(default=1.0, db_default=1.0)
     # Partitions: with ``ordered``, at most one job of a partition in flight at a time, in publish order.
     ordered = models.BooleanField(default=False, db_default=False)
+    # Filters: type patterns (``order.*``, ``invoice.paid``, ``*``); null = every message. Matched by
+    # the fan-out statement (jobs.state.jobs_fanout_sql); rules in broker.message_types.
+    message_types = ArrayField(models.CharField(max_length=130), null=True, blank=True)
 
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField()

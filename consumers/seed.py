@@ -9,7 +9,8 @@
     [<consumerId>]            token=, channel=, type=push|pull (empty = push), name=,
                               maxInFlight=, maxDeliveriesPerSecond=, maxAckPending=, maxQueued=, ordered=,
                               notifyInterval= (doorbell seconds > 0; a pull consumer with a
-                              callback URL in [initial-consumers] gets the doorbell)
+                              callback URL in [initial-consumers] gets the doorbell),
+                              messageTypes= (filters: comma-separated type patterns; empty = all)
 
 A consumer with an invalid type, an unknown channel or a bad callback URL is skipped with a
 logged error (as the pull-consumer spec says); the rest of the file still applies.
@@ -26,6 +27,9 @@ from datetime import datetime
 from urllib.parse import urlsplit
 
 from django.db import transaction
+
+from broker.errors import DomainError
+from broker.message_types import message_types_parse
 
 logger = logging.getLogger("broker.services.seed")  # its name before the move: what operators filter on
 
@@ -152,6 +156,12 @@ def seed_parse(text: str) -> SeedPlan:
                 plan.errors.append(f"consumer {cid}: ordered must be true or false, skipped")
                 continue
             consumer["ordered"] = ordered in ("true", "1", "yes", "on")
+        try:  # filters: type patterns (broker.message_types); absent: left as they are
+            if "messageTypes" in options:
+                consumer["message_types"] = message_types_parse(options["messageTypes"]) or None
+        except DomainError as exc:
+            plan.errors.append(f"consumer {cid}: {exc.detail}, skipped")
+            continue
         if not consumer["token"]:
             plan.errors.append(f"consumer {cid}: no token, skipped")
             continue

@@ -136,7 +136,8 @@ _RING_SQL = f"""
 WITH c AS MATERIALIZED (
     SELECT c.id, c.paused, c.notify_interval, d.consumer_id IS NULL AS fresh, d.armed, d.mark, d.next_ring_at,
            (SELECT j.id FROM jobs_job j WHERE j.consumer_id = c.id AND j.status = {QUEUED}
-                AND j.next_attempt_at <= now() ORDER BY j.priority DESC, j.id LIMIT 1) IS NOT NULL AS ready
+                AND j.next_attempt_at <= now() AND (j.expires_at IS NULL OR j.expires_at > now())  -- expiry
+              ORDER BY j.priority DESC, j.id LIMIT 1) IS NOT NULL AS ready
       FROM consumers_consumer c LEFT JOIN consumers_doorbellstate d ON d.consumer_id = c.id
      WHERE c.type = 'pull' AND c.callback_url <> ''
        AND (%(ids)s::bigint[] IS NULL OR c.id = ANY(%(ids)s::bigint[]))

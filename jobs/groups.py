@@ -180,7 +180,8 @@ SELECT id, pin_id, priority, min_pending, min_ack_pending, batch, max_bytes, inc
 # Is a job due? The claim's own first step (job_claim, in claim order, first due job): an EXISTS
 # was planned as a scan of the whole table when the statistics were those of a smaller one.
 _DUE_SQL = (f"SELECT (SELECT id FROM jobs_job WHERE consumer_id = %s AND status = {QUEUED} "
-            "AND next_attempt_at <= now() ORDER BY priority DESC, id LIMIT 1) IS NOT NULL")
+            "AND next_attempt_at <= now() AND (expires_at IS NULL OR expires_at > now())  "  # expiry
+            "ORDER BY priority DESC, id LIMIT 1) IS NOT NULL")
 
 
 @dataclass
@@ -312,7 +313,7 @@ RETURNING id
 _JOBS_SQL = """
 SELECT j.id, j.priority, j.retry_count, j.incremental_timeout, j.deadline,
        m.message_id, COALESCE(j.payload, m.payload), m.content_type, m.headers,
-       (SELECT pt.key FROM jobs_partition pt WHERE pt.id = j.partition_id), j.gate  -- partitions
+       (SELECT pt.key FROM jobs_partition pt WHERE pt.id = j.partition_id), j.gate, m.type  -- partitions, type
   FROM jobs_job j JOIN broker_message m ON m.id = j.message_id
  WHERE j.id = ANY(%s::bigint[]) AND j.status = %s
  ORDER BY j.priority DESC, j.id

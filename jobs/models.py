@@ -41,6 +41,8 @@ class Job(models.Model):
                                   related_name="+", db_constraint=False, db_index=False)
     gate = models.IntegerField(default=0, db_default=0)
     payload = models.BinaryField(null=True, blank=True)
+    # Expiry: the message's expires_at, copied at fan-out so claims test it on the job row.
+    expires_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -60,6 +62,9 @@ class Job(models.Model):
             # Partition settle / counts / ordered claims: per-gate status counts of one partition.
             models.Index(fields=["partition", "gate", "status"], name="job_partition_gate",
                          condition=models.Q(partition__isnull=False)),
+            # Expiry sweep (jobs.expiry): QUEUED jobs with an expiry, by expiry.
+            models.Index(fields=["expires_at"], name="job_queued_expiry",
+                         condition=models.Q(status=JobStatus.QUEUED, expires_at__isnull=False)),
         ]
 
     def __str__(self) -> str:

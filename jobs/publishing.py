@@ -122,6 +122,8 @@ class NewMessage:
     headers: dict = field(default_factory=dict)
     partition_key: str | None = None  # jobs.partitions: X-Broker-Partition-Key
     gate: int = 0  # X-Broker-Gate
+    type: str | None = None  # filters: X-Broker-Message-Type (broker.message_types)
+    ttl: int | None = None  # expiry: X-Broker-Message-TTL seconds (None: the channel's messageTTL)
 
 
 PARTITION_KEY_MAX = 255
@@ -157,16 +159,22 @@ def partition_parse(key: str | None, raw_gate: str | None) -> tuple[str | None, 
     return key, gate
 
 
+# Expiry: now + the message's TTL, else the channel's messageTTL (its row by primary key), else never.
+_EXPIRES = ("now() + COALESCE({ttl}, (SELECT message_ttl FROM broker_channel WHERE id = %(channel)s::bigint))"
+            " * interval '1 second'")
+
 _INSERT_MANY_SQL = f"""
 WITH m AS (
     INSERT INTO broker_message (channel_id, message_id, producer_id, payload, content_type, priority,
-                                headers, status, received_at, dispatched_at)
-    SELECT %(channel)s::bigint, t.mid, %(producer)s::bigint, t.payload, t.ctype, t.prio, t.headers, {DISPATCHED}, now(), now()
+                                headers, status, received_at, dispatched_at, type, expires_at)
+    SELECT %(channel)s::bigint, t.mid, %(producer)s::bigint, t.payload, t.ctype, t.prio, t.headers, {DISPATCHED}, now(), now(),
+           t.type, {_EXPIRES.format(ttl="t.ttl")}
       FROM unnest(%(mids)s::text[], %(payloads)s::bytea[], %(ctypes)s::text[], %(prios)s::int[],
-                  %(headers)s::jsonb[]) WITH ORDINALITY AS t(mid, payload, ctype, prio, headers, ord)
+                  %(headers)s::jsonb[], %(types)s::text[], %(ttls)s::int[])
+           WITH ORDINALITY AS t(mid, payload, ctype, prio, headers, type, ttl, ord)
      ORDER BY t.ord
     ON CONFLICT (channel_id, message_id) DO NOTHING
-    RETURNING id, message_id, priority, channel_id
+    RETURNING id, message_id, priority, channel_id, type, expires_at
 ), {state.jobs_fanout_sql("m")}
 SELECT m.message_id, (SELECT count(*) FROM jobs_notified) FROM m
 """
@@ -174,11 +182,12 @@ SELECT m.message_id, (SELECT count(*) FROM jobs_notified) FROM m
 _INSERT_ONE_SQL = f"""
 WITH m AS (
     INSERT INTO broker_message (channel_id, message_id, producer_id, payload, content_type, priority,
-                                headers, status, received_at, dispatched_at)
+                                headers, status, received_at, dispatched_at, type, expires_at)
     VALUES (%(channel)s::bigint, %(mid)s::text, %(producer)s::bigint, %(payload)s::bytea, %(ctype)s::text,
-            %(prio)s::int, %(headers)s::jsonb, {DISPATCHED}, now(), now())
+            %(prio)s::int, %(headers)s::jsonb, {DISPATCHED}, now(), now(),
+            %(type)s::text, {_EXPIRES.format(ttl="%(ttl)s::int")})
     ON CONFLICT (channel_id, message_id) DO NOTHING
-    RETURNING id, message_id, priority, channel_id
+    RETURNING id, message_id, priority, channel_id, type, expires_at
 ), {state.jobs_fanout_sql("m")}
 SELECT m.message_id, (SELECT count(*) FROM jobs_notified) FROM m
 """
@@ -187,15 +196,17 @@ SELECT m.message_id, (SELECT count(*) FROM jobs_notified) FROM m
 _INSERT_PARTITIONED_SQL = f"""
 WITH m AS (
     INSERT INTO broker_message (channel_id, message_id, producer_id, payload, content_type, priority,
-                                headers, status, received_at, dispatched_at)
-    SELECT %(channel)s::bigint, t.mid, %(producer)s::bigint, t.payload, t.ctype, t.prio, t.headers, {DISPATCHED}, now(), now()
+                                headers, status, received_at, dispatched_at, type, expires_at)
+    SELECT %(channel)s::bigint, t.mid, %(producer)s::bigint, t.payload, t.ctype, t.prio, t.headers, {DISPATCHED}, now(), now(),
+           t.type, {_EXPIRES.format(ttl="t.ttl")}
       FROM unnest(%(mids)s::text[], %(payloads)s::bytea[], %(ctypes)s::text[], %(prios)s::int[],
-                  %(headers)s::jsonb[]) WITH ORDINALITY AS t(mid, payload, ctype, prio, headers, ord)
+                  %(headers)s::jsonb[], %(types)s::text[], %(ttls)s::int[])
+           WITH ORDINALITY AS t(mid, payload, ctype, prio, headers, type, ttl, ord)
      ORDER BY t.ord
     ON CONFLICT (channel_id, message_id) DO NOTHING
-    RETURNING id, message_id, priority, channel_id
+    RETURNING id, message_id, priority, channel_id, type, expires_at
 ), src AS (
-    SELECT DISTINCT ON (m.id) m.id, m.priority, m.channel_id, k.pkey, k.gate
+    SELECT DISTINCT ON (m.id) m.id, m.priority, m.channel_id, m.type, m.expires_at, k.pkey, k.gate
       FROM m JOIN unnest(%(mids)s::text[], %(pkeys)s::text[], %(gates)s::int[]) WITH ORDINALITY
                   AS k(mid, pkey, gate, ord) ON k.mid = m.message_id
      ORDER BY m.id, k.ord
@@ -224,6 +235,7 @@ def _publish_partitioned(ctx: PublishContext, messages: list[NewMessage], ids: l
             "channel": ctx.channel_pk, "producer": ctx.producer_pk, "mids": ids,
             "payloads": [m.payload for m in messages], "ctypes": [m.content_type for m in messages],
             "prios": [m.priority for m in messages], "headers": [Jsonb(m.headers or {}) for m in messages],
+            "types": [m.type for m in messages], "ttls": [m.ttl for m in messages],
             "pkeys": [m.partition_key for m in messages], "gates": [int(m.gate) for m in messages],
         })
         for pk in settle:
@@ -250,6 +262,7 @@ def messages_publish(*, ctx: PublishContext, messages: list[NewMessage]) -> list
         rows = state.prepared_fetchall(_INSERT_ONE_SQL, {
             "channel": ctx.channel_pk, "producer": ctx.producer_pk, "mid": ids[0], "payload": m.payload,
             "ctype": m.content_type, "prio": m.priority, "headers": Jsonb(m.headers or {}),
+            "type": m.type, "ttl": m.ttl,
         })
     else:
         rows = state.prepared_fetchall(_INSERT_MANY_SQL, {
@@ -260,6 +273,8 @@ def messages_publish(*, ctx: PublishContext, messages: list[NewMessage]) -> list
             "ctypes": [m.content_type for m in messages],
             "prios": [m.priority for m in messages],
             "headers": [Jsonb(m.headers or {}) for m in messages],
+            "types": [m.type for m in messages],
+            "ttls": [m.ttl for m in messages],
         })
     created = {r[0] for r in rows}
     result = []

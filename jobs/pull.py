@@ -25,6 +25,7 @@ from broker.errors import (
 from broker.tokens import tokens_equal
 from broker.xid import job_xid
 from jobs import state
+from jobs.expiry import job_expired_status
 from jobs.state import DEAD, DELIVERED, INFLIGHT, QUEUED
 from jobs.wakeup import wakeups
 
@@ -158,6 +159,8 @@ def claimed_repr(job: state.ClaimedJob) -> dict:
         "Deadline": rfc3339(job.deadline),
         "Message": message_repr(job.message_id, job.payload, job.content_type, job.headers),
     }
+    if job.message_type is not None:  # filters: the message's X-Broker-Message-Type
+        body["Type"] = job.message_type
     if job.partition_key is not None:  # jobs.partitions: ack with NextState QUEUED + a higher Gate to move on
         body["PartitionKey"] = job.partition_key
         body["Gate"] = job.gate
@@ -199,11 +202,12 @@ def limit_parse(raw: str | None) -> int:
 # turned into a join: a generic plan guesses an unknown LIMIT at 10% of the backlog and hash-joined
 # the whole message table, 600 ms at a 1M backlog)
 _QUEUED_SQL = """
-SELECT j.id, j.priority, j.incremental_timeout, m.message_id, m.payload, m.content_type, m.headers
+SELECT j.id, j.priority, j.incremental_timeout, m.message_id, m.payload, m.content_type, m.headers, m.type
   FROM (SELECT id, priority, incremental_timeout, message_id FROM jobs_job
          WHERE consumer_id = %(consumer)s AND status = %(queued)s AND next_attempt_at <= now()
+           AND (expires_at IS NULL OR expires_at > now())  -- expiry: never listed once expired
          ORDER BY priority DESC, id LIMIT %(limit)s) j
-  CROSS JOIN LATERAL (SELECT message_id, payload, content_type, headers FROM broker_message
+  CROSS JOIN LATERAL (SELECT message_id, payload, content_type, headers, type FROM broker_message
                        WHERE id = j.message_id LIMIT 1) m
  ORDER BY j.priority DESC, j.id
 """
@@ -219,8 +223,11 @@ def queued_jobs_list(*, ctx: PullContext, limit: int) -> list[dict]:
     rows = state.prepared_fetchall(_QUEUED_SQL, {"consumer": ctx.consumer_pk, "queued": QUEUED, "limit": limit})
     result = []
     for r in rows:
-        result.append({"ID": job_xid(r[0]), "Priority": r[1], "IncrementalTimeout": seconds_repr(r[2]),
-                       "Message": message_repr(r[3], bytes(r[4]), r[5], r[6])})
+        item = {"ID": job_xid(r[0]), "Priority": r[1], "IncrementalTimeout": seconds_repr(r[2]),
+                "Message": message_repr(r[3], bytes(r[4]), r[5], r[6])}
+        if r[7] is not None:  # filters: the message's type
+            item["Type"] = r[7]
+        result.append(item)
     return result
 
 
@@ -264,6 +271,8 @@ def job_transition(*, channel_id: str, consumer_id: str, job_id: str, channel_to
         raise InvalidInput("group_missing", "Bad Request - Priority Group missing: claim jobs of a consumer "
                                                  "with a priority policy through .../pull with a group")
     current = ctx.job[1]
+    if target == INFLIGHT and current in from_states and job_expired_status(job_pk=ctx.job[0]) is not None:
+        raise Conflict("message_expired", "the job's message has expired: it is never handed out")
     if incremental_timeout is not None and (target != INFLIGHT or current == INFLIGHT):
         raise InvalidInput("timeout_invalid_state", "timeout provided with invalid state")
     if current == target:
@@ -318,8 +327,11 @@ def job_detail(*, ctx: PullContext) -> dict:
 
 
 def job_requeue_dead(*, ctx: PullContext) -> None:
-    """DEAD -> QUEUED with the retry count reset; a job that is not DEAD is a 400."""
+    """DEAD -> QUEUED with the retry count reset; a job that is not DEAD is a 400, one whose
+    message expired a 409 ``message_expired``."""
     if state.jobs_requeue_dead(consumer_pk=ctx.consumer_pk, job_ids=[ctx.job[0]], reason="requeue-dead-job") != 1:
+        if job_expired_status(job_pk=ctx.job[0]) == DEAD:
+            raise Conflict("message_expired", "the job's message has expired: it cannot be delivered any more")
         raise InvalidInput("job_not_dead", "job could not be found in DEAD state")
 
 
@@ -427,11 +439,12 @@ _NEXT_PROBES = f"""
        EXTRACT(EPOCH FROM LEAST(
            (SELECT f.next_attempt_at FROM jobs_job f
              WHERE f.consumer_id = %(consumer)s AND f.status = {QUEUED} AND f.retry_count = 0
-               AND f.partition_id IS NULL
+               AND f.partition_id IS NULL AND (f.expires_at IS NULL OR f.expires_at > now())
              ORDER BY f.priority DESC, f.id LIMIT 1),
            (SELECT min(r.next_attempt_at) FROM jobs_job r
              WHERE r.consumer_id = %(consumer)s AND r.status = {QUEUED} AND r.retry_count > 0
-               AND (r.partition_id IS NULL OR r.next_attempt_at > now()))) - now()),
+               AND (r.partition_id IS NULL OR r.next_attempt_at > now())
+               AND (r.expires_at IS NULL OR r.expires_at > now()))) - now()),
        EXTRACT(EPOCH FROM (SELECT min(i.deadline) FROM jobs_job i
                             WHERE i.consumer_id = %(consumer)s AND i.status = {INFLIGHT}) - now())"""
 

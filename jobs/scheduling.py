@@ -53,9 +53,9 @@ WITH chk AS (
            EXISTS (SELECT 1 FROM broker_message WHERE channel_id = %(channel)s AND message_id = %(mid)s) AS taken
 ), ins AS (
     INSERT INTO broker_scheduledmessage (channel_id, message_id, producer_id, payload, content_type, priority,
-                                         headers, status, dispatch_at, created_at, error)
+                                         headers, status, dispatch_at, created_at, error, type, ttl)
     SELECT %(channel)s, %(mid)s, %(producer)s, %(payload)s, %(ctype)s, %(prio)s, %(headers)s, %(scheduled)s,
-           %(at)s, now(), ''
+           %(at)s, now(), '', %(type)s, %(ttl)s
       FROM chk WHERE in_time AND NOT taken
     ON CONFLICT (channel_id, message_id) DO NOTHING
     RETURNING id
@@ -77,6 +77,7 @@ def scheduled_message_create(*, ctx: publishing.PublishContext, message: publish
             "at": dispatch_at, "min_delay": float(settings.BROKER_MIN_SCHEDULE_DELAY), "channel": ctx.channel_pk,
             "mid": mid, "producer": ctx.producer_pk, "payload": message.payload, "ctype": message.content_type,
             "prio": message.priority, "headers": Jsonb(message.headers or {}), "scheduled": SCHEDULED,
+            "type": message.type, "ttl": message.ttl,
         })
         in_time, taken, created = cur.fetchone()
     if not in_time:
@@ -89,7 +90,7 @@ def scheduled_message_create(*, ctx: publishing.PublishContext, message: publish
 
 _DUE_SQL = """
 SELECT s.id, s.channel_id, ch.channel_id, s.producer_id, p.producer_id, s.message_id, s.payload,
-       s.content_type, s.priority, s.headers
+       s.content_type, s.priority, s.headers, s.type, s.ttl
   FROM broker_scheduledmessage s
   JOIN broker_channel ch ON ch.id = s.channel_id
   JOIN broker_producer p ON p.id = s.producer_id
@@ -131,7 +132,8 @@ def scheduled_dispatch_due(*, limit: int = 100) -> int:
             ctx = publishing.PublishContext(channel_pk=channel_pk, channel_id=channel_id,
                                             producer_pk=producer_pk, producer_id=producer_id)
             messages = [publishing.NewMessage(payload=bytes(r[6]), content_type=r[7], priority=r[8],
-                                              message_id=r[5], headers=_json(r[9])) for r in items]
+                                              message_id=r[5], headers=_json(r[9]), type=r[10], ttl=r[11])
+                        for r in items]
             results = publishing.messages_publish(ctx=ctx, messages=messages)
             for row, (_, created) in zip(items, results):
                 ids.append(row[0])

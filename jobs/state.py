@@ -42,6 +42,7 @@ ALLOWED = {
     (INFLIGHT, QUEUED),
     (DEAD, INFLIGHT),
     (DEAD, QUEUED),
+    (QUEUED, DEAD),  # an operator gives up, or the message expired (jobs.expiry)
 }
 
 
@@ -124,12 +125,24 @@ def max_retry_for(consumer_max_retry: int | None) -> int:
 
 # --- creation ------------------------------------------------------------------------------------
 
+# Filters (broker.message_types): a consumer gets the job when it has no patterns, a ``*``, an equal
+# type, or a ``p.*`` whose prefix is the type or starts it (``p.``). starts_with and equality, never
+# LIKE: types may contain ``_``. Unfiltered consumers pay one IS NULL test per row.
+_TYPE_FILTER = """(c.message_types IS NULL OR cardinality(c.message_types) = 0 OR EXISTS (
+               SELECT 1 FROM unnest(c.message_types) p
+                WHERE p = '*' OR CASE WHEN right(p, 2) = '.*'
+                                      THEN src.type = left(p, -2) OR starts_with(src.type, left(p, -1))
+                                      ELSE src.type = p END))"""
+
+
 def jobs_fanout_sql(source: str, *, partitioned: bool = False) -> str:
     """SQL for two CTEs that create one QUEUED job per (message in CTE ``source``, consumer of
-    its channel) and NOTIFY the consumers' waiters. ``source`` must expose ``id``, ``priority``
-    and ``channel_id``. Publishing composes this into its insert statement so a publish is one
-    round trip and one implicit transaction: the message and its jobs exist together or not at all,
-    and the NOTIFY is delivered on commit, when the rows are visible.
+    its channel whose type patterns match the message's type) and NOTIFY the consumers' waiters.
+    ``source`` must expose ``id``, ``priority``, ``channel_id``, ``type`` and ``expires_at`` (copied
+    onto each job, so claims filter expired jobs without a join). Publishing composes this into its
+    insert statement so a publish is one round trip and one implicit transaction: the message and
+    its jobs exist together or not at all, and the NOTIFY is delivered on commit, when the rows are
+    visible.
 
     ``partitioned``: ``source`` also exposes ``pkey`` (text or NULL) and ``gate``, and each job
     joins its consumer's partition of the key (created by ``jobs.partitions.partitions_for_publish``
@@ -143,9 +156,10 @@ def jobs_fanout_sql(source: str, *, partitioned: bool = False) -> str:
     return f"""
     jobs_created AS (
         INSERT INTO jobs_job (message_id, consumer_id, channel_id, status, priority, retry_count,
-                              next_attempt_at, incremental_timeout, status_changed_at, created_at{columns})
-        SELECT src.id, c.id, c.channel_id, {QUEUED}, src.priority, 0, now(), 0, now(), now(){values}
+                              next_attempt_at, incremental_timeout, status_changed_at, created_at, expires_at{columns})
+        SELECT src.id, c.id, c.channel_id, {QUEUED}, src.priority, 0, now(), 0, now(), now(), src.expires_at{values}
           FROM {source} src JOIN consumers_consumer c ON c.channel_id = src.channel_id{join}
+         WHERE {_TYPE_FILTER}
          ORDER BY src.id, c.id  -- job ids follow message order: pulls are "oldest first" by job id
         RETURNING consumer_id
     ), jobs_notified AS (
@@ -328,7 +342,7 @@ u AS (
 SELECT u.id, u.priority, u.retry_count, u.incremental_timeout, u.deadline,
        m.message_id, COALESCE(u.payload, m.payload), m.content_type, m.headers,
        CASE WHEN u.partition_id IS NOT NULL
-            THEN (SELECT pt.key FROM jobs_partition pt WHERE pt.id = u.partition_id) END, u.gate
+            THEN (SELECT pt.key FROM jobs_partition pt WHERE pt.id = u.partition_id) END, u.gate, m.type
   FROM u JOIN broker_message m ON m.id = u.message_id
  ORDER BY u.priority DESC, u.id
 """
@@ -339,6 +353,7 @@ _CLAIM_SQL = """
 WITH picked AS (
     SELECT j.id FROM jobs_job j
      WHERE j.consumer_id = %(consumer)s AND j.status = %(queued)s AND j.next_attempt_at <= now()
+       AND (j.expires_at IS NULL OR j.expires_at > now())  -- expiry: never hand out an expired message
        AND {GATE}
      ORDER BY j.priority DESC, j.id
      LIMIT ({ROOM})
@@ -366,15 +381,17 @@ class ClaimedJob:
     headers: dict
     partition_key: str | None = None
     gate: int = 0
+    message_type: str | None = None  # filters: the message's X-Broker-Message-Type
 
 
 def claimed_jobs(rows) -> list[ClaimedJob]:
     """Rows shaped like ``_CLAIM_TAIL``'s result (id, priority, retry_count, incremental_timeout,
-    deadline, message_id, payload, content_type, headers[, partition key, gate]) as ClaimedJob objects."""
+    deadline, message_id, payload, content_type, headers[, partition key, gate[, type]]) as ClaimedJob objects."""
     return [
         ClaimedJob(id=r[0], priority=r[1], retry_count=r[2], incremental_timeout=r[3], deadline=r[4],
                    message_id=r[5], payload=bytes(r[6]), content_type=r[7], headers=_headers(r[8]),
-                   partition_key=r[9] if len(r) > 9 else None, gate=r[10] if len(r) > 10 and r[10] else 0)
+                   partition_key=r[9] if len(r) > 9 else None, gate=r[10] if len(r) > 10 and r[10] else 0,
+                   message_type=r[11] if len(r) > 11 else None)
         for r in rows
     ]
 
@@ -480,6 +497,7 @@ WITH c AS (
     SELECT id FROM jobs_job
      WHERE {WHERE}
        AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+       AND (expires_at IS NULL OR expires_at > now())  -- expiry: an expired message stays dead
      {ORDER} LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
 ), u AS (
@@ -659,6 +677,7 @@ _CLAIM_BYTES_SQL = """
 WITH c AS (
     SELECT j.id, j.priority, j.message_id, j.payload FROM jobs_job j
      WHERE j.consumer_id = %(consumer)s AND j.status = %(queued)s AND j.next_attempt_at <= now()
+       AND (j.expires_at IS NULL OR j.expires_at > now())  -- expiry: never hand out an expired message
        AND {GATE}
      ORDER BY j.priority DESC, j.id
      LIMIT ({ROOM})
@@ -789,11 +808,13 @@ WITH k AS MATERIALIZED (
               (SELECT j.id, j.priority FROM jobs_job j
                 WHERE j.consumer_id = r.id AND j.status = {QUEUED} AND j.retry_count = 0
                   AND j.next_attempt_at <= now() AND {GATE}
+                  AND (j.expires_at IS NULL OR j.expires_at > now())  -- expiry
                 ORDER BY j.priority DESC, j.id LIMIT r.room)
               UNION ALL
               (SELECT j.id, j.priority FROM jobs_job j
                 WHERE j.consumer_id = r.id AND j.status = {QUEUED} AND j.retry_count > 0
                   AND j.next_attempt_at <= now() AND {GATE}
+                  AND (j.expires_at IS NULL OR j.expires_at > now())  -- expiry
                 ORDER BY j.next_attempt_at LIMIT r.room)
           ) y ORDER BY y.priority DESC, y.id LIMIT r.room
       ) x
@@ -826,7 +847,7 @@ WITH k AS MATERIALIZED (
 SELECT u.id, u.consumer_id, u.priority, u.retry_count, m.message_id, COALESCE(u.payload, m.payload),
        m.content_type, m.headers, r.updated_at,
        CASE WHEN u.partition_id IS NOT NULL
-            THEN (SELECT pt.key FROM jobs_partition pt WHERE pt.id = u.partition_id) END, u.gate
+            THEN (SELECT pt.key FROM jobs_partition pt WHERE pt.id = u.partition_id) END, u.gate, m.type
   FROM u JOIN broker_message m ON m.id = u.message_id JOIN r ON r.id = u.consumer_id
  ORDER BY u.priority DESC, u.id
 """.replace("{GATE}", partition_gate_sql(
@@ -849,6 +870,7 @@ class PushJob:
     consumer_updated_at: object
     partition_key: str | None = None
     gate: int = 0
+    message_type: str | None = None  # filters: sent as X-Broker-Message-Type
 
 
 def _headers_dict(value) -> dict:
@@ -892,7 +914,7 @@ def jobs_claim_push(*, limit: int, reason: str = "push", worker: str = "") -> li
     return [
         PushJob(id=r[0], consumer_pk=r[1], priority=r[2], retry_count=r[3], message_id=r[4],
                 payload=bytes(r[5]), content_type=r[6], consumer_updated_at=r[8],
-                partition_key=r[9], gate=r[10] or 0,
+                partition_key=r[9], gate=r[10] or 0, message_type=r[11],
                 # Django's psycopg setup leaves jsonb undecoded (JSONField decodes it)
                 headers=_headers_dict(json.loads(r[7]) if isinstance(r[7], str) else r[7]))
         for r in rows
@@ -920,6 +942,7 @@ WITH a AS (
       FROM a
      WHERE j.id = a.j_id AND j.consumer_id = a.c_pk AND a.c_type = 'pull'
        AND j.status = a.j_status AND a.j_status = ANY(%(from_s)s::smallint[])
+       AND (%(to_s)s <> %(inflight)s OR j.expires_at IS NULL OR j.expires_at > now())  -- expiry
        AND md5(a.ch_token) = md5(%(ch_token)s) AND md5(a.c_token) = md5(%(c_token)s)
     RETURNING j.id, j.status, j.retry_count, j.partition_id
 ), h AS (

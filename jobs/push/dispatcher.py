@@ -38,6 +38,7 @@ from django.db import connection, transaction
 
 from broker.xid import job_xid
 from jobs import partitions, state
+from jobs.expiry import jobs_expire_messages
 from jobs.push import delivery
 from jobs.push.delivery import Result, Target
 from jobs.push.http import Client as HttpClient
@@ -488,7 +489,8 @@ class Engine:
     def _sweep(self) -> None:
         from jobs.scheduling import scheduled_dispatch_due
 
-        for name, fn in (("timeout sweep", state.jobs_expire_inflight), ("scheduled messages", scheduled_dispatch_due),
+        for name, fn in (("timeout sweep", state.jobs_expire_inflight), ("expiry sweep", jobs_expire_messages),
+                         ("scheduled messages", scheduled_dispatch_due),
                          ("partition settle", partitions.partitions_settle_stale)):
             try:
                 fn()

@@ -163,3 +163,22 @@ def test_consumer_page_links_to_its_jobs(admin_client, broker):
     html = admin_client.get(f"{URL}{consumer_pk('c1')}/change/").content.decode()
     links = re.findall(r'href="(/admin/jobs/job/\?[^"]+)"', html)
     assert any("status__exact=1004" in link for link in links)
+
+
+def test_message_types_field_edits_the_filters(admin_client, broker, api):
+    """Filters (issue 17): the "Message types" field shows and takes the patterns as the API does."""
+    consumer = Consumer.objects.get(consumer_id="c1")
+    r = admin_client.get(f"{URL}{consumer.pk}/change/")
+    assert r.context["adminform"].form.initial["message_types"] == ""
+    r = admin_client.post(f"{URL}{consumer.pk}/change/", form_data(r, message_types="order.*, invoice.paid"),
+                          follow=True)
+    assert r.status_code == 200
+    consumer.refresh_from_db()
+    assert consumer.message_types == ["order.*", "invoice.paid"]
+    assert api.get("/channel/ch1/consumer/c1").json()["MessageTypes"] == "order.*,invoice.paid"
+    r = admin_client.get(f"{URL}{consumer.pk}/change/")
+    assert r.context["adminform"].form.initial["message_types"] == "order.*,invoice.paid"
+    r = admin_client.post(f"{URL}{consumer.pk}/change/", form_data(r, message_types="order**"))
+    assert "message_types" in r.context["adminform"].form.errors
+    consumer.refresh_from_db()
+    assert consumer.message_types == ["order.*", "invoice.paid"]

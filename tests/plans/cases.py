@@ -64,9 +64,13 @@ def _moves(w, ids, from_s, to_s):
 
 
 def _dlq_list(w):
-    from jobs.models import Job, JobStatus
+    from django.db.models import OuterRef, Subquery
 
-    qs = Job.objects.filter(consumer_id=w.pull, status=JobStatus.DEAD).select_related("message").order_by("-pk")[:26]
+    from jobs.models import Job, JobStatus, JobTransition
+
+    reason = JobTransition.objects.filter(job_id=OuterRef("pk"), to_status=JobStatus.DEAD).order_by("-id")
+    qs = Job.objects.filter(consumer_id=w.pull, status=JobStatus.DEAD).select_related("message").annotate(
+        dead_reason=Subquery(reason.values("reason")[:1])).order_by("-pk")[:26]  # web.api.dlq: with Reason
     return qs.query.sql_with_params()
 
 
@@ -126,6 +130,9 @@ CASES: list[Case] = [
          run="plain"),
     Case("jobs.state._EXPIRE_CONSUMER_SQL", "job_inflight_consumer",
          lambda w: {"max_retry": 5, "limit": 5000, "consumer": w.pull}, run="plain"),
+    # expiry: QUEUED rows with an expiry only, by expiry: O(expired jobs), whatever the backlog
+    Case("jobs.expiry._EXPIRE_MESSAGES_SQL", "job_queued_expiry", lambda w: {"limit": 5000}, run="plain"),
+    Case("jobs.expiry._EXPIRED_STATUS_SQL", "jobs_job_pkey", lambda w: [w.dead_job], run="plain"),
     Case("jobs.partitions._STALE_SQL", "job_partition_gate", lambda w: [100], run="plain"),
     Case("jobs.partitions._COUNTS_SQL", "job_partition_gate", lambda w: [w.partition, 0], run="plain",
          sorts="groups the jobs of one partition"),
@@ -149,10 +156,11 @@ CASES: list[Case] = [
     # --- fan-out --------------------------------------------------------------------------------
     Case("jobs.publishing._INSERT_MANY_SQL", "message_unique_per_channel",
          lambda w: {"channel": w.channel, "producer": w.producer, "mids": ["x1", "x2"], "payloads": [b"a", b"b"],
-                    "ctypes": ["text/plain"] * 2, "prios": [0, 0], "headers": ["{}", "{}"]}),
+                    "ctypes": ["text/plain"] * 2, "prios": [0, 0], "headers": ["{}", "{}"],
+                    "types": ["order.created", None], "ttls": [60, None]}),
     Case("jobs.publishing._INSERT_ONE_SQL", "message_unique_per_channel",
          lambda w: {"channel": w.channel, "producer": w.producer, "mid": "x1", "payload": b"a",
-                    "ctype": "text/plain", "prio": 0, "headers": "{}"}),
+                    "ctype": "text/plain", "prio": 0, "headers": "{}", "type": "order.created", "ttl": 60}),
     Case("jobs.publishing._AUTH_SQL", "counter_key", lambda w: {"producer": "plans", "channel": "plans"}),
     # --- doorbell and ready / next-due probes ---------------------------------------------------
     Case("jobs.doorbell._RING_SQL", ("job_claim", "job_consumer_status"), lambda w: {"ids": None}, run="plain"),

@@ -25,6 +25,7 @@ from django.utils.text import Truncator
 
 from broker.counters import JOB, REDELIVERED
 from broker.errors import DomainError, InvalidInput, PreconditionFailed
+from broker.message_types import message_types_parse, message_types_text
 from broker.registry import Precondition
 from consumers import services
 from consumers.models import Advisory, Consumer
@@ -63,12 +64,16 @@ class ConsumerForm(forms.ModelForm):
     notify_interval = forms.FloatField(
         required=False, help_text="Doorbell (pull consumers with a callback URL): at most one ring per this many "
                                   "seconds (empty: 1).")
+    message_types = forms.CharField(
+        required=False, label="Message types", max_length=10000,
+        help_text="Filters: comma-separated type patterns (order.created, order.* for order and anything under "
+                  "it, * for all). Empty: every message.")
 
     class Meta:
         model = Consumer
         fields = ("channel", "consumer_id", "name", "type", "callback_url", "max_in_flight",
                   "max_deliveries_per_second", "connection_timeout", "max_retry", "retry_backoff",
-                  "max_ack_pending", "max_queued", "notify_interval")
+                  "max_ack_pending", "max_queued", "notify_interval", "message_types")
         help_texts = {
             "max_deliveries_per_second": "Empty: no rate limit.",
             "connection_timeout": f"Seconds. Empty: the broker default ({settings.BROKER_CONNECTION_TIMEOUT:g}).",
@@ -84,6 +89,14 @@ class ConsumerForm(forms.ModelForm):
             self.fields["name"].required = False
         if "consumer_id" in self.fields:
             self.fields["consumer_id"].validators.append(url_id_validator)
+        if "message_types" in self.fields:  # shown as the API takes it: comma-separated
+            self.initial["message_types"] = message_types_text(self.instance.message_types)
+
+    def clean_message_types(self):
+        try:
+            return message_types_parse(self.cleaned_data.get("message_types") or "") or None
+        except DomainError as exc:
+            raise forms.ValidationError(exc.detail) from None
 
     def clean(self):
         data = super().clean()
@@ -131,7 +144,8 @@ class ConsumerAdmin(ServiceFormAdmin):
     def get_fieldsets(self, request, obj=None):
         identity = ("channel", "consumer_id", "name", "type")
         delivery = ("callback_url", "max_in_flight", "max_deliveries_per_second", "connection_timeout",
-                    "max_retry", "retry_backoff", "max_ack_pending", "max_queued", "notify_interval")
+                    "max_retry", "retry_backoff", "max_ack_pending", "max_queued", "notify_interval",
+                    "message_types")
         if obj is None:
             return ((None, {"fields": (*identity, "new_token")}), ("Delivery", {"fields": delivery}))
         return (
@@ -253,7 +267,8 @@ class ConsumerAdmin(ServiceFormAdmin):
         data = form.cleaned_data
         fields = {name: data.get(name) for name in ("max_in_flight", "max_deliveries_per_second",
                                                     "connection_timeout", "max_retry", "retry_backoff",
-                                                    "max_ack_pending", "max_queued", "notify_interval")}
+                                                    "max_ack_pending", "max_queued", "notify_interval",
+                                                    "message_types")}
         if fields["max_ack_pending"] is None:
             fields["max_ack_pending"] = 1000
         if fields["notify_interval"] is None:

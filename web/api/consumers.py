@@ -8,6 +8,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from broker.errors import Forbidden, InvalidInput, NotFound, Unauthenticated
+from broker.message_types import message_types_parse, message_types_text
 from broker.registry import Precondition
 from broker.tokens import tokens_equal
 from consumers import services
@@ -60,6 +61,7 @@ def consumer_repr(consumer: Consumer, *, show_secret: bool) -> dict:
         "PriorityPolicy": consumer.priority_policy,
         "PriorityTimeout": consumer.priority_timeout,
         "PriorityGroups": groups.groups_state(target=groups.target_for(consumer)),
+        "MessageTypes": message_types_text(consumer.message_types),  # filters: as the PUT takes them
     }
     if show_secret:
         body["SigningSecret"] = consumer.signing_secret
@@ -138,6 +140,9 @@ def consumer_settings_parse(request) -> dict:
     raw = form_value(request, "signingSecret")
     if raw is not None and raw.strip():
         fields["signing_secret"] = services.signing_secret_validate(raw.strip())
+    patterns = message_types_parse(form_value(request, "messageTypes"))  # filters; absent: unchanged
+    if patterns is not None:
+        fields["message_types"] = patterns or None  # empty: every message
     return fields
 
 
@@ -199,7 +204,8 @@ class ConsumerView(APIView):
                     "per interval); pull consumers: "
                     "priorityPolicy (none|overflow|pinned_client|prioritized), priorityGroups (one group name), "
                     "priorityTimeout (seconds, pinned_client default 120; the only priority field that may "
-                    "change later).",
+                    "change later); messageTypes (comma-separated type patterns: a type, prefix.* for the prefix "
+                    "and anything under it, * for all; empty: all; GET shows them as MessageTypes).",
         parameters=[ADMIN_PARAM, PRECONDITION], request=OpenApiTypes.OBJECT,
         responses={200: OBJ, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 412: ERROR, 415: ERROR},
     )

@@ -10,6 +10,7 @@ import base64
 from urllib.parse import quote
 
 from django.conf import settings
+from django.db.models import OuterRef, Subquery
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.parsers import FormParser, MultiPartParser
@@ -24,7 +25,7 @@ from broker.xid import job_xid
 from consumers.models import Consumer
 from consumers.services import consumer_rotate_secret
 from jobs import scheduling, state
-from jobs.models import Job, JobStatus
+from jobs.models import Job, JobStatus, JobTransition
 from web.api.common import (
     ADMIN_PARAM, CHANNEL_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, channel_or_404, form_value, require_channel_reader,
 )
@@ -62,7 +63,11 @@ class DeadLetterQueueView(APIView):
         consumer = consumer_or_404(channel, consumer_id)
         require_consumer_or_admin(request, channel, consumer)
         base = f"/channel/{_q(channel_id)}/consumer/{_q(consumer_id)}"
-        dead = Job.objects.filter(consumer=consumer, status=JobStatus.DEAD).select_related("message")
+        dead = Job.objects.filter(consumer=consumer, status=JobStatus.DEAD).select_related("message").annotate(
+            # why it died: the reason of its last move to DEAD (push, ack, timeout, operator, expired, ...);
+            # evaluated for the page's rows only, each by jobs_jobtransition's job_id index
+            dead_reason=Subquery(JobTransition.objects.filter(job_id=OuterRef("pk"), to_status=JobStatus.DEAD)
+                                 .order_by("-id").values("reason")[:1]))
 
         def item(job: Job) -> dict:
             return {
@@ -75,6 +80,8 @@ class DeadLetterQueueView(APIView):
                 "MessageID": job.message.message_id,
                 "MessageURL": message_url(_q(channel_id), _q(job.message.message_id)),
                 "JobRequeueURL": f"{base}/job/{job_xid(job.pk)}/requeue-dead-job",
+                "Reason": job.dead_reason or "",
+                "ExpiresAt": rfc3339(job.expires_at) if job.expires_at else None,
             }
 
         page = paginate(request, dead, path=f"{base}/dlq", item=item)

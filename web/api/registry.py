@@ -8,6 +8,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from broker.errors import InvalidInput, NotFound
+from broker.message_types import ttl_parse
 from broker.models import Channel, Producer
 from broker.registry import Precondition, channel_upsert, producer_upsert
 from web.api.common import (
@@ -98,7 +99,8 @@ class ChannelView(APIView):
 
     @extend_schema(
         summary="Create or update a channel",
-        description="Form fields (or JSON): token, name. Update needs If-Unmodified-Since.",
+        description="Form fields (or JSON): token, name, messageTTL (seconds 1..31536000: default TTL of its "
+                    "messages; 'none' clears it). Update needs If-Unmodified-Since.",
         parameters=[ADMIN_PARAM, PRECONDITION], request=OpenApiTypes.OBJECT,
         responses={200: OBJ, 400: ERROR, 401: ERROR, 403: ERROR, 412: ERROR, 415: ERROR},
     )
@@ -107,5 +109,16 @@ class ChannelView(APIView):
         channel, _created = channel_upsert(
             channel_id=channel_id, name=form_value(request, "name"), token=form_value(request, "token"),
             precondition=Precondition(request.headers.get("If-Unmodified-Since")),
+            settings=channel_settings_parse(request),
         )
-        return with_last_modified(channel_repr(channel), channel)  # 200 on create too, as webhook-broker
+        return with_last_modified(channel_repr(channel), channel)
+
+
+def channel_settings_parse(request) -> dict:
+    """Expiry field of the channel PUT: messageTTL (seconds; 'none' clears it; absent: unchanged)."""
+    raw = form_value(request, "messageTTL")
+    if raw is None:
+        return {}
+    if isinstance(raw, str) and raw.strip().lower() in ("none", "null"):
+        return {"message_ttl": None}
+    return {"message_ttl": ttl_parse(raw, field="messageTTL")} if str(raw).strip() else {}  # 200 on create too, as webhook-broker
