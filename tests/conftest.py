@@ -83,3 +83,21 @@ def world(make):
     make.consumer("c1")
     make.consumer("c2", type="pull", token="c2-token", callback=None)
     return make
+
+
+# --- DB-free unit tests ---------------------------------------------------------------------------
+# Every test under a ``unit/`` folder is marked ``unit``: pure rules, no database. ``make unit`` runs
+# them with DATABASE_URL pointing at a closed port, so no PostgreSQL is started or reached; a unit
+# test that asks for a database fixture is refused at collection.
+DB_FIXTURES = {"db", "transactional_db", "django_db_reset_sequences", "django_db_serialized_rollback",
+               "live_server"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "unit" not in item.path.parent.parts:
+            continue
+        item.add_marker(pytest.mark.unit)
+        wanted = DB_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        if wanted or item.get_closest_marker("django_db"):
+            raise pytest.UsageError(f"{item.nodeid}: a unit test may not use the database ({sorted(wanted)})")
