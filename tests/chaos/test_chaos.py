@@ -22,13 +22,14 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 import requests
 from django.conf import settings
 from django.db import connection
 
+from tests.helpers import QuietHandler
 from tests.processes import start_qcluster, start_web
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -72,12 +73,7 @@ class Ledger(ThreadingHTTPServer):
         self.lock = threading.Lock()
         ledger = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
+        class Handler(QuietHandler):
             def do_POST(self):
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 time.sleep(RECEIVER_DELAY)

@@ -15,7 +15,7 @@ import pytest
 
 from broker_client import WebhookVerificationError, verify_webhook, webhook_app
 from jobs.models import Job, JobStatus
-from tests.client.conftest import wait_until
+from tests.helpers import wait_until
 from tests.jobs.conftest import dispatcher, push_settings  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -26,6 +26,14 @@ def bulk_publish(n, priority=0, payload=b"x"):
                                                    for _ in range(n)])
 
 
+def pull_one_short_deadline(world, pc, settings) -> str:
+    """Publish one message and pull its job with an in-flight deadline of 0.75 s; the job's ID."""
+    settings.BROKER_CONNECTION_TIMEOUT = 0.25
+    settings.BROKER_RATIONAL_DELAY = 0.25
+    publish_n(world, 1)
+    return pc.pull().json()["Result"][0]["ID"]
+
+
 def test_pull_claims_atomically_with_attempt_and_deadline(world, pc, settings):
     settings.BROKER_CONNECTION_TIMEOUT = 1.0
     settings.BROKER_RATIONAL_DELAY = 0.5
@@ -207,10 +215,7 @@ def test_progress_extends_the_deadline_without_a_retry(world, pc, settings):
 
 @pytest.mark.django_db(transaction=True)
 def test_progress_keeps_a_job_from_timing_out(world, pc, settings):
-    settings.BROKER_CONNECTION_TIMEOUT = 0.25
-    settings.BROKER_RATIONAL_DELAY = 0.25
-    publish_n(world, 1)
-    jid = pc.pull().json()["Result"][0]["ID"]
+    jid = pull_one_short_deadline(world, pc, settings)
     for _ in range(3):
         time.sleep(0.4)
         assert pc.progress(jid).status_code == 200
@@ -282,10 +287,7 @@ def test_long_poll_times_out_empty_and_wakes_for_a_delayed_job(world, pc):
 
 @pytest.mark.django_db(transaction=True)
 def test_long_poll_picks_up_a_timed_out_job(world, pc, settings):
-    settings.BROKER_CONNECTION_TIMEOUT = 0.25
-    settings.BROKER_RATIONAL_DELAY = 0.25
-    publish_n(world, 1)
-    jid = pc.pull().json()["Result"][0]["ID"]
+    jid = pull_one_short_deadline(world, pc, settings)
     t0 = time.monotonic()
     got = pc.pull(expires=10).json()["Result"]
     assert [j["ID"] for j in got] == [jid] and got[0]["Attempt"] == 2

@@ -20,6 +20,22 @@ ADMIN = {"X-Broker-Admin-Token": ADMIN_TOKEN}
 TOKENS = {"X-Broker-Channel-Token": "ct", "X-Broker-Consumer-Token": "pt"}
 
 
+def worker_kit(n: int) -> tuple[random.Random, requests.Session]:
+    """A concurrent pull worker's own seeded random choices and its session with the tokens."""
+    s = requests.Session()
+    s.headers.update(TOKENS)
+    return random.Random(n), s
+
+
+def run_workers(worker, n: int) -> None:
+    """``worker(0)`` ... ``worker(n - 1)`` in threads at once; returns when all are done (2 min at most)."""
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+
+
 @pytest.fixture
 def web(tmp_path):
     proc = start_web(tmp_path, workers=2, threads=16, BROKER_CONNECTION_TIMEOUT=30)
@@ -59,9 +75,7 @@ def test_concurrent_batch_pullers_never_share_a_job_and_lose_none(web):
     end = time.monotonic() + 90
 
     def worker(n):
-        rng = random.Random(n)
-        s = requests.Session()
-        s.headers.update(TOKENS)
+        rng, s = worker_kit(n)
         while time.monotonic() < end:
             with lock:
                 if len(delivered) >= total:
@@ -96,11 +110,7 @@ def test_concurrent_batch_pullers_never_share_a_job_and_lose_none(web):
                     else:
                         nacks[0] += 1
 
-    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    run_workers(worker, 8)
     assert not errors, errors[:10]
     assert len(delivered) == total
     s = stats(web)
@@ -119,9 +129,7 @@ def test_concurrent_spec_clients_claim_each_job_once(web):
     end = time.monotonic() + 90
 
     def worker(n):
-        rng = random.Random(n)
-        s = requests.Session()
-        s.headers.update(TOKENS)
+        rng, s = worker_kit(n)
         while time.monotonic() < end:
             listed = s.get(f"{web.base}/queued-jobs?limit=25").json()["Result"]
             if not listed:
@@ -142,11 +150,7 @@ def test_concurrent_spec_clients_claim_each_job_once(web):
                 if r.status_code != 202:
                     errors.append(f"deliver {r.status_code}")
 
-    threads = [threading.Thread(target=worker, args=(n,)) for n in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    run_workers(worker, 6)
     assert not errors, errors[:10]
     assert len(wins) == total
     assert stats(web)["NumDelivered"] == total

@@ -17,6 +17,7 @@ from standardwebhooks import Webhook
 
 from consumers.models import DoorbellState
 from tests.consumers.conftest import PullClient
+from tests.helpers import stopping
 from tests.jobs.conftest import Reply
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -48,24 +49,14 @@ class RingerThread:
 def ringer(settings):
     settings.BROKER_DOORBELL_POLL = 0.2
     settings.BROKER_DOORBELL_TIMEOUT = 1.0
-    started = []
-
-    def start(use_lock: bool = True) -> RingerThread:
-        r = RingerThread(use_lock).start()
-        started.append(r)
-        return r
-
-    yield start
-    for r in started:
-        r.stop()
+    with stopping(RingerThread) as start:
+        yield start
 
 
 @pytest.fixture
 def bell(make, receiver):
     """Channel ch1, producer p1 and pull consumer d1 (token d1-token) ringing receiver /bell."""
-    make.channel()
-    make.producer()
-    body = make.consumer("d1", type="pull", token="d1-token", callback=receiver.url(BELL), notifyInterval="0.5")
+    body = make.basics().consumer("d1", type="pull", token="d1-token", callback=receiver.url(BELL), notifyInterval="0.5")
     assert body["Type"] == "pull" and body["CallbackURL"] == receiver.url(BELL) and body["NotifyInterval"] == 0.5
     return body
 

@@ -11,6 +11,7 @@ import pytest
 from django.db import connection
 
 from jobs.models import DeliveryAttempt, Job, JobStatus, JobTransition
+from tests.helpers import wait_until
 from tests.jobs.conftest import Reply
 from tests.partitions.conftest import advisories
 
@@ -29,13 +30,7 @@ def partition_owner(consumer_id: str, key: str):
 
 
 def wait_for(predicate, timeout=30.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_until(predicate, timeout, what)
 
 
 def test_fan_out_ten_then_the_summary_after_all_of_them(make, parts, receiver, dispatcher, part_settings, api):

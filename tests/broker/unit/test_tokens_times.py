@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from broker.times import rfc3339
-from broker.tokens import token_generate, tokens_equal
+from broker.errors import Forbidden, Unauthenticated
+from broker.tokens import token_generate, token_require, tokens_equal
 
 
 @given(st.text(min_size=1))
@@ -47,3 +49,16 @@ OFFSETS = st.integers(min_value=-23 * 60 - 59, max_value=23 * 60 + 59).map(lambd
 def test_rfc3339_round_trips_the_instant(value):
     text = rfc3339(value)
     assert text.endswith("Z") and datetime.fromisoformat(text.replace("Z", "+00:00")) == value
+
+
+def test_a_required_token_is_401_when_missing_and_403_when_wrong():
+    token_require("right", "right", header="X-Token", code="token_mismatch", detail="token does not match")
+    with pytest.raises(Unauthenticated) as e:
+        token_require(None, "right", header="X-Token", code="token_mismatch", detail="token does not match")
+    assert (e.value.code, e.value.detail) == ("unauthorized", "X-Token is required")
+    for wrong in ("", "wrong", "righ", "right "):
+        with pytest.raises(Forbidden) as e:
+            token_require(wrong, "right", header="X-Token", code="token_mismatch", detail="token does not match")
+        assert (e.value.code, e.value.detail) == ("token_mismatch", "token does not match")
+    with pytest.raises(Forbidden):
+        token_require("anything", None, header="X-Token", code="token_mismatch", detail="no token set: never a match")
