@@ -456,18 +456,24 @@ def _next_check(due_in, deadline_in, remaining: float) -> float:
     return max(sleep, 0.01)
 
 
+def pull_wait_begin(*, ctx: PullContext, req: PullRequest) -> tuple[bool, float, int]:
+    """Before a pull's first claim: sweep the consumer's overdue jobs, then whether the pull may
+    wait, until when (monotonic), and the wake-up mark taken now, so a publish between the first
+    claim and the wait still wakes it."""
+    consumer_sweep(consumer_pk=ctx.consumer_pk)
+    wait = req.expires > 0 and not req.no_wait
+    if wait:
+        wakeups.start()
+    return wait, time.monotonic() + req.expires, wakeups.mark(ctx.consumer_pk)
+
+
 def jobs_pull(*, ctx: PullContext, req: PullRequest) -> list[state.ClaimedJob]:
     """Atomically claim up to ``batch`` due jobs (QUEUED -> INFLIGHT, SKIP LOCKED), so concurrent
     pullers on any number of processes never hold the same job. With ``expires`` (and not
     ``no_wait``) wait until at least one job is claimed or time runs out: the wait registers a
     waiter row (NumWaiting, priority groups), holds no database connection or transaction while
     sleeping, and is woken by the process's LISTEN thread when a publish or requeue NOTIFYs."""
-    consumer_sweep(consumer_pk=ctx.consumer_pk)
-    wait = req.expires > 0 and not req.no_wait
-    if wait:
-        wakeups.start()
-    end = time.monotonic() + req.expires
-    mark = wakeups.mark(ctx.consumer_pk)
+    wait, end, mark = pull_wait_begin(ctx=ctx, req=req)
     jobs = _claim(ctx, req)
     if jobs or not wait:
         return jobs
