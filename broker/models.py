@@ -5,10 +5,10 @@ from __future__ import annotations
 from django.db import models
 
 
-class Channel(models.Model):
-    """A named stream of messages; every consumer of the channel gets one job per message."""
+class Registered(models.Model):
+    """What a channel and a producer both have: a display name, a secret token and the times of
+    creation and of the last change (``updated_at`` is the optimistic-concurrency version of updates)."""
 
-    channel_id = models.CharField(max_length=255, unique=True)
     name = models.CharField(max_length=255)
     token = models.CharField(max_length=255)
     # Expiry: seconds a message without its own X-Broker-Message-TTL stays deliverable (null: forever).
@@ -17,24 +17,29 @@ class Channel(models.Model):
     updated_at = models.DateTimeField()
 
     class Meta:
+        abstract = True
+
+
+class Channel(Registered):
+    """A named stream of messages; every consumer of the channel gets one job per message."""
+
+    channel_id = models.CharField(max_length=255, unique=True)
+
+    class Meta:
         indexes = [models.Index(fields=["-created_at", "-id"], name="channel_list")]
 
     def __str__(self) -> str:
         return self.channel_id
 
 
-class Producer(models.Model):
+class Producer(Registered):
     producer_id = models.CharField(max_length=255, unique=True)
-    name = models.CharField(max_length=255)
-    token = models.CharField(max_length=255)
     # Flow control: a token bucket in the row (null rate: no limit). ``rate_tokens``/``rate_at`` are
     # the bucket's state, updated atomically by each publish (``publishing.producer_rate_take``).
     rate_limit_per_second = models.FloatField(null=True, blank=True)
     burst = models.PositiveIntegerField(null=True, blank=True)
     rate_tokens = models.FloatField(null=True, blank=True)
     rate_at = models.DateTimeField(null=True, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField()
 
     class Meta:
         indexes = [models.Index(fields=["-created_at", "-id"], name="producer_list")]
@@ -43,7 +48,20 @@ class Producer(models.Model):
         return self.producer_id
 
 
-class Message(models.Model):
+class MessageContent(models.Model):
+    """What a producer sent: shared by a published message and one scheduled for later."""
+
+    message_id = models.CharField(max_length=255)
+    payload = models.BinaryField()
+    content_type = models.CharField(max_length=255, default="application/octet-stream")
+    priority = models.IntegerField(default=0)
+    headers = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        abstract = True
+
+
+class Message(MessageContent):
     """A published message. Its payload is stored as bytes, exactly as received."""
 
     class Status(models.IntegerChoices):
@@ -51,12 +69,7 @@ class Message(models.Model):
         DISPATCHED = 102
 
     channel = models.ForeignKey(Channel, on_delete=models.PROTECT, related_name="messages")
-    message_id = models.CharField(max_length=255)
     producer = models.ForeignKey(Producer, on_delete=models.PROTECT, related_name="messages")
-    payload = models.BinaryField()
-    content_type = models.CharField(max_length=255, default="application/octet-stream")
-    priority = models.IntegerField(default=0)
-    headers = models.JSONField(default=dict, blank=True)
     status = models.PositiveSmallIntegerField(choices=Status.choices, default=Status.DISPATCHED)
     received_at = models.DateTimeField()
     dispatched_at = models.DateTimeField(null=True, blank=True)
@@ -78,7 +91,7 @@ class Message(models.Model):
         return self.message_id
 
 
-class ScheduledMessage(models.Model):
+class ScheduledMessage(MessageContent):
     """A message to publish later (``X-Broker-Scheduled-For``). When due, the scheduler sweep
     (jobs.scheduling) publishes it as a normal message with the same id, in the transaction that
     marks it DISPATCHED; until then it can be deleted. FAILED: the id was taken meanwhile."""
@@ -89,12 +102,7 @@ class ScheduledMessage(models.Model):
         FAILED = 103
 
     channel = models.ForeignKey(Channel, on_delete=models.PROTECT, related_name="scheduled_messages")
-    message_id = models.CharField(max_length=255)
     producer = models.ForeignKey(Producer, on_delete=models.PROTECT, related_name="+")
-    payload = models.BinaryField()
-    content_type = models.CharField(max_length=255, default="application/octet-stream")
-    priority = models.IntegerField(default=0)
-    headers = models.JSONField(default=dict, blank=True)
     status = models.PositiveSmallIntegerField(choices=Status.choices, default=Status.SCHEDULED)
     dispatch_at = models.DateTimeField()
     created_at = models.DateTimeField()

@@ -333,28 +333,28 @@ class ConsumerAdmin(ServiceFormAdmin):
         logger.info("admin user %s: %s %s", request.user.get_username(), verb.lower(), ", ".join(names) or "-")
         self.message_user(request, f"{verb} {len(names)} consumer{'s' if len(names) != 1 else ''}.", messages.SUCCESS)
 
+    def _per_consumer(self, request, queryset, run, done: str, kind: str) -> None:
+        """Run a bulk job action on each selected consumer, then log and report the counts."""
+        counts = [(c, run(c)) for c in queryset]
+        total = sum(n for _, n in counts)
+        detail = ", ".join(f"{n:,} of {c.channel.channel_id}/{c.consumer_id}" for c, n in counts if n)
+        logger.info("admin user %s: %s %d %s jobs (%s)", request.user.get_username(), done, total, kind, detail or "-")
+        self.message_user(request, f"{done.capitalize()} {total:,} {kind} job{'s' if total != 1 else ''}"
+                          f"{': ' + detail if detail else ''}.", messages.SUCCESS if total else messages.WARNING)
+
     @admin.action(description="Purge all QUEUED jobs of the selected consumers", permissions=["delete_dead"])
     def purge_queued(self, request, queryset):
         """Flow control: drop a runaway backlog (in batches, history rows with reason "purged")."""
         from jobs.state import jobs_purge_queued
 
-        done = [(c, jobs_purge_queued(consumer_pk=c.pk)) for c in queryset]
-        total = sum(n for _, n in done)
-        detail = ", ".join(f"{n:,} of {c.channel.channel_id}/{c.consumer_id}" for c, n in done if n)
-        logger.info("admin user %s: purged %d queued jobs (%s)", request.user.get_username(), total, detail or "-")
-        self.message_user(request, f"Purged {total:,} queued job{'s' if total != 1 else ''}"
-                          f"{': ' + detail if detail else ''}.", messages.SUCCESS if total else messages.WARNING)
+        self._per_consumer(request, queryset, lambda c: jobs_purge_queued(consumer_pk=c.pk), "purged", "queued")
 
     @admin.action(description="Requeue all dead jobs of the selected consumers", permissions=["change"])
     def requeue_dead(self, request, queryset):
         from jobs.state import jobs_requeue_dead
 
-        done = [(c, jobs_requeue_dead(consumer_pk=c.pk, reason="admin-requeue")) for c in queryset]
-        total = sum(n for _, n in done)
-        detail = ", ".join(f"{n:,} of {c.channel.channel_id}/{c.consumer_id}" for c, n in done if n)
-        logger.info("admin user %s: requeued %d dead jobs (%s)", request.user.get_username(), total, detail or "-")
-        self.message_user(request, f"Requeued {total:,} dead job{'s' if total != 1 else ''}"
-                          f"{': ' + detail if detail else ''}.", messages.SUCCESS if total else messages.WARNING)
+        self._per_consumer(request, queryset, lambda c: jobs_requeue_dead(consumer_pk=c.pk, reason="admin-requeue"),
+                           "requeued", "dead")
 
     @admin.action(description="Delete all dead jobs of the selected consumers", permissions=["delete_dead"])
     def delete_all_dead(self, request, queryset):

@@ -17,8 +17,8 @@ from consumers.priority import priority_config_parse
 from jobs import groups
 from jobs.pull import consumer_stats
 from web.api.common import (
-    ADMIN_PARAM, CHANNEL_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, PRECONDITION, channel_or_404, form_value,
-    with_last_modified,
+    ADMIN_PARAM, CHANNEL_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, PRECONDITION, channel_or_404, form_number,
+    form_value, with_last_modified,
 )
 from web.api.pagination import paginate
 from web.api.representations import changed_at
@@ -69,46 +69,37 @@ def consumer_repr(consumer: Consumer, *, show_secret: bool) -> dict:
 
 
 def _positive_int(request, name: str, *, allow_zero: bool = False) -> int | None:
-    raw = form_value(request, name)
-    if raw is None or raw.strip() == "":
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InvalidInput(f"invalid_{name}", f"{name} must be an integer") from None
-    if value < 0 or (value == 0 and not allow_zero) or value > 2**31 - 1:
-        raise InvalidInput(f"invalid_{name}", f"{name} is out of range")
-    return value
+    return form_number(request, name, int, lambda v: (0 if allow_zero else 1) <= v <= 2**31 - 1)
 
 
 def _positive_float(request, name: str) -> float | None:
-    raw = form_value(request, name)
-    if raw is None or raw.strip() == "":
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise InvalidInput(f"invalid_{name}", f"{name} must be a number") from None
-    if not 0 < value < 1e9:
-        raise InvalidInput(f"invalid_{name}", f"{name} must be positive")
-    return value
+    return form_number(request, name, float, lambda v: 0 < v < 1e9, range_text="must be positive")
+
+
+def _non_negative_int(request, name: str) -> int | None:
+    return _positive_int(request, name, allow_zero=True)
+
+
+# (form field, model field, parser), checked in this order
+_FLOW_NUMBERS = (("maxInFlight", "max_in_flight", _positive_int),
+                 ("maxDeliveriesPerSecond", "max_deliveries_per_second", _positive_float),
+                 ("connectionTimeout", "connection_timeout", _positive_float),
+                 ("maxAckPending", "max_ack_pending", _positive_int))
+_RETRY_NUMBERS = (("notifyInterval", "notify_interval", _positive_float),
+                  ("maxRetry", "max_retry", _non_negative_int))
+
+
+def _numbers_parse(request, table, fields: dict) -> None:
+    for name, field, parse in table:
+        value = parse(request, name)
+        if value is not None:
+            fields[field] = value
 
 
 def consumer_settings_parse(request) -> dict:
     """Optional delivery settings of the consumer PUT, validated, as model fields."""
     fields: dict = {}
-    value = _positive_int(request, "maxInFlight")
-    if value is not None:
-        fields["max_in_flight"] = value
-    value = _positive_float(request, "maxDeliveriesPerSecond")
-    if value is not None:
-        fields["max_deliveries_per_second"] = value
-    value = _positive_float(request, "connectionTimeout")
-    if value is not None:
-        fields["connection_timeout"] = value
-    value = _positive_int(request, "maxAckPending")
-    if value is not None:
-        fields["max_ack_pending"] = value
+    _numbers_parse(request, _FLOW_NUMBERS, fields)
     raw = form_value(request, "maxQueued")
     if raw is not None and raw.strip().lower() in ("unlimited", "none", "0"):
         fields["max_queued"] = None  # back to unlimited
@@ -122,12 +113,7 @@ def consumer_settings_parse(request) -> dict:
         if flag not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
             raise InvalidInput("invalid_ordered", "ordered must be true or false")
         fields["ordered"] = flag in ("true", "1", "yes", "on")
-    value = _positive_float(request, "notifyInterval")
-    if value is not None:
-        fields["notify_interval"] = value
-    value = _positive_int(request, "maxRetry", allow_zero=True)
-    if value is not None:
-        fields["max_retry"] = value
+    _numbers_parse(request, _RETRY_NUMBERS, fields)
     raw = form_value(request, "retryBackoff")
     if raw is not None and raw.strip():
         try:

@@ -28,6 +28,7 @@ from jobs import scheduling, state
 from jobs.models import Job, JobStatus, JobTransition
 from web.api.common import (
     ADMIN_PARAM, CHANNEL_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, channel_or_404, form_value, require_channel_reader,
+    statuses_param,
 )
 from web.api.consumers import consumer_or_404, require_consumer_or_admin
 from web.api.pagination import paginate
@@ -208,22 +209,6 @@ def scheduled_repr(s: ScheduledMessage, channel_id: str) -> dict:
     }
 
 
-def _statuses(request) -> list[int]:
-    result = []
-    for raw in request.query_params.getlist("status"):
-        for part in raw.split(","):
-            part = part.strip().upper()
-            if not part:
-                continue
-            if part.isdigit() and int(part) in ScheduledMessage.Status.values:
-                result.append(int(part))
-            elif part in ScheduledMessage.Status.names:
-                result.append(ScheduledMessage.Status[part].value)
-            else:
-                raise InvalidInput("invalid_status", "status must be SCHEDULED/DISPATCHED/FAILED (or 101/102/103)")
-    return result
-
-
 class ScheduledMessagesView(APIView):
     @extend_schema(
         summary="List a channel's scheduled messages (newest first)",
@@ -235,7 +220,7 @@ class ScheduledMessagesView(APIView):
         channel = channel_or_404(channel_id)
         require_channel_reader(request, channel)
         qs = ScheduledMessage.objects.filter(channel=channel).only("id", "message_id")
-        statuses = _statuses(request)
+        statuses = statuses_param(request, ScheduledMessage.Status)
         if statuses:
             qs = qs.filter(status__in=statuses)
         page = paginate(request, qs, path=f"/channel/{_q(channel_id)}/scheduled-messages", keep_params=("status",),

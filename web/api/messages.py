@@ -23,6 +23,7 @@ from jobs import scheduling
 from jobs.models import Job, JobStatus
 from web.api.common import (
     ADMIN_PARAM, CHANNEL_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, channel_or_404, read_body, require_channel_reader,
+    statuses_param,
 )
 from web.api.pagination import paginate
 from web.api.publishing import FILTER_EXPIRY_PARAMS, PARTITION_PARAMS, PUBLISH_PARAMS, batch_parse, publish_context
@@ -41,18 +42,7 @@ class MessagesView(APIView):
         channel = channel_or_404(channel_id)
         require_channel_reader(request, channel)
         qs = Message.objects.filter(channel=channel).only("id", "message_id")
-        statuses = []
-        for raw in request.query_params.getlist("status"):
-            for part in raw.split(","):
-                part = part.strip().upper()
-                if not part:
-                    continue
-                if part.isdigit() and int(part) in Message.Status.values:
-                    statuses.append(int(part))
-                elif part in Message.Status.names:
-                    statuses.append(Message.Status[part].value)
-                else:
-                    raise InvalidInput("invalid_status", "status must be ACKNOWLEDGED/DISPATCHED (or 101/102)")
+        statuses = statuses_param(request, Message.Status)
         if statuses:
             qs = qs.filter(status__in=statuses)
         return Response(paginate(request, qs, path=f"/channel/{channel_id}/messages", keep_params=("status",),

@@ -288,10 +288,5 @@ class AdvisoriesView(HotView):
         from jobs.advisories import advisories_list
 
         ctx = authenticate(request, channel_id, consumer_id, allow_admin=True, require_pull=False)
-        raw = request.GET.get("limit")
-        limit = 100
-        if raw not in (None, ""):
-            if not raw.isascii() or not raw.isdigit():
-                raise InvalidInput("invalid_limit", "limit must be a non-negative integer")
-            limit = min(int(raw), 1000)
+        limit = pull.limit_parse(request.GET.get("limit"), default=100, maximum=1000)
         return json_response({"Result": advisories_list(consumer_pk=ctx.consumer_pk, limit=limit)})
