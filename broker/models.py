@@ -11,8 +11,6 @@ class Registered(models.Model):
 
     name = models.CharField(max_length=255)
     token = models.CharField(max_length=255)
-    # Expiry: seconds a message without its own X-Broker-Message-TTL stays deliverable (null: forever).
-    message_ttl = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField()
 
@@ -24,6 +22,8 @@ class Channel(Registered):
     """A named stream of messages; every consumer of the channel gets one job per message."""
 
     channel_id = models.CharField(max_length=255, unique=True)
+    # Expiry: seconds a message without its own X-Broker-Message-TTL stays deliverable (null: forever).
+    message_ttl = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         indexes = [models.Index(fields=["-created_at", "-id"], name="channel_list")]

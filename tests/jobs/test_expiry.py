@@ -19,7 +19,7 @@ from jobs import state
 from jobs.expiry import jobs_expire_messages
 from jobs.models import Job, JobStatus, JobTransition
 from jobs.scheduling import scheduled_dispatch_due
-from tests.consumers.conftest import PullClient
+from tests.jobs.pull.conftest import PullClient
 from tests.jobs.conftest import json_of
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -12,7 +12,7 @@ from rest_framework.test import APIClient
 from broker.message_types import message_type_matches
 from consumers.seed import seed_parse
 from jobs.models import Job, JobStatus
-from tests.consumers.conftest import PullClient
+from tests.jobs.pull.conftest import PullClient
 from tests.jobs.conftest import json_of
 
 pytestmark = pytest.mark.django_db(transaction=True)

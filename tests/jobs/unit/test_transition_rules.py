@@ -25,6 +25,7 @@ DOCUMENTED = {
     (INFLIGHT, QUEUED),     # deadline passed or attempt failed
     (DEAD, INFLIGHT),       # a pull consumer retries a dead job
     (DEAD, QUEUED),         # an operator / the DLQ requeues it
+    (QUEUED, DEAD),         # its message expired (or an operator marks it dead)
 }
 
 
