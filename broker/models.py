@@ -66,6 +66,8 @@ class Message(models.Model):
         indexes = [
             models.Index(fields=["channel", "-id"], name="message_by_channel"),
             models.Index(fields=["received_at"], name="message_received"),
+            # Replay (jobs.replay): a channel's messages in a time window, walked in chunks.
+            models.Index(fields=["channel", "received_at", "id"], name="message_channel_received"),
         ]
 
     def __str__(self) -> str:
