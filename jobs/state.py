@@ -1082,7 +1082,9 @@ def jobs_ack_inflight(*, consumer_pk: int, job_ids: Sequence[int], to_statuses: 
 # Circuit breaker (jobs.circuit) in the push record: a failed probe (its consumer's circuit is
 # HALF_OPEN: the only job in flight) goes back to QUEUED without spending a retry; each consumer's
 # consecutive failures add up (a success in the batch restarts the count) and reaching the
-# threshold opens the circuit. consumers_circuit is read and written by primary key.
+# threshold opens the circuit. ``since`` moves only when the circuit opens or closes (a failed probe
+# keeps it open since then), so the rows returned as changed are the advisories to raise.
+# consumers_circuit is read and written by primary key.
 _PROBE = f"""EXISTS (SELECT 1 FROM consumers_circuit pc WHERE pc.consumer_id = j.consumer_id
                                                      AND pc.state = {CB_HALF_OPEN})"""
 _CB_FAILURES = "CASE WHEN x.ok THEN x.fails ELSE cb.failures + x.fails END"
@@ -1124,7 +1126,7 @@ SELECT a.id, a.attempt, now() - a.age * interval '1 second', a.duration_ms, a.st
 ), cbu AS (
     UPDATE consumers_circuit cb SET
         failures = {CB_FAILURES}, state = {CB_STATE},
-        since = CASE WHEN {CB_STATE} <> cb.state THEN now() ELSE cb.since END,
+        since = CASE WHEN ({CB_STATE} = {CB_CLOSED}) <> (cb.state = {CB_CLOSED}) THEN now() ELSE cb.since END,
         next_probe_at = CASE WHEN {CB_STATE} = {CB_OPEN} AND cb.state <> {CB_OPEN}
                              THEN now() + k.circuit_breaker_probe_seconds * interval '1 second' ELSE cb.next_probe_at END
       FROM cbx x JOIN consumers_consumer k ON k.id = x.consumer_id
@@ -1282,36 +1284,42 @@ def jobs_move_gate(*, moves: Sequence[GateMove], consumer_pk: int | None = None)
 # gate could never run again). Every move and every new job gets a history row, reason ``replay``.
 _REPLAY_CHUNK_SQL = """
 WITH m AS MATERIALIZED (
+    -- a range on channel_id keeps it in the sort keys: only message_channel_received gives this order
     SELECT id, priority, received_at FROM broker_message
-     WHERE channel_id = %(channel)s AND (received_at, id) > (%(after_at)s::timestamptz, %(after_id)s::bigint)
+     WHERE channel_id BETWEEN %(channel)s AND %(channel)s
+       AND (received_at, id) > (%(after_at)s::timestamptz, %(after_id)s::bigint)
        AND received_at <= %(until)s::timestamptz
-     ORDER BY received_at, id LIMIT %(limit)s
+     ORDER BY channel_id, received_at, id LIMIT %(limit)s
 ), cur AS MATERIALIZED (
+    -- per message by job_unique_per_consumer (LIMIT 1: a nested loop, never a hash of every job)
     SELECT j.id, j.message_id, j.status, j.partition_id
-      FROM m JOIN jobs_job j ON j.message_id = m.id AND j.consumer_id = %(consumer)s
+      FROM m CROSS JOIN LATERAL (
+          SELECT j.id, j.message_id, j.status, j.partition_id FROM jobs_job j
+           WHERE j.message_id = m.id AND j.consumer_id = %(consumer)s LIMIT 1) j
 ), pick AS MATERIALIZED (
     SELECT p.id, p.status FROM jobs_job p
      WHERE p.id = ANY(ARRAY(SELECT id FROM cur WHERE partition_id IS NULL
                                                  AND (status = {DEAD} OR (status = {DELIVERED} AND NOT %(only_failed)s))))
-       AND p.status IN ({DEAD}, {DELIVERED}) AND p.partition_id IS NULL
+       AND p.status + 0 IN ({DEAD}, {DELIVERED}) AND p.partition_id IS NULL
        FOR UPDATE SKIP LOCKED
 ), ud AS (
     UPDATE jobs_job j SET status = {QUEUED}, retry_count = 0, status_changed_at = now(), next_attempt_at = now(),
                           deadline = NULL
-     WHERE j.id = ANY(ARRAY(SELECT id FROM pick WHERE status = {DELIVERED})) AND j.status = {DELIVERED}
+     WHERE j.id = ANY(ARRAY(SELECT id FROM pick WHERE status = {DELIVERED})) AND j.status + 0 = {DELIVERED}
     RETURNING j.id
 ), ux AS (
     UPDATE jobs_job j SET status = {QUEUED}, retry_count = 0, status_changed_at = now(), next_attempt_at = now(),
                           deadline = NULL
-     WHERE j.id = ANY(ARRAY(SELECT id FROM pick WHERE status = {DEAD})) AND j.status = {DEAD}
+     WHERE j.id = ANY(ARRAY(SELECT id FROM pick WHERE status = {DEAD})) AND j.status + 0 = {DEAD}
     RETURNING j.id
 ), ins AS (
     INSERT INTO jobs_job (message_id, consumer_id, channel_id, status, priority, retry_count, next_attempt_at,
                           incremental_timeout, status_changed_at, created_at)
-    SELECT m.id, %(consumer)s, %(channel)s, {QUEUED}, m.priority, 0, now(), 0, now(), now() FROM m
-     WHERE NOT %(only_failed)s
+    SELECT m.id, %(consumer)s, %(channel)s, {QUEUED}, m.priority, 0, now(), 0, now(), now()
+      FROM m LEFT JOIN LATERAL (
+          SELECT 1 AS yes FROM jobs_job o WHERE o.message_id = m.id AND o.partition_id IS NOT NULL LIMIT 1) pt ON true
+     WHERE NOT %(only_failed)s AND pt.yes IS NULL
        AND NOT EXISTS (SELECT 1 FROM cur WHERE cur.message_id = m.id)
-       AND NOT EXISTS (SELECT 1 FROM jobs_job o WHERE o.message_id = m.id AND o.partition_id IS NOT NULL)
      ORDER BY m.id
     ON CONFLICT (message_id, consumer_id) DO NOTHING
     RETURNING id
