@@ -7,8 +7,10 @@ from __future__ import annotations
 import time
 
 import pytest
+from django.utils import timezone
 from rest_framework.test import APIClient
 
+from consumers.models import Circuit, CircuitState, Consumer
 from jobs.circuit import attempt_failed, circuit_tallies
 from jobs.models import DeliveryAttempt, Job, JobStatus
 from jobs.state import CircuitTally
@@ -149,3 +151,21 @@ def test_which_attempts_count(outcome, code, failed):
 def test_tallies_count_failures_after_the_last_success():
     got = circuit_tallies([(1, True), (2, True), (1, False), (1, True), (2, True), (1, True)])
     assert got == [CircuitTally(consumer_pk=1, ok=True, fails=2), CircuitTally(consumer_pk=2, ok=False, fails=2)]
+
+
+@pytest.mark.django_db
+def test_admin_shows_the_circuit_and_closes_it(make, api, admin_client):
+    make.channel()
+    make.consumer("c1")
+    consumer = Consumer.objects.get(consumer_id="c1")
+    Circuit.objects.create(consumer=consumer, state=CircuitState.OPEN, since=timezone.now(), failures=12)
+    assert gauge(api) == "1.0" and circuit(api)["State"] == "OPEN" and circuit(api)["Failures"] == 12
+    page = admin_client.get(f"/admin/consumers/consumer/{consumer.pk}/change/").content.decode()
+    assert "OPEN since" in page and "12 consecutive failures" in page and "consumer-circuit-close" in page
+    r = admin_client.post(f"/admin/consumers/consumer/{consumer.pk}/circuit-close/", follow=True)
+    assert [str(m) for m in r.context["messages"]] == ["Closed the circuit of ch1/c1."]
+    assert circuit(api)["State"] == "CLOSED" and circuit(api)["Failures"] == 0 and gauge(api) == "0.0"
+    assert advisories(api) == ["circuit_closed"]
+    r = admin_client.post("/admin/consumers/consumer/", {"action": "circuit_close", "_selected_action": [consumer.pk]},
+                          follow=True)
+    assert [str(m) for m in r.context["messages"]] == ["No open or failing circuit among the selected consumers."]
