@@ -480,19 +480,19 @@ class ConsumerAdmin(ServiceFormAdmin):
         queryset = self._one(request, object_id)
         return self.rotate_secret(request, queryset) if queryset is not None else HttpResponseNotAllowed(["POST"])
 
-    def requeue_dead_view(self, request, object_id):
+    def _button(self, request, object_id, action):
+        """A one-consumer button: run the action on it (POST only), back to its page."""
         queryset = self._one(request, object_id)
         if queryset is None:
             return HttpResponseNotAllowed(["POST"])
-        self.requeue_dead(request, queryset)
+        action(request, queryset)
         return HttpResponseRedirect(reverse("admin:consumers_consumer_change", args=[object_id]))
 
+    def requeue_dead_view(self, request, object_id):
+        return self._button(request, object_id, self.requeue_dead)
+
     def circuit_close_view(self, request, object_id):
-        queryset = self._one(request, object_id)
-        if queryset is None:
-            return HttpResponseNotAllowed(["POST"])
-        self.circuit_close(request, queryset)
-        return HttpResponseRedirect(reverse("admin:consumers_consumer_change", args=[object_id]))
+        return self._button(request, object_id, self.circuit_close)
 
     def replay_view(self, request, object_id):
         """The replay form (GET) and the replay itself (POST): ``jobs.replay.consumer_replay``, as the API."""

@@ -249,15 +249,22 @@ class ConsumerView(APIView):
 
 
 
+def consumer_for_admin(request, channel_id: str, consumer_id: str) -> Consumer:
+    """The consumer of an admin-only endpoint (401/403 first, then 404s), with its channel."""
+    require_admin(request)
+    channel = channel_or_404(channel_id)
+    consumer = consumer_or_404(channel, consumer_id)
+    consumer.channel = channel
+    return consumer
+
+
 class ConsumerPauseView(APIView):
     paused = True
 
     @extend_schema(summary="Pause a consumer (admin): jobs keep accumulating, nothing is pushed or pulled",
                    parameters=[ADMIN_PARAM], request=None, responses={200: OBJ, 401: ERROR, 403: ERROR, 404: ERROR})
     def post(self, request, channel_id: str, consumer_id: str):
-        require_admin(request)
-        channel = channel_or_404(channel_id)
-        consumer = consumer_or_404(channel, consumer_id)
+        consumer = consumer_for_admin(request, channel_id, consumer_id)
         services.consumer_pause(consumer=consumer, paused=self.paused)
         return with_last_modified(consumer_repr(consumer, show_secret=False), consumer)
 
@@ -313,9 +320,6 @@ class ConsumerCircuitCloseView(APIView):
     @extend_schema(summary="Close the consumer's circuit breaker now (admin): delivery resumes at once",
                    parameters=[ADMIN_PARAM], request=None, responses={200: OBJ, 401: ERROR, 403: ERROR, 404: ERROR})
     def post(self, request, channel_id: str, consumer_id: str):
-        require_admin(request)
-        channel = channel_or_404(channel_id)
-        consumer = consumer_or_404(channel, consumer_id)
-        consumer.channel = channel
+        consumer = consumer_for_admin(request, channel_id, consumer_id)
         consumer_circuit_close(consumer=consumer)
         return Response({"Circuit": circuit_state(consumer=consumer)})
