@@ -215,3 +215,19 @@ def test_replayed_jobs_are_pushed_again(make, receiver, dispatcher, api):
     receiver.wait(lambda: len(receiver.at("/cb")) == 6, what="3 more callbacks")
     assert sorted(x.headers["x-broker-message-id"] for x in receiver.at("/cb")) == ["p1", "p1", "p2", "p2", "p3", "p3"]
     receiver.wait(lambda: Job.objects.filter(status=JobStatus.DELIVERED).count() == 3, what="delivered again")
+
+
+def test_partitioned_jobs_and_messages_are_skipped(world, make, api):
+    """A job put back below its partition's gate could never run: partitioned jobs stay as they are,
+    and a consumer without a job for a partitioned message gets none."""
+    since = db_clock()
+    assert world.publish(HTTP_X_BROKER_MESSAGE_ID="k1", HTTP_X_BROKER_PARTITION_KEY="order-1").status_code == 201
+    publish(world, "plain")
+    settle("c2", {"k1": state.DELIVERED, "plain": state.DELIVERED})
+    assert job_of("c2", "k1").partition_id is not None
+    r = replay({"since": rfc3339(since)}, **C2)
+    assert r.status_code == 202 and r.json() == {"Replayed": 1, "Skipped": 1}
+    assert job_of("c2", "k1").status == JobStatus.DELIVERED and job_of("c2", "plain").status == JobStatus.QUEUED
+    make.consumer("late", type="pull", token="late-token", callback=None)
+    r = replay({"since": rfc3339(since)}, client=api, consumer="late")
+    assert r.json() == {"Replayed": 1, "Skipped": 1} and job_of("late", "k1") is None
