@@ -35,16 +35,23 @@ def attempt_failed(*, outcome: str, status_code: int | None) -> bool:
 
 
 def circuit_tallies(attempts) -> list[CircuitTally]:
-    """Per consumer, from (consumer pk, failed) pairs in finishing order: whether any attempt
-    succeeded, and the failures after the last success."""
+    """Per consumer, from (consumer pk, failed, dirty) in finishing order: whether any attempt
+    succeeded, and the failures after the last success. Only the consumers the record has
+    something to do for: a failure, or a circuit that was counting or open when the job was
+    claimed (``dirty``; a success resets it); all-success batches of healthy consumers add nothing
+    to the statement. So a success of a job claimed before the first failure of a run does not
+    end the run when it comes back in a later batch; the next job claimed does."""
     tallies: dict[int, CircuitTally] = {}
-    for consumer_pk, failed in attempts:
+    wanted: set[int] = set()
+    for consumer_pk, failed, dirty in attempts:
         tally = tallies.setdefault(consumer_pk, CircuitTally(consumer_pk=consumer_pk, ok=False, fails=0))
         if failed:
             tally.fails += 1
         else:
             tally.ok, tally.fails = True, 0
-    return list(tallies.values())
+        if failed or dirty:
+            wanted.add(consumer_pk)
+    return [t for t in tallies.values() if t.consumer_pk in wanted]
 
 
 _CONSUMERS_SQL = """

@@ -786,7 +786,7 @@ WITH k AS MATERIALIZED (
            COALESCE(c.connection_timeout, %(conn_timeout)s) + 0.25 + %(rational)s AS ttl,
            GREATEST(extract(epoch FROM p.tat - now()), 0) AS lag,
            c.circuit_breaker_failures > 0 AND cb.state IN ({CB_OPEN}, {CB_HALF_OPEN}) AS probing,
-           c.circuit_breaker_probe_seconds AS probe
+           c.circuit_breaker_probe_seconds AS probe, COALESCE(cb.failures > 0 OR cb.state <> {CB_CLOSED}, false) AS cb_dirty
       FROM consumers_consumer c
       LEFT JOIN jobs_pushpace p ON p.consumer_id = c.id
       LEFT JOIN consumers_circuit cb ON cb.consumer_id = c.id  -- circuit breaker (jobs.circuit)
@@ -794,7 +794,7 @@ WITH k AS MATERIALIZED (
 ), r AS MATERIALIZED (
     -- room: maxInFlight minus what is in flight now (any process), capped by the GCRA pacing
     -- of maxDeliveriesPerSecond (bursts of rate/20, at least 1)
-    SELECT id, updated_at, rate, ttl, lag, ordered, probing, probe,
+    SELECT id, updated_at, rate, ttl, lag, ordered, probing, probe, cb_dirty,
            LEAST(room, %(limit)s,
                  CASE WHEN rate IS NULL OR rate <= 0 THEN %(limit)s
                       ELSE floor(GREATEST(1, ceil(rate / 20.0)) - COALESCE(lag, 0) * rate)::int END) AS room
@@ -847,13 +847,13 @@ WITH k AS MATERIALIZED (
 SELECT u.id, u.consumer_id, u.priority, u.retry_count, m.message_id, COALESCE(u.payload, m.payload),
        m.content_type, m.headers, r.updated_at,
        CASE WHEN u.partition_id IS NOT NULL
-            THEN (SELECT pt.key FROM jobs_partition pt WHERE pt.id = u.partition_id) END, u.gate
+            THEN (SELECT pt.key FROM jobs_partition pt WHERE pt.id = u.partition_id) END, u.gate, r.cb_dirty
   FROM u JOIN broker_message m ON m.id = u.message_id JOIN r ON r.id = u.consumer_id
  ORDER BY u.priority DESC, u.id
 """.replace("{GATE}", partition_gate_sql(
     "j", ordered="r.ordered", lease="AND pt.owner = %(worker)s AND pt.lease_until > now()",
 )).replace("{CIRCUIT_CAP}", CIRCUIT_CAP).format(
-    QUEUED=QUEUED, INFLIGHT=INFLIGHT, CB_OPEN=CB_OPEN, CB_HALF_OPEN=CB_HALF_OPEN)
+    QUEUED=QUEUED, INFLIGHT=INFLIGHT, CB_OPEN=CB_OPEN, CB_HALF_OPEN=CB_HALF_OPEN, CB_CLOSED=CB_CLOSED)
 _CLAIM_PUSH_SQL = typed_sql(_CLAIM_PUSH_SQL, {"limit": "int", "conn_timeout": "float8", "rational": "float8",
                                               "reason": "text", "worker": "text"})
 
@@ -871,6 +871,7 @@ class PushJob:
     consumer_updated_at: object
     partition_key: str | None = None
     gate: int = 0
+    circuit_dirty: bool = False  # its consumer's circuit was counting failures or open when claimed
 
 
 def _headers_dict(value) -> dict:
@@ -914,7 +915,7 @@ def jobs_claim_push(*, limit: int, reason: str = "push", worker: str = "") -> li
     return [
         PushJob(id=r[0], consumer_pk=r[1], priority=r[2], retry_count=r[3], message_id=r[4],
                 payload=bytes(r[5]), content_type=r[6], consumer_updated_at=r[8],
-                partition_key=r[9], gate=r[10] or 0,
+                partition_key=r[9], gate=r[10] or 0, circuit_dirty=r[11],
                 # Django's psycopg setup leaves jsonb undecoded (JSONField decodes it)
                 headers=_headers_dict(json.loads(r[7]) if isinstance(r[7], str) else r[7]))
         for r in rows

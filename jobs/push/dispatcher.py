@@ -131,8 +131,8 @@ def outcomes_record(items: list[tuple], *, now: float | None = None) -> list[flo
         outcomes.append(record)
     state.jobs_move_gate(moves=gate_moves)  # before the record, which then leaves them alone
     tallies = circuit.circuit_tallies(
-        (job.consumer_pk, circuit.attempt_failed(outcome=result.outcome, status_code=result.status_code))
-        for job, _target, result in items)
+        (job.consumer_pk, circuit.attempt_failed(outcome=result.outcome, status_code=result.status_code),
+         job.circuit_dirty) for job, _target, result in items)
     circuit.circuit_changes_advise(changes=state.jobs_push_record(outcomes=outcomes, circuits=tallies))
     attempts_log(items)
     return [o.delay for o in outcomes if o.delay is not None and o.outcome != "gate"]

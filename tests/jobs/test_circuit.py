@@ -149,8 +149,14 @@ def test_which_attempts_count(outcome, code, failed):
 
 
 def test_tallies_count_failures_after_the_last_success():
-    got = circuit_tallies([(1, True), (2, True), (1, False), (1, True), (2, True), (1, True)])
+    got = circuit_tallies([(1, True, False), (2, True, False), (1, False, False), (1, True, False), (2, True, False),
+                           (1, True, False)])
     assert got == [CircuitTally(consumer_pk=1, ok=True, fails=2), CircuitTally(consumer_pk=2, ok=False, fails=2)]
+
+
+def test_tallies_leave_out_healthy_consumers_unless_their_circuit_was_counting():
+    got = circuit_tallies([(1, False, False), (1, False, False), (2, False, True), (3, True, False), (3, False, False)])
+    assert got == [CircuitTally(consumer_pk=2, ok=True, fails=0), CircuitTally(consumer_pk=3, ok=True, fails=0)]
 
 
 @pytest.mark.django_db
@@ -169,3 +175,21 @@ def test_admin_shows_the_circuit_and_closes_it(make, api, admin_client):
     r = admin_client.post("/admin/consumers/consumer/", {"action": "circuit_close", "_selected_action": [consumer.pk]},
                           follow=True)
     assert [str(m) for m in r.context["messages"]] == ["No open or failing circuit among the selected consumers."]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_success_ends_a_run_of_failures(make, receiver, dispatcher, api):
+    make.channel()
+    make.producer()
+    make.consumer("c1", callback=receiver.url("/cb"), circuitBreakerFailures="5", maxInFlight="1",
+                  retryBackoff="0.1")
+    receiver.behave("/cb", lambda n, req: Reply(503 if n <= 2 else 204))
+    dispatcher()
+    make.publish(HTTP_X_BROKER_MESSAGE_ID="m0")
+    receiver.wait(lambda: len(receiver.at("/cb")) == 2, what="two failed attempts")
+    receiver.wait(lambda: circuit(api)["Failures"] == 2, what="two failures counted")
+    for i in range(1, 4):
+        make.publish(HTTP_X_BROKER_MESSAGE_ID=f"m{i}")
+    receiver.wait(lambda: Job.objects.filter(status=JobStatus.DELIVERED).count() == 4, what="4 deliveries")
+    receiver.wait(lambda: circuit(api)["Failures"] == 0, what="the count reset")
+    assert circuit(api)["State"] == "CLOSED" and advisories(api) == []
