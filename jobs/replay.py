@@ -22,6 +22,10 @@ from jobs.advisories import advisory_record
 from jobs.state import jobs_replay_chunk
 
 CHUNK = 10_000  # messages per statement (and per transaction)
+# After each chunk the replay rests this many seconds per second the chunk took, so it uses at
+# most 1 / (1 + PAUSE) of a database core: measured with bench/replay.py on the 2-core machine,
+# publishing beside a replay without rests ran at 0.73-0.88 of its speed alone.
+PAUSE = 0.5
 
 
 @dataclass
@@ -67,6 +71,7 @@ def consumer_replay(*, consumer: Consumer, since: datetime, until: datetime | No
     after_at, after_id = since, 0
     walked = queued = 0
     while True:
+        chunk_started = time.monotonic()
         part = jobs_replay_chunk(channel_pk=consumer.channel_id, consumer_pk=consumer.pk, after_at=after_at,
                                  after_id=after_id, until=end, only_failed=only_failed, limit=chunk)
         walked += part.messages
@@ -74,6 +79,7 @@ def consumer_replay(*, consumer: Consumer, since: datetime, until: datetime | No
         if part.messages < chunk:
             break
         after_at, after_id = part.after_at, part.after_id
+        time.sleep((time.monotonic() - chunk_started) * PAUSE)
     result = ReplayResult(replayed=queued, skipped=walked - queued, seconds=time.monotonic() - started)
     advisory_record(type="replay", channel=consumer.channel.channel_id, consumer=consumer.consumer_id,
                     consumer_pk=consumer.pk,
