@@ -85,6 +85,8 @@ class Message(MessageContent):
         indexes = [
             models.Index(fields=["channel", "-id"], name="message_by_channel"),
             models.Index(fields=["received_at"], name="message_received"),
+            # Replay (jobs.replay): a channel's messages in a time window, walked in chunks.
+            models.Index(fields=["channel", "received_at", "id"], name="message_channel_received"),
         ]
 
     def __str__(self) -> str:

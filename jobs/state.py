@@ -7,7 +7,8 @@ States and allowed moves (see ../shared/design.md):
     INFLIGHT -> DEAD       the consumer gives up, or retries are exhausted
     INFLIGHT -> QUEUED     deadline passed or attempt failed (retry + 1; DEAD past the limit)
     DEAD     -> INFLIGHT   a pull consumer retries a dead job (retry + 1)
-    DEAD     -> QUEUED     an operator / the DLQ requeues it (retry reset to 0)
+    DEAD     -> QUEUED     an operator / the DLQ requeues it, or a replay (retry reset to 0)
+    DELIVERED -> QUEUED    a replay (``jobs_replay_chunk``, retry reset to 0)
     QUEUED   -> DEAD       an operator gives up on a job (``jobs_mark_dead``; also INFLIGHT -> DEAD)
 
 Every move is one conditional UPDATE guarded by the expected status, so two actors can never
@@ -28,12 +29,16 @@ from typing import Iterable, Sequence
 from django.conf import settings
 from django.db import connection
 
+from consumers.models import CircuitState
 from jobs.models import JobStatus
 
 QUEUED = JobStatus.QUEUED.value
 INFLIGHT = JobStatus.INFLIGHT.value
 DELIVERED = JobStatus.DELIVERED.value
 DEAD = JobStatus.DEAD.value
+CB_CLOSED = CircuitState.CLOSED.value
+CB_OPEN = CircuitState.OPEN.value
+CB_HALF_OPEN = CircuitState.HALF_OPEN.value
 
 ALLOWED = {
     (QUEUED, INFLIGHT),
@@ -43,6 +48,7 @@ ALLOWED = {
     (DEAD, INFLIGHT),
     (DEAD, QUEUED),
     (QUEUED, DEAD),  # an operator gives up, or the message expired (jobs.expiry)
+    (DELIVERED, QUEUED),  # replay (jobs.replay): deliver a delivered message again
 }
 
 
@@ -779,24 +785,35 @@ def _bound_cursor():
     connection.ensure_connection()
     return psycopg.Cursor(connection.connection)
 
+# Circuit breaker (jobs.circuit; ``cb`` is the consumer's consumers_circuit row, NULL while it never
+# failed): OPEN or HALF_OPEN leaves room for one probe once ``next_probe_at`` has passed and nothing
+# is in flight; after ``failures`` consecutive failures (below the threshold) at most threshold -
+# failures requests are out at once. NULL (no cap) when the breaker is off or never failed.
+CIRCUIT_CAP = f"""CASE WHEN c.circuit_breaker_failures > 0 THEN
+                CASE WHEN cb.state IN ({CB_OPEN}, {CB_HALF_OPEN}) THEN CASE WHEN cb.next_probe_at <= now() THEN 1 ELSE 0 END
+                     WHEN cb.failures > 0 THEN GREATEST(c.circuit_breaker_failures - cb.failures, 1) END END"""
+
 # Statuses are inlined, not parameters: a cached generic plan can then use the partial indexes
 # (WHERE status = 1001 ...), so PostgreSQL stops re-planning this statement (0.7 ms) on every claim.
 _CLAIM_PUSH_SQL = """
 WITH k AS MATERIALIZED (
     SELECT c.id, c.updated_at,
-           LEAST(c.max_in_flight, c.max_ack_pending)
+           LEAST(c.max_in_flight, c.max_ack_pending, {CIRCUIT_CAP})
              - (SELECT count(*) FROM jobs_job i
                  WHERE i.consumer_id = c.id AND i.status = {INFLIGHT}) AS room,
            c.max_deliveries_per_second AS rate, c.ordered,
            COALESCE(c.connection_timeout, %(conn_timeout)s) + 0.25 + %(rational)s AS ttl,
-           GREATEST(extract(epoch FROM p.tat - now()), 0) AS lag
+           GREATEST(extract(epoch FROM p.tat - now()), 0) AS lag,
+           c.circuit_breaker_failures > 0 AND cb.state IN ({CB_OPEN}, {CB_HALF_OPEN}) AS probing,
+           c.circuit_breaker_probe_seconds AS probe, COALESCE(cb.failures > 0 OR cb.state <> {CB_CLOSED}, false) AS cb_dirty
       FROM consumers_consumer c
       LEFT JOIN jobs_pushpace p ON p.consumer_id = c.id
+      LEFT JOIN consumers_circuit cb ON cb.consumer_id = c.id  -- circuit breaker (jobs.circuit)
      WHERE c.type = 'push' AND NOT c.paused  -- flow control: a paused consumer gets nothing
 ), r AS MATERIALIZED (
     -- room: maxInFlight minus what is in flight now (any process), capped by the GCRA pacing
     -- of maxDeliveriesPerSecond (bursts of rate/20, at least 1)
-    SELECT id, updated_at, rate, ttl, lag, ordered,
+    SELECT id, updated_at, rate, ttl, lag, ordered, probing, probe, cb_dirty,
            LEAST(room, %(limit)s,
                  CASE WHEN rate IS NULL OR rate <= 0 THEN %(limit)s
                       ELSE floor(GREATEST(1, ceil(rate / 20.0)) - COALESCE(lag, 0) * rate)::int END) AS room
@@ -843,16 +860,21 @@ WITH k AS MATERIALIZED (
      WHERE r.rate > 0
      GROUP BY u.consumer_id
     ON CONFLICT (consumer_id) DO UPDATE SET tat = EXCLUDED.tat
+), probe AS (
+    -- circuit breaker: the job claimed for an OPEN circuit is its probe (HALF_OPEN until recorded)
+    UPDATE consumers_circuit cb SET state = {CB_HALF_OPEN}, next_probe_at = now() + r.probe * interval '1 second'
+      FROM r WHERE cb.consumer_id = r.id AND r.probing AND r.id IN (SELECT consumer_id FROM u)
 )
 SELECT u.id, u.consumer_id, u.priority, u.retry_count, m.message_id, COALESCE(u.payload, m.payload),
        m.content_type, m.headers, r.updated_at,
        CASE WHEN u.partition_id IS NOT NULL
-            THEN (SELECT pt.key FROM jobs_partition pt WHERE pt.id = u.partition_id) END, u.gate, m.type
+            THEN (SELECT pt.key FROM jobs_partition pt WHERE pt.id = u.partition_id) END, u.gate, m.type, r.cb_dirty
   FROM u JOIN broker_message m ON m.id = u.message_id JOIN r ON r.id = u.consumer_id
  ORDER BY u.priority DESC, u.id
 """.replace("{GATE}", partition_gate_sql(
     "j", ordered="r.ordered", lease="AND pt.owner = %(worker)s AND pt.lease_until > now()",
-)).format(QUEUED=QUEUED, INFLIGHT=INFLIGHT)
+)).replace("{CIRCUIT_CAP}", CIRCUIT_CAP).format(
+    QUEUED=QUEUED, INFLIGHT=INFLIGHT, CB_OPEN=CB_OPEN, CB_HALF_OPEN=CB_HALF_OPEN, CB_CLOSED=CB_CLOSED)
 _CLAIM_PUSH_SQL = typed_sql(_CLAIM_PUSH_SQL, {"limit": "int", "conn_timeout": "float8", "rational": "float8",
                                               "reason": "text", "worker": "text"})
 
@@ -871,6 +893,7 @@ class PushJob:
     partition_key: str | None = None
     gate: int = 0
     message_type: str | None = None  # filters: sent as X-Broker-Message-Type
+    circuit_dirty: bool = False  # its consumer's circuit was counting failures or open when claimed
 
 
 def _headers_dict(value) -> dict:
@@ -914,7 +937,7 @@ def jobs_claim_push(*, limit: int, reason: str = "push", worker: str = "") -> li
     return [
         PushJob(id=r[0], consumer_pk=r[1], priority=r[2], retry_count=r[3], message_id=r[4],
                 payload=bytes(r[5]), content_type=r[6], consumer_updated_at=r[8],
-                partition_key=r[9], gate=r[10] or 0, message_type=r[11],
+                partition_key=r[9], gate=r[10] or 0, message_type=r[11], circuit_dirty=r[12],
                 # Django's psycopg setup leaves jsonb undecoded (JSONField decodes it)
                 headers=_headers_dict(json.loads(r[7]) if isinstance(r[7], str) else r[7]))
         for r in rows
@@ -1080,14 +1103,27 @@ def jobs_ack_inflight(*, consumer_pk: int, job_ids: Sequence[int], to_statuses: 
     return {r[0]: (True, r[1], r[2]) if r[1] is not None else (False, r[3], None) for r in rows}
 
 
+# Circuit breaker (jobs.circuit) in the push record: a failed probe (its consumer's circuit is
+# HALF_OPEN: the only job in flight) goes back to QUEUED without spending a retry; each consumer's
+# consecutive failures add up (a success in the batch restarts the count) and reaching the
+# threshold opens the circuit. ``since`` moves only when the circuit opens or closes (a failed probe
+# keeps it open since then), so the rows returned as changed are the advisories to raise.
+# consumers_circuit is read and written by primary key.
+_PROBE = f"""EXISTS (SELECT 1 FROM consumers_circuit pc WHERE pc.consumer_id = j.consumer_id
+                                                     AND pc.state = {CB_HALF_OPEN})"""
+_CB_FAILURES = "CASE WHEN x.ok THEN x.fails ELSE cb.failures + x.fails END"
+_CB_STATE = (f"CASE WHEN k.circuit_breaker_failures > 0 AND {_CB_FAILURES} >= k.circuit_breaker_failures "
+             f"THEN {CB_OPEN} ELSE {CB_CLOSED} END")
+
 _PUSH_RECORD_SQL = """
 WITH v AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(to_s)s::smallint[], %(delay)s::float8[], %(max_retry)s::int[])
            AS v(id, to_s, delay, max_retry)
 ), u AS (
     UPDATE jobs_job j SET
-        status = CASE WHEN v.to_s = {QUEUED} AND j.retry_count + 1 > v.max_retry THEN {DEAD} ELSE v.to_s END,
-        retry_count = CASE WHEN v.to_s = {QUEUED} THEN j.retry_count + 1 ELSE j.retry_count END,
+        status = CASE WHEN v.to_s = {QUEUED} AND j.retry_count + 1 > v.max_retry AND NOT {PROBE} THEN {DEAD}
+                      ELSE v.to_s END,
+        retry_count = CASE WHEN v.to_s = {QUEUED} AND NOT {PROBE} THEN j.retry_count + 1 ELSE j.retry_count END,
         status_changed_at = now(),
         next_attempt_at = CASE WHEN v.to_s = {QUEUED} THEN now() + v.delay * interval '1 second'
                                ELSE j.next_attempt_at END,
@@ -1107,10 +1143,36 @@ SELECT a.id, a.attempt, now() - a.age * interval '1 second', a.duration_ms, a.st
               %(codes)s::int[], %(excerpts)s::text[], %(errors)s::text[], %(request_ids)s::text[],
               %(outcomes)s::text[])
        AS a(id, attempt, age, duration_ms, status_code, excerpt, error, request_id, outcome)
+), cbx AS (
+    -- circuit breaker (jobs.circuit): per consumer of the batch, whether an attempt succeeded and
+    -- how many failed after the last success
+    SELECT * FROM unnest(%(cb_consumers)s::bigint[], %(cb_ok)s::bool[], %(cb_fails)s::int[]) AS x(consumer_id, ok, fails)
+), cbu AS (
+    UPDATE consumers_circuit cb SET
+        failures = {CB_FAILURES}, state = {CB_STATE},
+        since = CASE WHEN ({CB_STATE} = {CB_CLOSED}) <> (cb.state = {CB_CLOSED}) THEN now() ELSE cb.since END,
+        next_probe_at = CASE WHEN {CB_STATE} = {CB_OPEN} AND cb.state <> {CB_OPEN}
+                             THEN now() + k.circuit_breaker_probe_seconds * interval '1 second' ELSE cb.next_probe_at END
+      FROM cbx x JOIN consumers_consumer k ON k.id = x.consumer_id
+     WHERE cb.consumer_id = x.consumer_id AND (x.fails > 0 OR cb.failures > 0 OR cb.state <> {CB_CLOSED})
+    RETURNING cb.consumer_id, cb.state, cb.since = now() AS changed
+), cbi AS (
+    INSERT INTO consumers_circuit (consumer_id, state, since, failures, next_probe_at)
+    SELECT x.consumer_id, CASE WHEN x.fails >= k.circuit_breaker_failures THEN {CB_OPEN} ELSE {CB_CLOSED} END, now(),
+           x.fails, now() + k.circuit_breaker_probe_seconds * interval '1 second'
+      FROM cbx x JOIN consumers_consumer k ON k.id = x.consumer_id
+     WHERE x.fails > 0 AND k.circuit_breaker_failures > 0
+       AND NOT EXISTS (SELECT 1 FROM consumers_circuit e WHERE e.consumer_id = x.consumer_id)
+    ON CONFLICT (consumer_id) DO UPDATE SET failures = consumers_circuit.failures + EXCLUDED.failures
+    RETURNING consumer_id, state
 )
--- partitions to settle (jobs.partitions): nothing to return for non-partitioned jobs
-SELECT DISTINCT partition_id FROM u WHERE partition_id IS NOT NULL AND status <> {QUEUED}
-""".format(QUEUED=QUEUED, INFLIGHT=INFLIGHT, DEAD=DEAD)  # inlined: see _CLAIM_PUSH_SQL
+-- partitions to settle (jobs.partitions): nothing to return for non-partitioned jobs; circuits
+-- that changed state (advisories)
+SELECT DISTINCT partition_id, NULL::bigint, NULL::smallint FROM u WHERE partition_id IS NOT NULL AND status <> {QUEUED}
+UNION ALL SELECT NULL, consumer_id, state FROM cbu WHERE changed
+UNION ALL SELECT NULL, consumer_id, state FROM cbi WHERE state = {CB_OPEN}
+""".replace("{PROBE}", _PROBE).replace("{CB_STATE}", _CB_STATE).replace("{CB_FAILURES}", _CB_FAILURES).format(
+    QUEUED=QUEUED, INFLIGHT=INFLIGHT, DEAD=DEAD, CB_OPEN=CB_OPEN, CB_CLOSED=CB_CLOSED)  # inlined: see _CLAIM_PUSH_SQL
 
 
 @dataclass
@@ -1132,14 +1194,27 @@ class PushOutcome:
     max_retry: int | None = None
 
 
-def jobs_push_record(*, outcomes: Sequence[PushOutcome]) -> None:
+@dataclass
+class CircuitTally:
+    """One consumer's attempts in a recorded batch, for its circuit breaker: ``ok`` an attempt
+    succeeded, ``fails`` the failed attempts after the last success (all of them without one)."""
+
+    consumer_pk: int
+    ok: bool
+    fails: int
+
+
+def jobs_push_record(*, outcomes: Sequence[PushOutcome], circuits: Sequence[CircuitTally] = ()) -> list[tuple]:
     """Record finished push attempts in one statement: INFLIGHT -> DELIVERED / QUEUED / DEAD for
     each job still in flight (guarded by the status, so a job the timeout sweep already moved
     is left alone), its transition row, and every attempt's row (attempts are facts, recorded
     even when the job moved meanwhile). One statement instead of a jobs_move plus an INSERT: a
-    dispatcher records and claims in every transaction, and round trips are its cost."""
+    dispatcher records and claims in every transaction, and round trips are its cost.
+
+    ``circuits``: the batch's tallies per consumer for the circuit breaker, applied in the same
+    statement. Returns the circuits whose state changed, as (consumer pk, new state)."""
     if not outcomes:
-        return
+        return []
     for o in outcomes:
         if (INFLIGHT, o.to_status) not in ALLOWED:
             raise IllegalTransition(f"{INFLIGHT} -> {o.to_status}")
@@ -1156,10 +1231,15 @@ def jobs_push_record(*, outcomes: Sequence[PushOutcome]) -> None:
         "errors": [o.error for o in outcomes],
         "request_ids": [o.request_id for o in outcomes],
         "outcomes": [o.outcome for o in outcomes],
+        "cb_consumers": [t.consumer_pk for t in circuits],
+        "cb_ok": [t.ok for t in circuits],
+        "cb_fails": [t.fails for t in circuits],
     }
     with _bound_cursor() as cur:
         cur.execute(_PUSH_RECORD_SQL, params, prepare=True)
-        _settle_on_commit(row[0] for row in cur.fetchall())
+        rows = cur.fetchall()
+    _settle_on_commit(row[0] for row in rows)
+    return [(row[1], row[2]) for row in rows if row[1] is not None]
 
 
 # --- partitions: handler-driven gate moves -------------------------------------------------------
@@ -1214,3 +1294,99 @@ def jobs_move_gate(*, moves: Sequence[GateMove], consumer_pk: int | None = None)
         rows = cur.fetchall()
     _settle_on_commit(r[1] for r in rows)
     return {r[0]: r[1] for r in rows}
+
+
+# --- replay (jobs.replay) ------------------------------------------------------------------------
+
+# One chunk of a replay: the next ``limit`` messages of the channel in the window, walked by keyset
+# on message_channel_received (channel_id, received_at, id); this consumer's job of each message
+# found through job_unique_per_consumer (message_id, consumer_id), then moved by primary key.
+# DELIVERED (unless only_failed) and DEAD jobs go back to QUEUED, retry count 0 (rows locked SKIP
+# LOCKED: a job some other statement holds right now is skipped, never waited for); a message
+# without a job of this consumer gets a fresh QUEUED job (unless only_failed). QUEUED and INFLIGHT
+# jobs are skipped, and so are partitioned jobs and messages (a job put back below its partition's
+# gate could never run again). Every move and every new job gets a history row, reason ``replay``.
+_REPLAY_CHUNK_SQL = """
+WITH m AS MATERIALIZED (
+    -- a range on channel_id keeps it in the sort keys: only message_channel_received gives this order
+    SELECT id, priority, received_at, type, expires_at FROM broker_message
+     WHERE channel_id BETWEEN %(channel)s AND %(channel)s
+       AND (received_at, id) > (%(after_at)s::timestamptz, %(after_id)s::bigint)
+       AND received_at <= %(until)s::timestamptz
+     ORDER BY channel_id, received_at, id LIMIT %(limit)s
+), cur AS MATERIALIZED (
+    -- per message by job_unique_per_consumer (LIMIT 1: a nested loop, never a hash of every job)
+    SELECT j.id, j.message_id, j.status, j.partition_id, j.expires_at
+      FROM m CROSS JOIN LATERAL (
+          SELECT j.id, j.message_id, j.status, j.partition_id, j.expires_at FROM jobs_job j
+           WHERE j.message_id = m.id AND j.consumer_id = %(consumer)s LIMIT 1) j
+), pick AS MATERIALIZED (
+    SELECT p.id, p.status FROM jobs_job p
+     WHERE p.id = ANY(ARRAY(SELECT id FROM cur WHERE partition_id IS NULL  -- an expired message stays dead
+                                                 AND (expires_at IS NULL OR expires_at > now())
+                                                 AND (status = {DEAD} OR (status = {DELIVERED} AND NOT %(only_failed)s))))
+       AND p.status + 0 IN ({DEAD}, {DELIVERED}) AND p.partition_id IS NULL
+       FOR UPDATE SKIP LOCKED
+), ud AS (
+    UPDATE jobs_job j SET status = {QUEUED}, retry_count = 0, status_changed_at = now(), next_attempt_at = now(),
+                          deadline = NULL
+     WHERE j.id = ANY(ARRAY(SELECT id FROM pick WHERE status = {DELIVERED})) AND j.status + 0 = {DELIVERED}
+    RETURNING j.id
+), ux AS (
+    UPDATE jobs_job j SET status = {QUEUED}, retry_count = 0, status_changed_at = now(), next_attempt_at = now(),
+                          deadline = NULL
+     WHERE j.id = ANY(ARRAY(SELECT id FROM pick WHERE status = {DEAD})) AND j.status + 0 = {DEAD}
+    RETURNING j.id
+), ins AS (
+    INSERT INTO jobs_job (message_id, consumer_id, channel_id, status, priority, retry_count, next_attempt_at,
+                          incremental_timeout, status_changed_at, created_at, expires_at)
+    SELECT src.id, %(consumer)s, %(channel)s, {QUEUED}, src.priority, 0, now(), 0, now(), now(), src.expires_at
+      FROM m src JOIN consumers_consumer c ON c.id = %(consumer)s LEFT JOIN LATERAL (
+          SELECT 1 AS yes FROM jobs_job o WHERE o.message_id = src.id AND o.partition_id IS NOT NULL LIMIT 1) pt ON true
+     WHERE NOT %(only_failed)s AND pt.yes IS NULL
+       AND (src.expires_at IS NULL OR src.expires_at > now())
+       AND {TYPE_FILTER}  -- the consumer's messageTypes, as at fan-out
+       AND NOT EXISTS (SELECT 1 FROM cur WHERE cur.message_id = src.id)
+     ORDER BY src.id
+    ON CONFLICT (message_id, consumer_id) DO NOTHING
+    RETURNING id
+), h AS (
+    INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)
+    SELECT id, {DELIVERED}, {QUEUED}, 0, 'replay', now() FROM ud
+    UNION ALL SELECT id, {DEAD}, {QUEUED}, 0, 'replay', now() FROM ux
+    UNION ALL SELECT id, NULL, {QUEUED}, 0, 'replay', now() FROM ins
+), n AS (
+    SELECT pg_notify('broker_jobs', %(consumer)s::text)
+     WHERE EXISTS (SELECT 1 FROM ud) OR EXISTS (SELECT 1 FROM ux) OR EXISTS (SELECT 1 FROM ins)
+), last AS (
+    SELECT received_at, id FROM m ORDER BY received_at DESC, id DESC LIMIT 1
+)
+SELECT (SELECT count(*) FROM m), (SELECT count(*) FROM ud) + (SELECT count(*) FROM ux) + (SELECT count(*) FROM ins),
+       (SELECT received_at FROM last), (SELECT id FROM last), (SELECT count(*) FROM n)
+""".format(QUEUED=QUEUED, DELIVERED=DELIVERED, DEAD=DEAD, TYPE_FILTER=_TYPE_FILTER)
+REPLAY_MOVES = ((DELIVERED, QUEUED), (DEAD, QUEUED))
+
+
+@dataclass
+class ReplayChunk:
+    """What one chunk did: messages walked, jobs queued (moved or new), and where it stopped
+    (the keyset of the last message; None when the window is exhausted)."""
+
+    messages: int
+    queued: int
+    after_at: object
+    after_id: int | None
+
+
+def jobs_replay_chunk(*, channel_pk: int, consumer_pk: int, after_at, after_id: int, until,
+                      only_failed: bool, limit: int) -> ReplayChunk:
+    """One chunk of a replay, one statement (its own transaction outside one), see _REPLAY_CHUNK_SQL."""
+    for move in REPLAY_MOVES:
+        if move not in ALLOWED:
+            raise IllegalTransition(f"{move[0]} -> {move[1]}")
+    with connection.cursor() as cur:
+        cur.execute(_REPLAY_CHUNK_SQL, {"channel": channel_pk, "consumer": consumer_pk, "after_at": after_at,
+                                        "after_id": after_id, "until": until, "only_failed": bool(only_failed),
+                                        "limit": int(limit)})
+        walked, queued, last_at, last_id, _ = cur.fetchone()
+    return ReplayChunk(messages=int(walked), queued=int(queued), after_at=last_at, after_id=last_id)

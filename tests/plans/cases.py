@@ -119,7 +119,8 @@ CASES: list[Case] = [
          lambda w: {"ids": w.inflight_jobs, "to_s": [DELIVERED] * 100, "delay": [None] * 100,
                     "max_retry": [5] * 100, "attempts": [1] * 100, "ages": [0.1] * 100, "durations": [5.0] * 100,
                     "codes": [204] * 100, "excerpts": [""] * 100, "errors": [""] * 100,
-                    "request_ids": ["r"] * 100, "outcomes": ["delivered"] * 100}),
+                    "request_ids": ["r"] * 100, "outcomes": ["delivered"] * 100,
+                    "cb_consumers": [w.push], "cb_ok": [False], "cb_fails": [3]}),
     Case("jobs.state._MARK_DEAD_SQL", "jobs_job_pkey",
          lambda w: {"ids": w.inflight_jobs[:5], "queued": QUEUED, "inflight": INFLIGHT, "dead": DEAD,
                     "consumer": None, "reason": "operator"}, run="plain"),
@@ -153,6 +154,13 @@ CASES: list[Case] = [
     Case("admin job list", "jobs_job_pkey", lambda w: None, run="plain", sql=_admin_jobs),
     Case("admin job list (status, consumer)", "job_consumer_status", lambda w: None, run="plain",
          sql=lambda w: _admin_jobs(w, status__exact=QUEUED, consumer=w.pull)),
+    # replay: one chunk of a channel's messages in a window (10,000 a statement), walked by keyset
+    Case("jobs.state._REPLAY_CHUNK_SQL", ("message_channel_received", "job_unique_per_consumer"),
+         lambda w: {"channel": w.channel, "consumer": w.push, "after_at": "-infinity", "after_id": 0,
+                    "until": "infinity", "only_failed": False, "limit": 10_000}, run="plain"),
+    Case("jobs.state._REPLAY_CHUNK_SQL", ("message_channel_received", "job_unique_per_consumer"),
+         lambda w: {"channel": w.channel, "consumer": w.pull, "after_at": "-infinity", "after_id": 0,
+                    "until": "infinity", "only_failed": True, "limit": 10_000}, run="plain", id="replay-only-failed"),
     # --- fan-out --------------------------------------------------------------------------------
     Case("jobs.publishing._INSERT_MANY_SQL", "message_unique_per_channel",
          lambda w: {"channel": w.channel, "producer": w.producer, "mids": ["x1", "x2"], "payloads": [b"a", b"b"],
