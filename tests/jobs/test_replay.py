@@ -20,7 +20,7 @@ from consumers.models import Consumer
 from jobs import replay as replay_module
 from jobs import state
 from jobs.models import Job, JobStatus, JobTransition
-from tests.admin.conftest import consumer_pk
+from tests.web.admin.conftest import consumer_pk
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
