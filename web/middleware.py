@@ -24,6 +24,7 @@ import re
 import time
 
 from django.conf import settings
+from django.core.exceptions import MiddlewareNotUsed
 from django.core.handlers.exception import response_for_exception
 from django.http import HttpResponse, JsonResponse
 from django.middleware.clickjacking import XFrameOptionsMiddleware
@@ -158,6 +159,8 @@ class PullFastLaneMiddleware:
     Django's request signals still run (the connection handling around every request)."""
 
     def __init__(self, get_response):
+        if not settings.BROKER_PULL_FAST_LANE:
+            raise MiddlewareNotUsed("BROKER_PULL_FAST_LANE is off")
         self.get_response = get_response
         self.security = SecurityMiddleware(_passthrough)
         self.common = CommonMiddleware(_passthrough)
