@@ -15,6 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import connection
 
 from broker import xid
@@ -22,7 +23,7 @@ from broker.counters import JOB, REDELIVERED, counts_for
 from broker.errors import Conflict, InvalidInput, NotFound, PreconditionFailed, TooLarge
 from broker.tokens import token_require
 from broker.xid import job_xid
-from jobs import state
+from jobs import pull_moves, state
 from jobs.expiry import job_expired_status
 from jobs.state import DEAD, DELIVERED, INFLIGHT, QUEUED
 from jobs.wakeup import wakeups
@@ -247,13 +248,16 @@ def job_transition(*, channel_id: str, consumer_id: str, job_id: str, channel_to
 
     One round trip: ``state.job_move_pull_authenticated`` reads the auth row and attempts the
     move (guarded by the tokens and the job's status) in one statement; the checks below then
-    decide the answer from the row as it was before the move."""
+    decide the answer from the row as it was before the move. Committed asynchronously unless
+    ``BROKER_PULL_ASYNC_COMMIT`` is off (``jobs.pull_moves`` says why that is safe)."""
     target = SPEC_STATES[next_state]
     if incremental_timeout is not None and target != INFLIGHT:
         from_states: list[int] = []  # never moves; the 400 comes after the auth checks
     else:
         from_states = [QUEUED, DEAD] if target == INFLIGHT else [INFLIGHT]
-    row, moved, policy = state.job_move_pull_authenticated_grouped(
+    move = (pull_moves.job_move_pull_authenticated_async if settings.BROKER_PULL_ASYNC_COMMIT
+            else state.job_move_pull_authenticated_grouped)
+    row, moved, policy = move(
         channel_id=channel_id, consumer_id=consumer_id, job_id=job_id_parse(job_id),
         channel_token=channel_token, consumer_token=consumer_token, from_statuses=from_states,
         to_status=target, incremental_timeout=incremental_timeout, reason="pull")

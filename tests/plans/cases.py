@@ -105,6 +105,8 @@ CASES: list[Case] = [
     Case("jobs.state._PULL_MOVE_AUTH_SQL", "jobs_job_pkey", _move_auth),
     Case("jobs.state._PULL_MOVE_AUTH_GROUPED_SQL", "jobs_job_pkey",
          lambda w: _move_auth(w, to_s=INFLIGHT, from_s=(QUEUED, DEAD))),
+    Case("jobs.pull_moves.PULL_MOVE_AUTH_ASYNC_SQL", "jobs_job_pkey",
+         lambda w: _move_auth(w, to_s=INFLIGHT, from_s=(QUEUED, DEAD))),
     Case("jobs.pull._AUTH_SQL", "jobs_job_pkey",
          lambda w: {"channel": "plans", "consumer": "pull", "job": w.queued_job}),
     Case("jobs.state._MOVE_SQL", "jobs_job_pkey", lambda w: _moves(w, w.inflight_jobs, INFLIGHT, DELIVERED),
