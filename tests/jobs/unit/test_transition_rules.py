@@ -26,6 +26,7 @@ DOCUMENTED = {
     (DEAD, INFLIGHT),       # a pull consumer retries a dead job
     (DEAD, QUEUED),         # an operator / the DLQ requeues it
     (QUEUED, DEAD),         # its message expired (or an operator marks it dead)
+    (DELIVERED, QUEUED),    # a replay delivers it again (jobs/replay.py)
 }
 
 
@@ -34,12 +35,12 @@ def test_the_table_is_the_documented_state_machine():
     assert {QUEUED, INFLIGHT, DELIVERED, DEAD} == set(STATUSES), "four states, no more"
 
 
-def test_delivered_is_final_and_no_state_moves_to_itself():
-    assert not [m for m in ALLOWED if m[0] == DELIVERED]
+def test_delivered_leaves_only_by_replay_and_no_state_moves_to_itself():
+    assert [m for m in ALLOWED if m[0] == DELIVERED] == [(DELIVERED, QUEUED)]
     assert not [m for m in ALLOWED if m[0] == m[1]]
 
 
-def test_every_state_is_reachable_from_queued_and_only_delivered_is_terminal():
+def test_every_state_is_reachable_from_queued_and_none_is_a_dead_end():
     reached, frontier = {QUEUED}, [QUEUED]
     while frontier:
         here = frontier.pop()
@@ -49,7 +50,7 @@ def test_every_state_is_reachable_from_queued_and_only_delivered_is_terminal():
                 frontier.append(b)
     assert reached == set(STATUSES)
     terminal = {s for s in STATUSES if not any(a == s for a, _ in ALLOWED)}
-    assert terminal == {DELIVERED}
+    assert terminal == set()  # DELIVERED leaves only by a replay, DEAD by a retry or requeue
 
 
 def test_nothing_but_a_claim_enters_inflight_from_queued_and_nothing_skips_inflight_to_delivered():
