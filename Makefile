@@ -32,5 +32,5 @@ test: $(TEST_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 clean:
-	-DJANGO_DEBUG=1 $(PY) manage.py embedded_db stop
+	-$(PY) -m broker.embedded_db stop
 	rm -rf .data

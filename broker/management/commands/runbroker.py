@@ -14,6 +14,8 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
+from broker import embedded_db
+
 QCLUSTER_GRACE = 5.0  # django-q2's qcluster can hang on SIGTERM (its issue #346): SIGKILL after this
 
 
@@ -61,7 +63,7 @@ class Command(BaseCommand):
         self.stdout.write(f"  admin site:  http://{bind}/admin/  login: admin / {password}")
         self.stdout.write(f"  admin token: {admin_token}   (header X-Broker-Admin-Token)")
         self.stdout.write(f"  API docs:    http://{bind}/api/docs/")
-        self.stdout.write(f"  database:    {'embedded PostgreSQL under ' + str(data) if settings.EMBEDDED_DB else 'DATABASE_URL'}")
+        self.stdout.write(f"  database:    {'embedded PostgreSQL under ' + str(data) if embedded_db.started() else 'DATABASE_URL'}")
         self.stdout.flush()
 
         # Each child gets its own process group, so stopping it also stops the processes it spawned
