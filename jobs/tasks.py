@@ -22,6 +22,9 @@ import time
 from django.conf import settings
 from django.db import connection
 
+from broker.db.listen import dedicated_connect
+from jobs.housekeeping import housekeeping_run
+
 logger = logging.getLogger(__name__)
 
 SLOT_POLL = 0.025
@@ -32,13 +35,7 @@ class Slot:
     dedicated connection (Django's own may be closed and reopened by django-q2 between tasks)."""
 
     def __init__(self) -> None:
-        import psycopg
-
-        s = connection.settings_dict
-        params = {"dbname": s["NAME"], "user": s.get("USER") or None, "password": s.get("PASSWORD") or None,
-                  "host": s.get("HOST") or None, "port": s.get("PORT") or None}
-        self.conn = psycopg.connect(**{k: v for k, v in params.items() if v}, autocommit=True,
-                                    application_name="broker-push-slot")
+        self.conn = dedicated_connect(application_name="broker-push-slot")
         self.key = f"broker-push:{settings.Q_CLUSTER.get('name', 'broker')}"
         self.number: int | None = None
 
@@ -142,14 +139,9 @@ def push_dispatch_ensure() -> int:
 
 
 def maintenance() -> dict:
-    """Safety net when no dispatcher loop runs (they do all this every second): the in-flight
-    timeout sweep, due scheduled messages, and the counter compaction."""
-    from broker.counters import counters_compact
-    from jobs.scheduling import scheduled_dispatch_due
-    from jobs.state import jobs_expire_inflight
-
-    return {"expired": jobs_expire_inflight(), "scheduled": scheduled_dispatch_due(),
-            "compacted": counters_compact()}
+    """The fallback schedule (``broker-maintenance``, every minute): the housekeeping routine the
+    dispatcher loops run, every step once, so nothing waits for a loop (BROKER_PUSH_DISPATCHERS=0)."""
+    return housekeeping_run()
 
 
 def on_worker_spawn(sender=None, proc_name=None, **kwargs) -> None:
