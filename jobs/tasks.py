@@ -20,10 +20,14 @@ import logging
 import time
 
 from django.conf import settings
+from django.db import Error as DatabaseError
 from django.db import connection
+from django_q.tasks import async_task
 
 from broker.db.listen import dedicated_connect
+from jobs.doorbell import doorbell_thread_start
 from jobs.housekeeping import housekeeping_run
+from jobs.push.dispatcher import engine_get
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +70,6 @@ class Slot:
 
 def push_dispatch(wait: float = 0.0) -> str:
     """Run one dispatcher loop if a slot is free (see module docstring)."""
-    from jobs.push.dispatcher import engine_get
-
     slots = int(settings.BROKER_PUSH_DISPATCHERS or 0)
     if slots <= 0:
         return "push dispatch disabled (BROKER_PUSH_DISPATCHERS=0)"
@@ -76,7 +78,6 @@ def push_dispatch(wait: float = 0.0) -> str:
         number = slot.acquire(slots, wait)
         if number is None:
             return "every dispatcher slot is taken"
-        from jobs.doorbell import doorbell_thread_start
 
         doorbell_thread_start()  # this process's doorbell ringer thread (rings while it holds its lock)
         claim_for = float(settings.BROKER_PUSH_LOOP_SECONDS)
@@ -106,8 +107,6 @@ def push_dispatch(wait: float = 0.0) -> str:
 
 def _enqueue_successor_retrying(budget: float) -> bool:
     """Enqueue the successor, retrying every second for ``budget`` seconds (database outage)."""
-    from django.db import Error as DatabaseError
-
     deadline = time.monotonic() + budget
     while True:
         try:
@@ -123,15 +122,11 @@ def _enqueue_successor_retrying(budget: float) -> bool:
 
 
 def _enqueue_successor() -> None:
-    from django_q.tasks import async_task
-
     async_task("jobs.tasks.push_dispatch", 30.0, task_name="push-dispatch", save=False)
 
 
 def push_dispatch_ensure() -> int:
     """Enqueue one dispatcher start per slot; those finding their slot taken return at once."""
-    from django_q.tasks import async_task
-
     slots = int(settings.BROKER_PUSH_DISPATCHERS or 0)
     for _ in range(slots):
         async_task("jobs.tasks.push_dispatch", 0.0, task_name="push-dispatch", save=False)
@@ -149,8 +144,6 @@ def on_worker_spawn(sender=None, proc_name=None, **kwargs) -> None:
     if int(settings.BROKER_PUSH_DISPATCHERS or 0) <= 0 or settings.Q_CLUSTER.get("sync"):
         return
     try:
-        from django_q.tasks import async_task
-
         async_task("jobs.tasks.push_dispatch", 0.0, task_name="push-dispatch", save=False)
     except Exception:  # noqa: BLE001 - the minute schedule starts it otherwise
         logger.exception("could not enqueue a push dispatcher at worker start")

@@ -14,6 +14,7 @@ from consumers import services
 from consumers.models import Consumer
 from consumers.priority import priority_config_parse
 from jobs import groups
+from jobs.doorbell import doorbell_state
 from jobs.pull import consumer_stats
 from web.api.common import (
     ADMIN_PARAM, CHANNEL_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, PRECONDITION, channel_or_404, form_value,
@@ -185,8 +186,6 @@ class ConsumerView(APIView):
         body.update(consumer_stats(consumer_pk=consumer.pk, sweep=consumer.is_pull))
         body["Backlog"] = body["NumPending"]  # flow control: QUEUED jobs, against MaxQueued
         if consumer.is_pull and consumer.callback_url:
-            from jobs.doorbell import doorbell_state
-
             body["Doorbell"] = doorbell_state(consumer_pk=consumer.pk)
         return with_last_modified(body, consumer)
 

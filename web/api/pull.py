@@ -17,7 +17,8 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.views import APIView
 
 from broker.errors import DomainError, Forbidden, InvalidInput, Locked
-from jobs import pull
+from jobs import groups, pull
+from jobs.advisories import advisories_list
 from web.api.common import ADMIN_PARAM, CHANNEL_TOKEN, ERROR, OBJ, read_body
 from web.auth import ADMIN_HEADER, is_admin
 
@@ -219,7 +220,6 @@ class PullView(HotView):
         if ctx.policy == "none":
             jobs = pull.jobs_pull(ctx=ctx, req=req)
             return json_response({"Result": [pull.claimed_repr(j) for j in jobs]})
-        from jobs import groups
 
         result = groups.jobs_pull_grouped(ctx=ctx, req=req)
         if result.wrong_pin and not result.jobs:
@@ -264,8 +264,6 @@ class UnpinView(HotView):
         parameters=[*TOKENS, ADMIN_PARAM], request={"application/json": OpenApiTypes.OBJECT}, responses={200: OBJ, **AUTH_ERRORS},
     )
     def post(self, request, channel_id: str, consumer_id: str):
-        from jobs import groups
-
         ctx = authenticate(request, channel_id, consumer_id, allow_admin=True, require_pull=False)
         data = json_body(request, empty={})
         if not isinstance(data, dict):
@@ -285,8 +283,6 @@ class AdvisoriesView(HotView):
         responses={200: OBJ, **AUTH_ERRORS},
     )
     def get(self, request, channel_id: str, consumer_id: str):
-        from jobs.advisories import advisories_list
-
         ctx = authenticate(request, channel_id, consumer_id, allow_admin=True, require_pull=False)
         raw = request.GET.get("limit")
         limit = 100

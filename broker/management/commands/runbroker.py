@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
@@ -49,7 +50,6 @@ class Command(BaseCommand):
         admin_token = settings.BROKER_ADMIN_TOKEN or _read_or_create(data / "admin_token",
                                                                        lambda: secrets.token_urlsafe(24))
         password = _read_or_create(data / "admin_password", lambda: secrets.token_urlsafe(12))
-        from django.contrib.auth import get_user_model
 
         User = get_user_model()
         user = User.objects.filter(username="admin").first()

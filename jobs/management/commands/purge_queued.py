@@ -10,6 +10,8 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from broker.errors import DomainError
+from consumers.models import Consumer
+from jobs.pull import older_than_parse
 from jobs.state import jobs_purge_queued
 
 
@@ -29,9 +31,6 @@ class Command(BaseCommand):
         parser.add_argument("--batch", type=int, default=5000, help="jobs per statement (default 5000)")
 
     def handle(self, *args, channel=None, consumer=None, all=False, older_than=None, batch=5000, **options):
-        from consumers.models import Consumer
-        from jobs.pull import older_than_parse
-
         if batch < 1:
             raise CommandError("--batch must be at least 1")
         if all == bool(channel):

@@ -15,6 +15,7 @@ from django.db import connection
 
 from broker.counters import JOB, counts_for
 from broker.xid import job_pk
+from consumers.models import Consumer
 from jobs.state import DEAD, jobs_requeue_dead
 
 
@@ -44,8 +45,6 @@ class Command(BaseCommand):
 
     def handle(self, *args, channel=None, consumer=None, all=False, jobs=None, batch=5000, dry_run=False,
                **options):
-        from consumers.models import Consumer
-
         if batch < 1:
             raise CommandError("--batch must be at least 1")
         if all == bool(channel):
