@@ -15,7 +15,7 @@ from jobs import partitions
 from jobs.housekeeping import STEPS
 from jobs.models import Partition
 from jobs.tasks import maintenance, push_dispatch
-from tests.partitions.test_pull_partitions import ack, pull_ids
+from tests.partitions.test_pull_partitions import pull_ids, settle_lose
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -25,15 +25,7 @@ def test_without_dispatchers_the_fallback_schedule_repairs_a_lost_settle(pull_wo
     settings.BROKER_PUSH_DISPATCHERS = 0
     assert push_dispatch() == "push dispatch disabled (BROKER_PUSH_DISPATCHERS=0)"  # no loop will sweep
     monkeypatch.setattr(partitions, "_stale_next", 0.0)  # this process has not settled in the last 10 s
-    parts.publish("lost", 0)
-    parts.publish("lost", 1)
-    [a] = pull_ids(pc)
-    ack(pc, [{"ID": a["ID"], "NextState": "DELIVERED"}])
-    p = Partition.objects.get(key="lost")
-    # a settle lost to a crash: the partition back at gate 0, as if never settled
-    assert partitions.partition_write(partition_pk=p.pk, version=p.version, gate=0)
-    Partition.objects.filter(pk=p.pk).update(updated_at=p.updated_at - timedelta(seconds=10))
-    assert pull_ids(pc) == []
+    p = settle_lose(parts, pc)  # gate 0 done, its settle lost: nothing to pull
 
     call_command("setup_schedules", verbosity=0)
     Schedule.objects.filter(name="broker-maintenance").update(next_run=timezone.now() - timedelta(seconds=1))
