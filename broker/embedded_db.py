@@ -9,7 +9,7 @@ The server outlives the process that started it (gunicorn workers, qcluster and 
 commands all share it); ``server_stop`` stops it. A file lock makes concurrent starts safe.
 
 Importing settings never starts it: each entry point calls ``database_url_ensure`` first (manage.py
-``main()``, ``broker/wsgi.py``, ``gunicorn.conf.py``; the test session uses ``test_server_start``
+``main()``, ``broker/wsgi.py``, ``gunicorn.conf.py``; the test session uses ``throwaway_server_start``
 from ``tests/pg_session.py``), which exports ``DATABASE_URL`` before Django reads its settings.
 """
 
@@ -85,7 +85,7 @@ def database_url_ensure() -> str:
     return _started.url
 
 
-def test_server_start() -> str:
+def throwaway_server_start() -> str:
     """A fresh throw-away server for one test session (fsync off: test data is disposable), stopped
     and deleted at exit; DATABASE_URL is exported as in ``database_url_ensure``."""
     global _started

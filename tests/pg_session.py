@@ -9,12 +9,12 @@ import os
 
 import pytest
 
-from broker.embedded_db import test_server_start
+from broker.embedded_db import throwaway_server_start
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_load_initial_conftests(early_config, parser, args):
     """Runs before pytest-django's implementation of this hook, which loads the settings."""
     if not os.environ.get("DATABASE_URL") and not getattr(early_config.known_args_namespace, "help", False):
-        test_server_start()
+        throwaway_server_start()
     return (yield)
