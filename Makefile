@@ -37,5 +37,5 @@ unit: $(TEST_STAMP)
 	DATABASE_URL=postgres://unit:unit@127.0.0.1:9/no_database $(PY) -m pytest -m unit -q $$(find tests -type d -name unit) $(PYTEST_ARGS)
 
 clean:
-	-DJANGO_DEBUG=1 $(PY) manage.py embedded_db stop
+	-$(PY) -m broker.embedded_db stop
 	rm -rf .data

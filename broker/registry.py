@@ -9,6 +9,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils.http import parse_http_date_safe
 
 from broker.errors import InvalidInput, PreconditionFailed
+from broker.models import Channel, Producer
 from broker.tokens import token_generate
 
 # Every successful update moves updated_at to the next whole second at least, so the
@@ -86,8 +87,6 @@ def _db_now() -> datetime:
 def channel_upsert(*, channel_id: str, name: str | None, token: str | None, precondition: Precondition,
                    settings: dict | None = None):
     """``settings``: validated model fields (message_ttl)."""
-    from broker.models import Channel
-
     fields = {"name": name} if name else {}
     fields.update(settings or {})
     return row_upsert(model=Channel, key_field="channel_id", key=channel_id,
@@ -99,8 +98,6 @@ def producer_upsert(*, producer_id: str, name: str | None, token: str | None, pr
                     rate: dict | None = None):
     """``rate``: validated flow-control fields (rate_limit_per_second, burst); a changed limit
     refills the bucket (its state is reset)."""
-    from broker.models import Producer
-
     fields = {"name": name} if name else {}
     if rate:
         fields.update(rate, rate_tokens=None, rate_at=None)

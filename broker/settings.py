@@ -1,7 +1,10 @@
 """Settings, all from the environment (see README "Configuration" for every variable).
 
-``DATABASE_URL`` selects PostgreSQL; without it an embedded PostgreSQL server is started under
-``BROKER_DATA_DIR`` (tests get a fresh throw-away one). PostgreSQL is the only engine.
+Importing this module reads the environment (and the INI seed file it names) and nothing else: it
+never writes ``os.environ`` and never starts a server. ``DATABASE_URL`` selects PostgreSQL (the
+only engine); when a user leaves it unset, the entry point (manage.py, broker/wsgi.py,
+gunicorn.conf.py, the test session) has started the embedded server and set it before Django
+loads (broker/embedded_db.py ``database_url_ensure``).
 """
 
 from __future__ import annotations
@@ -9,22 +12,26 @@ from __future__ import annotations
 import configparser
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from broker.embedded_db import data_dir
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 TESTING = "pytest" in sys.modules or os.environ.get("BROKER_TESTING") == "1"
+# The environment, with the INI seed file's broker keys beneath it (filled in below); read, never
+# written back to os.environ (child processes read the same file themselves).
+_ENV: dict[str, str] = dict(os.environ)
 
 
 def env_str(name: str, default: str = "") -> str:
-    return os.environ.get(name, default)
+    return _ENV.get(name, default)
 
 
 def env_bool(name: str, default: bool = False) -> bool:
-    value = os.environ.get(name)
+    value = _ENV.get(name)
     if value is None or value == "":
         return default
     if value.lower() in ("1", "true", "yes", "on"):
@@ -35,7 +42,7 @@ def env_bool(name: str, default: bool = False) -> bool:
 
 
 def env_float(name: str, default: float) -> float:
-    value = os.environ.get(name)
+    value = _ENV.get(name)
     if value is None or value == "":
         return default
     try:
@@ -45,7 +52,7 @@ def env_float(name: str, default: float) -> float:
 
 
 def env_int(name: str, default: int | None) -> int | None:
-    value = os.environ.get(name)
+    value = _ENV.get(name)
     if value is None or value == "":
         return default
     try:
@@ -80,10 +87,10 @@ if BROKER_SEED_CONFIG and os.path.exists(BROKER_SEED_CONFIG):
                 "BROKER_HMAC_EXEMPT_PATHS": ("gateway-auth", "auth-exempt-paths"),
             })
         for _name, (_section, _key) in _INI_KEYS.items():
-            if _name not in os.environ and _ini.has_option(_section, _key):
+            if _name not in _ENV and _ini.has_option(_section, _key):
                 _value = _ini.get(_section, _key).strip()
                 if _value:
-                    os.environ[_name] = _value
+                    _ENV[_name] = _value
 
 DEBUG = env_bool("DJANGO_DEBUG", False)
 SECRET_KEY = env_str("DJANGO_SECRET_KEY")
@@ -96,7 +103,7 @@ ALLOWED_HOSTS = [h.strip() for h in env_str("DJANGO_ALLOWED_HOSTS", "127.0.0.1,l
 if TESTING:
     ALLOWED_HOSTS += ["testserver"]
 
-BROKER_DATA_DIR = Path(env_str("BROKER_DATA_DIR", str(BASE_DIR / ".data")))
+BROKER_DATA_DIR = data_dir()
 # Server-side prepared statements on the hot paths (off behind poolers that cannot keep them).
 BROKER_PREPARED_STATEMENTS = env_bool("BROKER_PREPARED_STATEMENTS", True)
 # The spec path's job state changes commit without waiting for the WAL flush (jobs.pull_moves).
@@ -106,29 +113,10 @@ BROKER_PULL_FAST_LANE = env_bool("BROKER_PULL_FAST_LANE", True)
 
 # --- database -----------------------------------------------------------------------------------
 DATABASE_URL = env_str("DATABASE_URL")
-EMBEDDED_DB = None
 if not DATABASE_URL:
-    from broker.embedded_db import server_ensure
-
-    if TESTING:
-        # A fresh throw-away server per test session (fsync off: test data is disposable).
-        _test_dir = Path(tempfile.mkdtemp(prefix="broker-test-pg-"))
-        EMBEDDED_DB = server_ensure(_test_dir, fsync=False)
-        import atexit
-        import shutil
-
-        def _cleanup_test_db(path: Path = _test_dir) -> None:
-            from broker.embedded_db import server_stop
-
-            server_stop(path)
-            shutil.rmtree(path, ignore_errors=True)
-
-        atexit.register(_cleanup_test_db)
-    else:
-        EMBEDDED_DB = server_ensure(BROKER_DATA_DIR / "postgres")
-    DATABASE_URL = EMBEDDED_DB.url
-    # Child processes (gunicorn workers, qcluster, test servers) reuse the same server.
-    os.environ["DATABASE_URL"] = DATABASE_URL
+    raise ImproperlyConfigured(
+        "DATABASE_URL is not set: set it, or start the broker through manage.py, broker.wsgi or "
+        "gunicorn.conf.py, which start the embedded PostgreSQL (broker.embedded_db.database_url_ensure)")
 
 DATABASES = {
     "default": dj_database_url.parse(
@@ -201,8 +189,7 @@ TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
 STATIC_URL = "static/"
-STATIC_ROOT = Path(env_str("BROKER_STATIC_ROOT", str(BROKER_DATA_DIR / "static")))
-STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+STATIC_ROOT = Path(env_str("BROKER_STATIC_ROOT", str(BROKER_DATA_DIR / "static")))  # made by broker.apps
 # Admin and API-docs assets are served by WhiteNoise straight from the installed apps (no
 # collectstatic step, no CDN: the network may be closed).
 WHITENOISE_USE_FINDERS = True

@@ -27,6 +27,13 @@ from datetime import datetime
 from urllib.parse import urlsplit
 
 from django.db import transaction
+from django.utils import timezone
+
+from broker.models import Channel, Producer, SeedState
+from broker.netpolicy import CallbackDenied, callback_url_check
+from broker.registry import _db_now, row_update
+from consumers.models import Consumer
+from consumers.services import signing_secret_generate
 
 from broker.errors import DomainError
 from broker.message_types import message_types_parse
@@ -174,8 +181,6 @@ def seed_parse(text: str) -> SeedPlan:
 
 def _apply_row(model, lookup: dict, values: dict):
     """Create the row, or update the fields that differ from the seed."""
-    from broker.registry import _db_now, row_update
-
     obj = model.objects.filter(**lookup).first()
     if obj is None:
         return model.objects.create(**lookup, **values, updated_at=_db_now()), True
@@ -187,12 +192,6 @@ def _apply_row(model, lookup: dict, values: dict):
 
 def seed_apply(plan: SeedPlan) -> dict:
     """Upsert everything in the plan in one transaction and record it. Returns counts."""
-    from broker.models import Channel, Producer, SeedState
-    from broker.netpolicy import CallbackDenied, callback_url_check
-    from consumers.models import Consumer
-    from consumers.services import signing_secret_generate
-    from django.utils import timezone
-
     for error in plan.errors:
         logger.error("seed: %s", error)
     created = {"channels": 0, "producers": 0, "consumers": 0}

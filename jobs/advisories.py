@@ -18,7 +18,9 @@ import secrets
 from django.conf import settings
 from django.db import connection, transaction
 
+from broker.models import Channel, Producer
 from consumers.models import Advisory
+from jobs.publishing import NewMessage, PublishContext, messages_publish
 
 logger = logging.getLogger("broker.advisories")
 
@@ -34,9 +36,6 @@ def advisory_repr(advisory: Advisory) -> dict:
 
 
 def _publish(body: dict) -> None:
-    from broker.models import Channel, Producer
-    from jobs.publishing import NewMessage, PublishContext, messages_publish
-
     target = settings.BROKER_ADVISORY_CHANNEL
     channel = Channel.objects.filter(channel_id=target).only("pk").first()
     if channel is None:

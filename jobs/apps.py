@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.db.backends.signals import connection_created
 
 
 class JobsConfig(AppConfig):
@@ -6,16 +7,15 @@ class JobsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # Each django-q2 worker asks for a push dispatcher loop as it starts (jobs/tasks.py).
+        """Signal receivers. These modules (and django_q.signals) import models, which Django
+        allows only once the app registry is ready: hence imports here (the allow-list of
+        tests/system/architecture/test_no_function_imports.py names this method)."""
         from django_q.signals import post_spawn
 
+        from jobs.state import connection_plan_setup
         from jobs.tasks import on_worker_spawn
 
+        # Each django-q2 worker asks for a push dispatcher loop as it starts (jobs/tasks.py).
         post_spawn.connect(on_worker_spawn, dispatch_uid="jobs.push_dispatch_on_spawn")
-
         # How the hot prepared statements are planned (jobs.state.PLAN_CACHE_MODE).
-        from django.db.backends.signals import connection_created
-
-        from jobs.state import connection_plan_setup
-
         connection_created.connect(connection_plan_setup, dispatch_uid="jobs.plan_cache_mode")

@@ -23,6 +23,8 @@ from typing import Callable, Iterable
 from django.db import connection
 
 from broker.counters import JOB, MESSAGE, REDELIVERED, counts_for
+from broker.models import Channel
+from consumers.models import Consumer
 from jobs.state import DEAD, DELIVERED, INFLIGHT, QUEUED
 
 MINUTES = 60  # the charts' window
@@ -342,9 +344,6 @@ def db_now() -> datetime:
 
 def dashboard_snapshot(*, channel_pks: list[int] | None = None) -> Dashboard:
     """Everything the dashboard shows, for every channel (or the given ones)."""
-    from broker.models import Channel
-    from consumers.models import Consumer
-
     channels_qs = Channel.objects.order_by("channel_id")
     consumers_qs = Consumer.objects.select_related("channel").order_by("consumer_id")
     if channel_pks is not None:

@@ -32,6 +32,7 @@ receiver neither blocks checks nor push deliveries.
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import json
 import logging
@@ -49,9 +50,12 @@ from django.conf import settings
 from django.db import connection
 
 from broker.counters import JOB, counts_for
+from broker.db.listen import Listener
 from broker.times import rfc3339
+from consumers.models import DoorbellState
 from jobs.models import JobStatus
 from jobs.push import delivery
+from jobs.push.http import Client, ProtocolError
 from jobs.wakeup import CHANNEL
 
 logger = logging.getLogger("consumers.doorbell")  # its name before the move: what operators filter on
@@ -60,7 +64,7 @@ LOCK_KEY = "broker-doorbell"
 LOCK_RETRY = 2.0  # seconds between attempts to take the ringer lock
 COALESCE = 0.02  # a NOTIFY is followed by this pause so a burst of publishes makes one check
 RELOAD_EVERY = 5.0  # the set of doorbell consumers (for filtering NOTIFYs) is reloaded this often
-PRUNE_EVERY = 60.0
+PRUNE_EVERY = 60.0  # doorbell_prune, a step of jobs.housekeeping
 
 QUEUED = int(JobStatus.QUEUED)
 
@@ -242,8 +246,6 @@ def doorbell_prune() -> int:
 
 def doorbell_state(*, consumer_pk: int) -> dict:
     """The doorbell's state for the consumer GET (one primary-key lookup)."""
-    from consumers.models import DoorbellState
-
     state = DoorbellState.objects.filter(consumer_id=consumer_pk).first()
     if state is None:
         return {"Armed": True, "RangAt": None, "Rings": 0, "Failures": 0}
@@ -269,6 +271,7 @@ class Ringer:
         self.sent = 0
         self.errors = 0
         self.holding = threading.Event()  # set while this ringer holds the lock and rings
+        self.listener = Listener((), application_name="broker-doorbell")  # LISTENs once it holds the lock
         self.stopping = False
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -276,8 +279,6 @@ class Ringer:
 
     # --- HTTP side (the client's event loop thread) -----------------------------------------
     async def _send(self, ring: Ring) -> None:
-        from jobs.push.http import ProtocolError
-
         target = delivery.Target(pk=ring.consumer_pk, consumer_id=ring.consumer_id, channel_id=ring.channel_id,
                                  url=ring.url, token=ring.token, secret=None, previous_secret=None,
                                  previous_expires=None, timeout=ring_timeout(), max_retry=None, backoff=None,
@@ -321,8 +322,6 @@ class Ringer:
     # --- the loop (its own thread) --------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         """Until ``stop``: take the lock, then check and ring; on any database error start over."""
-        from jobs.push.http import Client
-
         self.client = Client()
         try:
             while not stop.is_set():
@@ -341,26 +340,21 @@ class Ringer:
 
     def _cancel_sends(self) -> None:
         """Rings still in flight at shutdown are dropped (cancelled, then the loop stops)."""
-        import asyncio
-
         loop = self.client.loop
         if loop.is_running():
             loop.call_soon_threadsafe(lambda: [task.cancel() for task in asyncio.all_tasks(loop)])
             time.sleep(0.1)
 
-    def _connect(self):
-        import psycopg
-
-        s = connection.settings_dict
-        params = {"dbname": s["NAME"], "user": s.get("USER") or None, "password": s.get("PASSWORD") or None,
-                  "host": s.get("HOST") or None, "port": s.get("PORT") or None}
-        return psycopg.connect(**{k: v for k, v in params.items() if v}, autocommit=True,
-                               application_name="broker-doorbell")
-
     def _session(self, stop: threading.Event) -> None:
         """One connection holds the lock (tried again every ``LOCK_RETRY`` s on the same
-        connection while another ringer has it) and LISTENs; checks run on Django's connection."""
-        conn = self._connect()
+        connection while another ringer has it), then LISTENs (never before: a connection that
+        listens without reading would hold back the server's notification queue); checks run on
+        Django's connection. A lost connection ends the session; the next one comes after the
+        listener's backoff."""
+        conn = self.listener.connect()
+        if conn is None:
+            stop.wait(max(0.05, self.listener.retry_at - time.monotonic()))
+            return
         try:
             while self.use_lock and not stop.is_set():
                 if conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))", [LOCK_KEY]).fetchone()[0]:
@@ -368,21 +362,11 @@ class Ringer:
                 stop.wait(LOCK_RETRY)
             if stop.is_set():
                 return
-            conn.execute(f"LISTEN {CHANNEL}")
+            self.listener.listen(CHANNEL)
             self.holding.set()
             self._loop(conn, stop)
         finally:
-            conn.close()
-
-    def _drain(self, conn) -> set[int]:
-        pks: set[int] = set()
-        pgconn = conn.pgconn
-        pgconn.consume_input()
-        while (note := pgconn.notifies()) is not None:
-            for part in note.extra.split(b","):
-                if part.strip().isdigit():
-                    pks.add(int(part))
-        return pks
+            self.listener.close()
 
     def _loop(self, conn, stop: threading.Event) -> None:
         poll = poll_seconds()
@@ -390,7 +374,6 @@ class Ringer:
         members: set[int] = set()
         members_at = -RELOAD_EVERY
         next_poll = 0.0  # a full check at once
-        next_prune = time.monotonic() + PRUNE_EVERY
         notified: set[int] = set()
         while not stop.is_set():
             now = time.monotonic()
@@ -417,9 +400,6 @@ class Ringer:
                 while self.failed:
                     failed.append(self.failed.popleft())
                 doorbell_failed(failed=failed)
-            if now >= next_prune:
-                next_prune = now + PRUNE_EVERY
-                doorbell_prune()
             wait_until = min([next_poll, *timers[:1]])
             poller = select.poll()
             poller.register(conn.fileno(), select.POLLIN)
@@ -432,10 +412,13 @@ class Ringer:
                 except BlockingIOError:
                     pass
             if conn.fileno() in ready:
-                notified = self._drain(conn)
-                if notified & members:
+                notified = self.listener.drain()
+                if notified and notified & members:
                     stop.wait(COALESCE)  # let the rest of a burst arrive: one check for all of it
-                    notified |= self._drain(conn)
+                    more = self.listener.drain()
+                    notified = None if more is None else notified | more
+                if notified is None:
+                    return  # connection lost: a new session (lock, LISTEN) after the backoff
 
     def close(self) -> None:
         for fd in (self._wake_r, self._wake_w):

@@ -31,6 +31,7 @@ from consumers.priority import DEFAULT_PIN_TIMEOUT, GROUP_NAME, NONE, OVERFLOW, 
 from jobs import state
 from jobs.advisories import advisory_record
 from jobs.pull import _NEXT_SQL as pull_next_sql
+from jobs.pull import WAIT_SAFETY_NET, WAIT_UNLISTENED, consumer_sweep, pull_wait_begin
 from jobs.state import INFLIGHT, QUEUED
 from jobs.wakeup import wakeups
 
@@ -341,8 +342,6 @@ def jobs_pull_grouped(*, ctx, req) -> GroupPull:
     ``jobs.pull.pull_request_check``). Admission, pin check and timer reset, waiter insert
     and a first dispatch are one transaction under the consumer's lock; then the waiter sleeps
     (no connection held) until its row is served, its expiry, or the pin's timeout."""
-    from jobs.pull import WAIT_SAFETY_NET, WAIT_UNLISTENED, consumer_sweep, pull_wait_begin
-
     target = Target(consumer_pk=ctx.consumer_pk, channel_id=ctx.channel_id, consumer_id=ctx.consumer_id,
                     policy=ctx.policy, groups=ctx.groups, timeout=ctx.priority_timeout)
     wait, end, mark = pull_wait_begin(ctx=ctx, req=req)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from django.db import models
 
 from broker.models import Channel, Message
+from broker.xid import job_xid
 from consumers.models import Consumer
 
 
@@ -68,8 +69,6 @@ class Job(models.Model):
         ]
 
     def __str__(self) -> str:
-        from broker.xid import job_xid
-
         return f"job {job_xid(self.pk)}" if self.pk else "job"
 
 

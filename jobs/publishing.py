@@ -8,13 +8,17 @@ write statement per request, however many messages and consumers.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+from django.db import transaction
+from psycopg.types.json import Jsonb
 
 from broker.errors import Conflict, Forbidden, InvalidInput, NotFound, RateLimited, Unauthenticated
 from broker.tokens import tokens_equal
 from broker.xid import xid_new
 from jobs import state
+from jobs.partitions import partition_settle, partitions_for_publish
 
 DISPATCHED = 102
 BACKLOG_RETRY_AFTER = 1  # seconds: a full backlog drains at the consumer's pace
@@ -100,8 +104,6 @@ def producer_rate_take(*, ctx: PublishContext, n: int) -> None:
     """Spend ``n`` tokens of the producer's bucket or answer 429 ``rate_limited`` with Retry-After
     (seconds until ``n`` tokens could be there). Only called for producers with a limit: others
     pay nothing."""
-    import math
-
     rate = float(ctx.rate)
     burst = float(ctx.burst or max(1, math.ceil(rate)))
     rows = state.prepared_fetchall(_RATE_TAKE_SQL, {"producer": ctx.producer_pk, "rate": rate,
@@ -220,11 +222,6 @@ def _publish_partitioned(ctx: PublishContext, messages: list[NewMessage], ids: l
     (409 ``partition_closed`` / ``gate_passed`` roll everything back), then messages and jobs in
     one statement, then the partitions whose gate is below a new job's are settled (they may have
     been waiting with nothing left at their gate)."""
-    from django.db import transaction
-    from psycopg.types.json import Jsonb
-
-    from jobs.partitions import partition_settle, partitions_for_publish
-
     gates: dict[str, list[int]] = {}
     for m in messages:
         if m.partition_key is not None:
@@ -249,8 +246,6 @@ def messages_publish(*, ctx: PublishContext, messages: list[NewMessage]) -> list
     Returns [(message_id, created)] in input order; ``created`` is False for a duplicate id (an id
     already in the channel, or repeated within the batch: the first occurrence wins).
     """
-    from psycopg.types.json import Jsonb
-
     if ctx.rate:
         producer_rate_take(ctx=ctx, n=len(messages))
     ids = [m.message_id or message_id_generate() for m in messages]

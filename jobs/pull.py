@@ -14,6 +14,8 @@ import math
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime
+from urllib.parse import quote
 
 from django.conf import settings
 from django.db import connection
@@ -301,7 +303,6 @@ def job_detail(*, ctx: PullContext) -> dict:
         row = cur.fetchone()
     if row is None:
         raise NotFound("job_not_found", "job not found")
-    from urllib.parse import quote
 
     base = f"/channel/{ctx.channel_id}/consumer/{ctx.consumer_id}"
     status = row[1]
@@ -704,7 +705,6 @@ def older_than_parse(raw: str | None) -> dict:
         if not 0 <= seconds < 1e10 or seconds != seconds:
             raise InvalidInput("invalid_olderThan", "olderThan must be RFC 3339 or non-negative seconds")
         return {"older_than_seconds": seconds}
-    from datetime import datetime
 
     try:
         value = datetime.fromisoformat(raw.replace("Z", "+00:00").replace("z", "+00:00"))

@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 
 from django.conf import settings
 from django.db import connection, transaction
+from psycopg.types.json import Jsonb
 
 from broker.errors import Conflict, InvalidInput, NotFound, PreconditionFailed
 from broker.models import ScheduledMessage
@@ -69,8 +70,6 @@ def scheduled_message_create(*, ctx: publishing.PublishContext, message: publish
     """Store a message to publish at ``dispatch_at`` (at least BROKER_MIN_SCHEDULE_DELAY ahead by
     the database clock, else 412). 409 when the id is already used in the channel, by a
     message or another scheduled message. Returns the message id."""
-    from psycopg.types.json import Jsonb
-
     mid = message.message_id or publishing.message_id_generate()
     with connection.cursor() as cur:
         cur.execute(_CREATE_SQL, {

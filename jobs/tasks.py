@@ -20,9 +20,15 @@ import logging
 import time
 
 from django.conf import settings
+from django.db import Error as DatabaseError
 from django.db import connection
+from django_q.tasks import async_task
 
-from jobs.expiry import jobs_expire_messages
+from broker.db.listen import dedicated_connect
+from jobs.doorbell import doorbell_thread_start
+from jobs.housekeeping import housekeeping_run
+from jobs.push.dispatcher import engine_get
+
 
 logger = logging.getLogger(__name__)
 
@@ -34,13 +40,7 @@ class Slot:
     dedicated connection (Django's own may be closed and reopened by django-q2 between tasks)."""
 
     def __init__(self) -> None:
-        import psycopg
-
-        s = connection.settings_dict
-        params = {"dbname": s["NAME"], "user": s.get("USER") or None, "password": s.get("PASSWORD") or None,
-                  "host": s.get("HOST") or None, "port": s.get("PORT") or None}
-        self.conn = psycopg.connect(**{k: v for k, v in params.items() if v}, autocommit=True,
-                                    application_name="broker-push-slot")
+        self.conn = dedicated_connect(application_name="broker-push-slot")
         self.key = f"broker-push:{settings.Q_CLUSTER.get('name', 'broker')}"
         self.number: int | None = None
 
@@ -71,8 +71,6 @@ class Slot:
 
 def push_dispatch(wait: float = 0.0) -> str:
     """Run one dispatcher loop if a slot is free (see module docstring)."""
-    from jobs.push.dispatcher import engine_get
-
     slots = int(settings.BROKER_PUSH_DISPATCHERS or 0)
     if slots <= 0:
         return "push dispatch disabled (BROKER_PUSH_DISPATCHERS=0)"
@@ -81,7 +79,6 @@ def push_dispatch(wait: float = 0.0) -> str:
         number = slot.acquire(slots, wait)
         if number is None:
             return "every dispatcher slot is taken"
-        from jobs.doorbell import doorbell_thread_start
 
         doorbell_thread_start()  # this process's doorbell ringer thread (rings while it holds its lock)
         claim_for = float(settings.BROKER_PUSH_LOOP_SECONDS)
@@ -111,8 +108,6 @@ def push_dispatch(wait: float = 0.0) -> str:
 
 def _enqueue_successor_retrying(budget: float) -> bool:
     """Enqueue the successor, retrying every second for ``budget`` seconds (database outage)."""
-    from django.db import Error as DatabaseError
-
     deadline = time.monotonic() + budget
     while True:
         try:
@@ -128,15 +123,11 @@ def _enqueue_successor_retrying(budget: float) -> bool:
 
 
 def _enqueue_successor() -> None:
-    from django_q.tasks import async_task
-
     async_task("jobs.tasks.push_dispatch", 30.0, task_name="push-dispatch", save=False)
 
 
 def push_dispatch_ensure() -> int:
     """Enqueue one dispatcher start per slot; those finding their slot taken return at once."""
-    from django_q.tasks import async_task
-
     slots = int(settings.BROKER_PUSH_DISPATCHERS or 0)
     for _ in range(slots):
         async_task("jobs.tasks.push_dispatch", 0.0, task_name="push-dispatch", save=False)
@@ -144,17 +135,9 @@ def push_dispatch_ensure() -> int:
 
 
 def maintenance() -> dict:
-    """Safety net when no dispatcher loop runs (they do all this every second): the in-flight
-    timeout sweep, the expiry sweep, due scheduled messages, and the counter compaction."""
-    from broker.counters import counters_compact
-    from jobs.scheduling import scheduled_dispatch_due
-    from jobs.state import jobs_expire_inflight
-
-    dead = jobs_expire_messages()  # expiry (jobs.expiry); logged, so the task's result keeps its keys
-    if dead:
-        logger.info("maintenance: %d jobs of expired messages moved to DEAD", dead)
-    return {"expired": jobs_expire_inflight(), "scheduled": scheduled_dispatch_due(),
-            "compacted": counters_compact()}
+    """The fallback schedule (``broker-maintenance``, every minute): the housekeeping routine the
+    dispatcher loops run, every step once, so nothing waits for a loop (BROKER_PUSH_DISPATCHERS=0)."""
+    return housekeeping_run()
 
 
 def on_worker_spawn(sender=None, proc_name=None, **kwargs) -> None:
@@ -162,8 +145,6 @@ def on_worker_spawn(sender=None, proc_name=None, **kwargs) -> None:
     if int(settings.BROKER_PUSH_DISPATCHERS or 0) <= 0 or settings.Q_CLUSTER.get("sync"):
         return
     try:
-        from django_q.tasks import async_task
-
         async_task("jobs.tasks.push_dispatch", 0.0, task_name="push-dispatch", save=False)
     except Exception:  # noqa: BLE001 - the minute schedule starts it otherwise
         logger.exception("could not enqueue a push dispatcher at worker start")

@@ -10,12 +10,11 @@ net (e.g. while the listener reconnects after a database restart).
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections import defaultdict
 
-logger = logging.getLogger(__name__)
+from broker.db.listen import Listener
 
 CHANNEL = "broker_jobs"
 ANY = 0  # pseudo consumer id: bumped on every notification
@@ -42,40 +41,26 @@ class Wakeups:
     def stop(self) -> None:
         self._stop.set()
 
-    def _dsn(self) -> dict:
-        from django.db import connection
-
-        s = connection.settings_dict
-        params = {"dbname": s["NAME"], "user": s.get("USER") or None, "password": s.get("PASSWORD") or None,
-                  "host": s.get("HOST") or None, "port": s.get("PORT") or None}
-        return {k: v for k, v in params.items() if v}
-
     def _run(self) -> None:
-        import psycopg
+        """Bump waiters on each notification; on (re)connect and on a lost connection wake every
+        waiter (notifications may have been missed), so the poll fallback takes over at once."""
+        listener = Listener([CHANNEL], application_name="broker-listen", on_connect=self._connected)
+        try:
+            while not self._stop.is_set():
+                before = listener.received
+                ids = listener.wait(1.0)
+                if ids is None:
+                    if self.connected.is_set():
+                        self.connected.clear()
+                        self.notify_all()
+                elif listener.received != before:
+                    self.bump(ids)
+        finally:
+            listener.close()
 
-        while not self._stop.is_set():
-            try:
-                with psycopg.connect(**self._dsn(), autocommit=True, application_name="broker-listen") as conn:
-                    conn.execute(f"LISTEN {CHANNEL}")
-                    self.connected.set()
-                    self.notify_all()  # we may have missed notifications while (re)connecting
-                    while not self._stop.is_set():
-                        for note in conn.notifies(timeout=1.0):
-                            self._deliver(note.payload)
-            except Exception as exc:  # noqa: BLE001 - reconnect on any database failure
-                self.connected.clear()
-                logger.warning("wake-up listener lost its connection (%s); retrying", type(exc).__name__)
-                self.notify_all()
-                time.sleep(1.0)
-
-    def _deliver(self, payload: str) -> None:
-        ids = []
-        for part in (payload or "").split(","):
-            try:
-                ids.append(int(part))
-            except ValueError:
-                continue
-        self.bump(ids)
+    def _connected(self, conn) -> None:
+        self.connected.set()
+        self.notify_all()  # we may have missed notifications while (re)connecting
 
     # --- local API -----------------------------------------------------------------------------
     def bump(self, consumer_ids) -> None:

@@ -38,6 +38,7 @@ from django.utils.safestring import mark_safe
 
 from jobs.models import JobStatus
 from pipeline import charts
+from pipeline.latest import pipeline_report_record
 from pipeline.readers import failed_attempts_read, jdbc_read, job_facts_read
 
 QUEUED, INFLIGHT, DELIVERED, DEAD = (s.value for s in (JobStatus.QUEUED, JobStatus.INFLIGHT,
@@ -335,8 +336,6 @@ def pipeline_report_build(*, spark, since: datetime, out_dir: str | Path, until:
     figures["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
     _json_write(out / "report.json", figures)
     if record_latest:
-        from pipeline.latest import pipeline_report_record
-
         pipeline_report_record(out_dir=out, figures=figures)
     say(f"report written: {html_path}")
     return Report(out_dir=out, html_path=html_path, figures=figures, timings=timings, jobs=figures["jobs"])

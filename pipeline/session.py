@@ -15,6 +15,7 @@ from urllib.parse import quote
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
 
 JDBC_DRIVER = "org.postgresql.Driver"
 
@@ -67,8 +68,6 @@ def spark_session_build(*, master: str | None = None, app_name: str = "broker-pi
 
 def jdbc_options_build(*, alias: str = "default") -> dict[str, str]:
     """url/user/password/driver for Spark's JDBC source, from the connection Django is using."""
-    from django.db import connections
-
     conn = connections[alias]
     sd = conn.settings_dict
     if conn.vendor != "postgresql":

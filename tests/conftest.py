@@ -1,7 +1,7 @@
 """Shared fixtures: an API client with the admin token, and helpers to make broker objects.
 
-Tests run against a real PostgreSQL: a fresh embedded server per session (see broker/settings.py)
-unless DATABASE_URL is set.
+Tests run against a real PostgreSQL: a fresh embedded server per session (started by the plugin
+tests/pg_session.py) unless DATABASE_URL is set.
 """
 
 from __future__ import annotations

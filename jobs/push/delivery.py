@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import json
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -200,8 +201,6 @@ def handler_answer(body: bytes, current_gate: int) -> HandlerAnswer | None:
     (no JSON object, ``done`` true, or neither ``done`` nor ``gate``). ``done`` false (or absent
     with a ``gate``) moves the job to ``gate``, which must be an integer above the current gate;
     anything else is a bad answer, treated as a failed attempt with a clear error."""
-    import json
-
     text = body.strip()
     if not text.startswith(b"{"):
         return None

@@ -9,8 +9,9 @@ Two threads per process: this coordinator (all database work) and the HTTP clien
     -> one transaction: record the finished attempts (``jobs_push_record``, one statement), then
        claim as many due jobs as there is room for (``jobs_claim_push``)
     -> hand the claimed jobs to the event loop
-    -> every second: the in-flight timeout sweep and due scheduled messages; every 5 s the
-       counter compaction.
+    -> housekeeping (jobs.housekeeping), each step at its period: every second the in-flight
+       timeout sweep, due scheduled messages and lost partition settles; every 5 s the counter
+       compaction; every minute the doorbell prune.
 
 Recording and claiming share a transaction so the room freed by finished callbacks is
 visible to the claim at once: with maxInFlight = 10 a consumer's throughput is 10 / (callback
@@ -36,9 +37,10 @@ from django.conf import settings
 from django.db import Error as DatabaseError
 from django.db import connection, transaction
 
+from broker.db.listen import Listener
 from broker.xid import job_xid
 from jobs import circuit, partitions, state
-from jobs.expiry import jobs_expire_messages
+from jobs.housekeeping import Housekeeping
 from jobs.push import delivery
 from jobs.push.delivery import Result, Target
 from jobs.push.http import Client as HttpClient
@@ -47,8 +49,6 @@ from jobs.wakeup import CHANNEL
 
 logger = logging.getLogger(__name__)
 
-SWEEP_EVERY = 1.0
-COMPACT_EVERY = 5.0
 # Finished callbacks are held up to this long while others of the same burst are still running,
 # so one transaction records (and refills) a burst instead of a fragment of it.
 COALESCE = 0.002
@@ -156,62 +156,6 @@ def attempts_log(items: list[tuple]) -> None:
                        "error": result.error[:200], "request_id": result.request_id})
 
 
-class Listener:
-    """This loop's own ``LISTEN broker_jobs`` connection, waited on with select() together with
-    the wake pipe, so a publish reaches the claim with no thread hand-off (jobs.wakeup's shared
-    listener wakes waiters through two threads). Reconnects quietly; the poll covers the gap."""
-
-    def __init__(self) -> None:
-        self.conn = None
-        self.retry_at = 0.0
-
-    def fileno(self) -> int | None:
-        if self.conn is None and time.monotonic() >= self.retry_at:
-            self._connect()
-        return self.conn.fileno() if self.conn is not None else None
-
-    def _connect(self) -> None:
-        import psycopg
-
-        s = connection.settings_dict
-        params = {"dbname": s["NAME"], "user": s.get("USER") or None, "password": s.get("PASSWORD") or None,
-                  "host": s.get("HOST") or None, "port": s.get("PORT") or None}
-        try:
-            self.conn = psycopg.connect(**{k: v for k, v in params.items() if v}, autocommit=True,
-                                        application_name="broker-push-listen")
-            self.conn.execute(f"LISTEN {CHANNEL}")
-        except Exception as exc:  # noqa: BLE001 - poll until the database is back
-            logger.warning("push dispatcher cannot LISTEN (%s); polling", type(exc).__name__)
-            self.conn = None
-            self.retry_at = time.monotonic() + 1.0
-
-    def drain(self) -> set[int] | None:
-        """Consumer pks notified since the last call (None: unknown, e.g. after a reconnect)."""
-        if self.conn is None:
-            return None
-        pks: set[int] = set()
-        try:
-            pgconn = self.conn.pgconn
-            pgconn.consume_input()
-            while (note := pgconn.notifies()) is not None:
-                for part in note.extra.split(b","):
-                    if part.strip().isdigit():
-                        pks.add(int(part))
-        except Exception:  # noqa: BLE001
-            self.close()
-            self.retry_at = time.monotonic() + 1.0
-            return None
-        return pks
-
-    def close(self) -> None:
-        if self.conn is not None:
-            try:
-                self.conn.close()
-            except Exception:  # noqa: BLE001
-                pass
-            self.conn = None
-
-
 class Engine:
     """Per-process delivery machinery, reused by successive loop tasks in one worker process:
     the HTTP client's event loop thread, the consumer cache and the finished-attempt queue."""
@@ -227,7 +171,10 @@ class Engine:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self._signalled = False
-        self.listener = Listener()
+        # This loop's own LISTEN connection, waited on with select() together with the wake pipe, so
+        # a publish reaches the claim with no thread hand-off (jobs.wakeup's shared listener wakes
+        # waiters through two threads). Reconnects quietly; the poll covers the gap.
+        self.listener = Listener([CHANNEL], application_name="broker-push-listen")
         self.wake_share: tuple[int, int] | None = None  # (slot, slots): see _worth_claiming
         # jobs.partitions: this engine's lease owner id; partitions are claimed only while leased
         self.worker_id = uuid.uuid4().hex
@@ -305,8 +252,8 @@ class Engine:
             poller.register(listen_fd, select.POLLIN)
         try:
             ready = {fd for fd, _ in poller.poll(max(0.0, timeout) * 1000.0)}
-        except OSError:
-            self.listener.close()
+        except OSError as exc:
+            self.listener.lost(exc)
             return "notify"
         if listen_fd is not None and listen_fd in ready and self._worth_claiming(self.listener.drain()):
             return "notify"
@@ -360,8 +307,7 @@ class Engine:
         timers: list[float] = []  # monotonic times when our own retries / paced consumers are due
         stats = {"claimed": 0, "recorded": 0, "transactions": 0, "errors": 0, "db_seconds": 0.0}
         next_poll = start
-        next_sweep = start
-        next_compact = start + COMPACT_EVERY
+        chores = Housekeeping(start=start)
         lease_every = min(1.0, partitions.lease_seconds() / 3.0)
         next_lease = start
         claiming = True
@@ -432,12 +378,8 @@ class Engine:
                 next_lease = now + lease_every
                 if self._lease_cycle(acquire=claiming):
                     kicked = True
-            if housekeeping and now >= next_sweep:
-                next_sweep = now + SWEEP_EVERY
-                self._sweep()
-                if now >= next_compact:
-                    next_compact = now + COMPACT_EVERY
-                    self._compact()
+            if housekeeping and now >= chores.next_due():
+                chores.run_due(now)
             if not claiming and (self._running == 0 or now >= drain_until):
                 if self._running:
                     logger.warning("push dispatcher: %d callbacks still running at hand-over; their jobs "
@@ -445,7 +387,7 @@ class Engine:
                 break
             if kicked and self.idle_capacity() > 0 and claiming:
                 continue
-            wait_until = min(next_poll if claiming else drain_until, next_sweep if housekeeping else drain_until,
+            wait_until = min(next_poll if claiming else drain_until, chores.next_due() if housekeeping else drain_until,
                              next_lease)
             if timers:
                 wait_until = min(wait_until, timers[0])
@@ -488,27 +430,6 @@ class Engine:
         at = round(at * 20) / 20 + 0.05
         if at not in timers:
             heapq.heappush(timers, at)
-
-    def _sweep(self) -> None:
-        from jobs.scheduling import scheduled_dispatch_due
-
-        for name, fn in (("timeout sweep", state.jobs_expire_inflight), ("expiry sweep", jobs_expire_messages),
-                         ("scheduled messages", scheduled_dispatch_due),
-                         ("partition settle", partitions.partitions_settle_stale)):
-            try:
-                fn()
-            except DatabaseError:
-                logger.exception("push dispatcher: %s failed", name)
-                connection.close()
-
-    def _compact(self) -> None:
-        from broker.counters import counters_compact
-
-        try:
-            counters_compact()
-        except DatabaseError:
-            logger.exception("push dispatcher: counter compaction failed")
-            connection.close()
 
 
 _engine: Engine | None = None

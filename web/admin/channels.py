@@ -22,14 +22,20 @@ from django.utils.html import format_html
 from django.utils.http import http_date
 from django.utils.text import Truncator
 
-from broker.counters import MESSAGE, counts_for
+from broker.counters import JOB, MESSAGE, counts_for
 from broker.errors import DomainError, PreconditionFailed
 from broker.models import Channel, Message, Producer, ScheduledMessage
 from broker.registry import Precondition, channel_upsert, producer_upsert
+from broker.xid import job_xid
+from consumers.models import Consumer
+from jobs.models import Job
+from jobs.scheduling import scheduled_message_cancel
+from jobs.state import DEAD, INFLIGHT, QUEUED
 from web.admin.helpers import (
     VIEW_ONLY, ChannelFilter, LargeTableAdmin, ReadOnlyAdmin, ServiceFormAdmin, admin_url, changelist_url, json_block,
     mask, payload_preview, table, url_id_validator,
 )
+from web.admin.jobs import job_admin_url, status_badge
 
 logger = logging.getLogger("web.admin.channels")
 
@@ -154,8 +160,6 @@ class ChannelAdmin(RegistryAdmin):
 
     @admin.display(description="consumers", ordering="n_consumers")
     def consumers_col(self, obj):
-        from consumers.models import Consumer
-
         return format_html('<a href="{}">{}</a>', changelist_url(Consumer, channel__id__exact=obj.pk),
                            obj.n_consumers)
 
@@ -171,11 +175,6 @@ class ChannelAdmin(RegistryAdmin):
 
     @admin.display(description="consumers")
     def consumers_table(self, obj):
-        from broker.counters import JOB
-        from consumers.models import Consumer
-        from jobs.models import Job
-        from jobs.state import DEAD, INFLIGHT, QUEUED
-
         consumers = list(Consumer.objects.filter(channel=obj).order_by("consumer_id"))
         counts = counts_for(scope=JOB, owner_ids=[c.pk for c in consumers])
         rows = []
@@ -257,10 +256,6 @@ class MessageAdmin(MessageColumnsMixin, ReadOnlyAdmin):
 
     @admin.display(description="jobs")
     def jobs_table(self, obj):
-        from broker.xid import job_xid
-        from web.admin.jobs import job_admin_url, status_badge
-        from jobs.models import Job
-
         jobs = Job.objects.filter(message_id=obj.pk).select_related("consumer").order_by("consumer__consumer_id")[:500]
         return table(["job", "consumer", "status", "retries", "status changed"],
                      [[format_html('<a href="{}">{}</a>', job_admin_url(j.pk), job_xid(j.pk)), j.consumer.consumer_id,
@@ -298,8 +293,6 @@ class ScheduledMessageAdmin(MessageColumnsMixin, LargeTableAdmin):
 
     @admin.action(description="Cancel selected scheduled messages", permissions=["change"])
     def cancel(self, request, queryset):
-        from jobs.scheduling import scheduled_message_cancel
-
         cancelled, refused = 0, []
         for channel_pk, message_id in queryset.values_list("channel_id", "message_id")[:10_000]:
             try:

@@ -23,7 +23,7 @@ from django.utils.html import format_html
 from django.utils.http import http_date
 from django.utils.text import Truncator
 
-from broker.counters import JOB, REDELIVERED
+from broker.counters import JOB, REDELIVERED, counts_for
 from broker.errors import DomainError, InvalidInput, PreconditionFailed
 from broker.message_types import message_types_parse, message_types_text
 from broker.registry import Precondition
@@ -31,7 +31,13 @@ from consumers import services
 from consumers.models import Advisory, Consumer
 from jobs.circuit import circuit_state, consumer_circuit_close
 from jobs.replay import consumer_replay
-from jobs.state import DEAD, DELIVERED, INFLIGHT, QUEUED
+from jobs.advisories import advisories_list
+from jobs.dashboard import duration_text, minute_series, oldest_queued_ages
+from jobs.groups import group_unpin, groups_state, target_for
+from jobs.models import Job
+from jobs.pull import consumer_stats
+from jobs.state import DEAD, DELIVERED, INFLIGHT, QUEUED, jobs_delete_dead, jobs_purge_queued, jobs_requeue_dead
+from web import svg
 from web.admin.helpers import ServiceFormAdmin, changelist_url, mask, table, url_id_validator
 
 logger = logging.getLogger("web.admin.channels")
@@ -202,8 +208,6 @@ class ConsumerAdmin(ServiceFormAdmin):
         return Truncator(obj.callback_url).chars(48) if obj.callback_url else "-"
 
     def _jobs_link(self, obj, status: int, value):
-        from jobs.models import Job
-
         return format_html('<a href="{}">{}</a>', changelist_url(Job, consumer=obj.pk, status__exact=status),
                            f"{int(value or 0):,}")
 
@@ -242,10 +246,6 @@ class ConsumerAdmin(ServiceFormAdmin):
 
     @admin.display(description="jobs")
     def statistics(self, obj):
-        from broker.counters import counts_for
-        from jobs.dashboard import duration_text, oldest_queued_ages
-        from jobs.pull import consumer_stats
-
         stats = consumer_stats(consumer_pk=obj.pk)  # what GET /channel/../consumer/.. reports
         redelivered = counts_for(scope=JOB, owner_ids=[obj.pk]).get(obj.pk, {}).get(REDELIVERED, 0)
         oldest = oldest_queued_ages(consumer_pks=[obj.pk]).get(obj.pk)
@@ -260,9 +260,6 @@ class ConsumerAdmin(ServiceFormAdmin):
     @admin.display(description="priority groups")
     def priority_groups_col(self, obj):
         """Policy, pins (what GET consumer reports) and the latest advisories."""
-        from jobs.advisories import advisories_list
-        from jobs.groups import groups_state, target_for
-
         rows = [[g["group"], obj.priority_policy, g.get("pinned_client_id", "-"), g.get("pinned_ts", "-")]
                 for g in groups_state(target=target_for(obj))]
         pins = table(["group", "policy", "pinned client id", "pinned since"], rows)
@@ -282,9 +279,6 @@ class ConsumerAdmin(ServiceFormAdmin):
 
     @admin.display(description="last hour")
     def recent_chart(self, obj):
-        from web import svg
-        from jobs.dashboard import minute_series
-
         series = minute_series(consumer_pks=[obj.pk]).get(obj.pk)
         if series is None:
             return format_html('<span class="quiet">{}</span>', "No attempts or new jobs in the last hour.")
@@ -332,8 +326,6 @@ class ConsumerAdmin(ServiceFormAdmin):
 
     def get_deleted_objects(self, objs, request):
         """What a delete removes, from the counters: collecting millions of jobs would take minutes."""
-        from broker.counters import counts_for
-
         objs = list(objs)
         counts = counts_for(scope=JOB, owner_ids=[o.pk for o in objs])
         jobs = sum(n for o in objs for s, n in counts.get(o.pk, {}).items() if s != REDELIVERED)
@@ -380,23 +372,16 @@ class ConsumerAdmin(ServiceFormAdmin):
     @admin.action(description="Purge all QUEUED jobs of the selected consumers", permissions=["delete_dead"])
     def purge_queued(self, request, queryset):
         """Flow control: drop a runaway backlog (in batches, history rows with reason "purged")."""
-        from jobs.state import jobs_purge_queued
-
         self._per_consumer(request, queryset, lambda c: jobs_purge_queued(consumer_pk=c.pk), "purged", "queued")
 
     @admin.action(description="Requeue all dead jobs of the selected consumers", permissions=["change"])
     def requeue_dead(self, request, queryset):
-        from jobs.state import jobs_requeue_dead
-
         self._per_consumer(request, queryset, lambda c: jobs_requeue_dead(consumer_pk=c.pk, reason="admin-requeue"),
                            "requeued", "dead")
 
     @admin.action(description="Delete all dead jobs of the selected consumers", permissions=["delete_dead"])
     def delete_all_dead(self, request, queryset):
         """Asks first (like Django's delete): the dead jobs and their delivery records are gone."""
-        from broker.counters import counts_for
-        from jobs.state import jobs_delete_dead
-
         consumers = list(queryset)
         if request.POST.get("post") != "yes":
             counts = counts_for(scope=JOB, owner_ids=[c.pk for c in consumers])
@@ -442,8 +427,6 @@ class ConsumerAdmin(ServiceFormAdmin):
     @admin.action(description="Unpin the priority groups of the selected consumers", permissions=["change"])
     def unpin(self, request, queryset):
         """Same service as POST .../unpin: UNPINNED advisory (reason admin), the next job pins another pull."""
-        from jobs.groups import group_unpin, target_for
-
         released = []
         for consumer in queryset.select_related("channel"):
             for group in consumer.priority_groups or []:

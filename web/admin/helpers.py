@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from html import escape
+from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib import admin, messages
@@ -18,7 +19,9 @@ from django.utils.html import format_html
 from django.utils.http import http_date
 from django.utils.safestring import SafeString, mark_safe
 
+from broker.counters import counts_for
 from broker.errors import DomainError
+from broker.models import Channel
 from broker.registry import Precondition
 
 MASK = "\u2022" * 4
@@ -45,8 +48,6 @@ def admin_url(obj, *, action: str = "change") -> str:
 
 
 def changelist_url(model, **params) -> str:
-    from urllib.parse import urlencode
-
     opts = model._meta
     url = reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist")
     return f"{url}?{urlencode(params)}" if params else url
@@ -102,7 +103,6 @@ class LargeTableAdmin(admin.ModelAdmin):
         """An exact count for the request's filters from maintained data, or None."""
         if self.channel_counter_scope is None:
             return None
-        from broker.counters import counts_for
 
         params = {k: v for k, v in request.GET.items() if k not in self.IGNORED_COUNT_PARAMS}
         if set(params) - {"channel", "status__exact"} or any(not v.isdigit() for v in params.values()):
@@ -155,8 +155,6 @@ class ChannelFilter(NumberFilter):
     parameter_name = "channel"
 
     def lookups(self, request, model_admin):
-        from broker.models import Channel
-
         return list(Channel.objects.order_by("channel_id").values_list("pk", "channel_id")[:500])
 
     def filter_number(self, queryset, n: int):

@@ -25,10 +25,12 @@ from django.utils.html import format_html
 from django.utils.text import Truncator
 
 from broker.counters import JOB, counts_for
+from broker.models import Message
 from broker.xid import job_pk, job_xid
+from consumers.models import Consumer
 from jobs import state
 from jobs.dashboard import duration_text
-from jobs.models import DeliveryAttempt, Job, JobStatus, JobTransition
+from jobs.models import DeliveryAttempt, Job, JobStatus, JobTransition, Partition
 from web.admin.helpers import (
     VIEW_ONLY, ChannelFilter, LargeTableAdmin, NumberFilter, ReadOnlyAdmin, admin_url, json_block, payload_preview,
     table,
@@ -67,8 +69,6 @@ class ConsumerFilter(NumberFilter):
     parameter_name = "consumer"
 
     def lookups(self, request, model_admin):
-        from consumers.models import Consumer
-
         consumers = Consumer.objects.order_by("channel__channel_id", "consumer_id")
         channel = request.GET.get("channel", "")
         if channel.isdigit():
@@ -126,8 +126,6 @@ class PriorityGroupFilter(admin.SimpleListFilter):
     parameter_name = "group"
 
     def lookups(self, request, model_admin):
-        from consumers.models import Consumer
-
         names = set()
         for groups in Consumer.objects.exclude(priority_groups=[]).values_list("priority_groups", flat=True):
             names.update(groups or [])
@@ -136,14 +134,12 @@ class PriorityGroupFilter(admin.SimpleListFilter):
     def queryset(self, request, queryset):
         if not self.value():
             return queryset
-        from consumers.models import Consumer
 
         pks = Consumer.objects.filter(priority_groups__contains=[self.value()]).values_list("pk", flat=True)
         return queryset.filter(consumer_id__in=list(pks))
 
 
 from web.admin.partitions import JobPartitionFilter  # noqa: E402  (registers the partition admin too)
-
 
 # --- jobs -----------------------------------------------------------------------------------------------
 
@@ -200,8 +196,6 @@ class JobAdmin(LargeTableAdmin):
     def get_search_results(self, request, queryset, search_term):
         """Exact matches only, each served by an index: the job ID (its primary key), or the
         message id (messages by (channel, message_id), then jobs by message)."""
-        from broker.models import Message
-
         term = search_term.strip()
         if not term:
             return queryset, False
@@ -218,7 +212,6 @@ class JobAdmin(LargeTableAdmin):
         params = {k: v for k, v in request.GET.items() if k not in self.IGNORED_COUNT_PARAMS}
         if set(params) - self.COUNTER_PARAMS or any(not v.isdigit() for v in params.values()):
             return None
-        from consumers.models import Consumer
 
         consumers = Consumer.objects.all()
         if "channel" in params:
@@ -277,7 +270,6 @@ class JobAdmin(LargeTableAdmin):
     def partition_col(self, obj):
         if obj.partition_id is None:
             return "—"
-        from jobs.models import Partition
 
         key = Partition.objects.filter(pk=obj.partition_id).values_list("key", flat=True).first()
         if key is None:
@@ -319,8 +311,6 @@ class JobAdmin(LargeTableAdmin):
 
     @admin.display(description="headers")
     def message_headers(self, obj):
-        from broker.models import Message
-
         return json_block(Message.objects.filter(pk=obj.message_id).values_list("headers", flat=True).first())
 
     @admin.display(description="payload")

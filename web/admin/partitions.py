@@ -10,12 +10,14 @@ import logging
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
+from django.db.models.functions import Now
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
 from django.utils.html import format_html
 
 from broker.errors import DomainError
+from consumers.models import Consumer
 from jobs import partitions
 from jobs.models import Job, Partition, PartitionStatus
 from web.admin.helpers import VIEW_ONLY, LargeTableAdmin, admin_url, changelist_url, table
@@ -36,8 +38,6 @@ class PartitionConsumerFilter(admin.SimpleListFilter):
     parameter_name = "consumer"
 
     def lookups(self, request, model_admin):
-        from consumers.models import Consumer
-
         return [(pk, f"{ch} / {c}") for pk, ch, c in Consumer.objects.order_by("channel__channel_id", "consumer_id")
                 .values_list("pk", "channel__channel_id", "consumer_id")[:500]]
 
@@ -56,8 +56,6 @@ class LeaseFilter(admin.SimpleListFilter):
         return [("held", "held"), ("expired", "expired"), ("free", "free")]
 
     def queryset(self, request, queryset):
-        from django.db.models.functions import Now
-
         if self.value() == "held":
             return queryset.exclude(owner="").filter(lease_until__gt=Now())
         if self.value() == "expired":

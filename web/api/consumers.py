@@ -18,6 +18,7 @@ from consumers.priority import priority_config_parse
 from jobs import groups
 from jobs.circuit import circuit_state, consumer_circuit_close
 from jobs.replay import consumer_replay
+from jobs.doorbell import doorbell_state
 from jobs.pull import consumer_stats
 from web.api.common import (
     ADMIN_PARAM, CHANNEL_TOKEN, CONSUMER_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, PRECONDITION, channel_or_404,
@@ -186,8 +187,6 @@ class ConsumerView(APIView):
         if not consumer.is_pull:
             body["Circuit"] = circuit_state(consumer=consumer)
         if consumer.is_pull and consumer.callback_url:
-            from jobs.doorbell import doorbell_state
-
             body["Doorbell"] = doorbell_state(consumer_pk=consumer.pk)
         return with_last_modified(body, consumer)
 

@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from broker.counters import JOB, MESSAGE, counts_for
-from broker.errors import InvalidInput, NotFound
+from broker.errors import NotFound
 from broker.message_types import message_type_parse, ttl_parse
 from broker.models import Message, ScheduledMessage
 from broker.xid import job_xid

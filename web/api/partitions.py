@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
+from django.urls import path
+from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
@@ -138,8 +140,6 @@ PartitionSkipView = _action_view(
 
 def _slash_key(view):
     """The same view for a key with "/" in it (a plain function, so the schema lists the route once)."""
-    from django.views.decorators.csrf import csrf_exempt
-
     @csrf_exempt
     def dispatch(request, **kwargs):
         return view(request, **kwargs)
@@ -148,8 +148,6 @@ def _slash_key(view):
 
 
 def key_routes(prefix: str) -> list:
-    from django.urls import path
-
     views = [("/close", PartitionCloseView), ("/advance", PartitionAdvanceView), ("/retry", PartitionRetryView),
              ("/skip", PartitionSkipView), ("", PartitionView)]
     routes = [path(f"{prefix}/partition/<str:key>{suffix}", cls.as_view()) for suffix, cls in views]

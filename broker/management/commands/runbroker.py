@@ -11,8 +11,11 @@ import time
 from pathlib import Path
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
+
+from broker import embedded_db
 
 QCLUSTER_GRACE = 5.0  # django-q2's qcluster can hang on SIGTERM (its issue #346): SIGKILL after this
 
@@ -47,7 +50,6 @@ class Command(BaseCommand):
         admin_token = settings.BROKER_ADMIN_TOKEN or _read_or_create(data / "admin_token",
                                                                        lambda: secrets.token_urlsafe(24))
         password = _read_or_create(data / "admin_password", lambda: secrets.token_urlsafe(12))
-        from django.contrib.auth import get_user_model
 
         User = get_user_model()
         user = User.objects.filter(username="admin").first()
@@ -61,7 +63,7 @@ class Command(BaseCommand):
         self.stdout.write(f"  admin site:  http://{bind}/admin/  login: admin / {password}")
         self.stdout.write(f"  admin token: {admin_token}   (header X-Broker-Admin-Token)")
         self.stdout.write(f"  API docs:    http://{bind}/api/docs/")
-        self.stdout.write(f"  database:    {'embedded PostgreSQL under ' + str(data) if settings.EMBEDDED_DB else 'DATABASE_URL'}")
+        self.stdout.write(f"  database:    {'embedded PostgreSQL under ' + str(data) if embedded_db.started() else 'DATABASE_URL'}")
         self.stdout.flush()
 
         # Each child gets its own process group, so stopping it also stops the processes it spawned

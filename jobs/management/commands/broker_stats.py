@@ -6,6 +6,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
+from broker.models import Channel
 from jobs.dashboard import dashboard_snapshot, duration_text
 
 
@@ -24,8 +25,6 @@ class Command(BaseCommand):
         parser.add_argument("--check", action="store_true", help="exit status 2 if any error-level alert")
 
     def handle(self, *args, channels=None, json=False, check=False, **options):
-        from broker.models import Channel
-
         pks = None
         if channels:
             found = dict(Channel.objects.filter(channel_id__in=channels).values_list("channel_id", "pk"))

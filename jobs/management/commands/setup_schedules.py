@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand
 from django.db import transaction
+from django_q.models import Schedule
 
 # name -> (function, minutes). django-q2 schedules run at most once a minute; everything that
 # must run more often happens inside the push dispatcher loops (jobs/push/dispatcher.py).
@@ -14,8 +15,6 @@ SCHEDULES = {
 
 
 def schedules_setup() -> list[str]:
-    from django_q.models import Schedule
-
     with transaction.atomic():
         Schedule.objects.filter(name__in=list(SCHEDULES)).delete()
         for name, (func, minutes) in SCHEDULES.items():

@@ -10,6 +10,9 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from pipeline.archive import ArchiveBusy, ArchiveVerificationError, messages_archive
+from pipeline.report import pipeline_report_build
+from pipeline.session import spark_session_build
 from pipeline.timeparse import duration_parse, moment_parse
 
 ARCHIVE_EPILOG = """\
@@ -80,8 +83,6 @@ class Command(BaseCommand):
         spark_requirements_check()
         from pyspark.sql import SparkSession
 
-        from pipeline.session import spark_session_build
-
         try:
             handler = {"report": self._report, "archive": self._archive}[options["job"]]
             handler_args = self._parse(options)
@@ -118,16 +119,12 @@ class Command(BaseCommand):
         self.stdout.flush()
 
     def _report(self, spark, *, since, until, out):
-        from pipeline.report import pipeline_report_build
-
         report = pipeline_report_build(spark=spark, since=since, until=until, out_dir=out, progress=self._say)
         rate = report.jobs / report.timings["total"] if report.timings["total"] else 0
         self.stdout.write(self.style.SUCCESS(
             f"report: {report.jobs} jobs in {report.timings['total']:.1f}s ({rate:,.0f} jobs/s) -> {report.html_path}"))
 
     def _archive(self, spark, *, older_than, dead_older_than, out, batch_size):
-        from pipeline.archive import ArchiveBusy, ArchiveVerificationError, messages_archive
-
         try:
             result = messages_archive(spark=spark, out_dir=out, older_than=older_than,
                                       dead_older_than=dead_older_than, batch_size=batch_size,

@@ -26,8 +26,8 @@ from http.server import ThreadingHTTPServer
 
 import pytest
 import requests
-from django.conf import settings
 from django.db import connection
+from broker import embedded_db
 
 from tests.helpers import QuietHandler
 from tests.processes import start_qcluster, start_web
@@ -227,7 +227,7 @@ def _postgres_restart(down_for: float) -> tuple[float, float]:
     Returns the monotonic times the outage began and ended."""
     from broker.embedded_db import _bin_dir, _run_as
 
-    pgdata = settings.EMBEDDED_DB.data_dir
+    pgdata = embedded_db.started().data_dir
     pg_ctl = str(_bin_dir() / "pg_ctl")
     options = _server_options(pgdata)
     began = time.monotonic()
@@ -242,7 +242,7 @@ def _postgres_restart(down_for: float) -> tuple[float, float]:
 def _postgres_ensure_running() -> None:
     from broker.embedded_db import _running_port
 
-    pgdata = settings.EMBEDDED_DB.data_dir
+    pgdata = embedded_db.started().data_dir
     if _running_port(pgdata) is None:
         from broker.embedded_db import _bin_dir, _run_as
 
@@ -280,7 +280,7 @@ def _job_counts(by_consumer: bool = False) -> dict:
 
 
 def test_chaos(tmp_path, api):
-    if settings.EMBEDDED_DB is None:
+    if embedded_db.started() is None:
         pytest.skip(reason="restarts the embedded PostgreSQL; DATABASE_URL points elsewhere")
     assert api.put("/channel/chaos", {"token": CH_TOKEN}).status_code == 200
     assert api.put("/producer/chaos-p", {"token": P_TOKEN}).status_code == 200

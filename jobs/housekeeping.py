@@ -1,0 +1,76 @@
+"""Housekeeping: the one routine of periodic repairs and clean-ups, a list of steps.
+
+Every push dispatcher loop runs each step at its own period (``Housekeeping.run_due``), and the
+django-q2 fallback schedule ``broker-maintenance`` (``jobs.tasks.maintenance``, once a minute) runs
+them all (``housekeeping_run``), so with ``BROKER_PUSH_DISPATCHERS=0`` nothing is left out (a lost
+partition settle included). A new step is one line in ``STEPS``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from django.db import Error as DatabaseError
+from django.db import connection
+
+from broker.counters import counters_compact
+from jobs.doorbell import PRUNE_EVERY, doorbell_prune
+from jobs.expiry import jobs_expire_messages
+from jobs.partitions import partitions_settle_stale
+from jobs.scheduling import scheduled_dispatch_due
+from jobs.state import jobs_expire_inflight
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Step:
+    key: str  # its count's name in the maintenance task's result
+    run: Callable[[], int]
+    every: float  # seconds between two runs in a dispatcher loop
+
+
+STEPS: tuple[Step, ...] = (
+    Step("expired", jobs_expire_inflight, 1.0),  # in-flight jobs past their deadline: QUEUED again or DEAD
+    Step("messages_expired", jobs_expire_messages, 1.0),  # QUEUED jobs whose message expired: DEAD (expired)
+    Step("scheduled", scheduled_dispatch_due, 1.0),  # scheduled messages that are due: published
+    Step("settled", partitions_settle_stale, 1.0),  # partitions whose settle was lost (throttled inside)
+    Step("compacted", counters_compact, 5.0),  # counter deltas folded into their rows
+    Step("doorbells_pruned", doorbell_prune, PRUNE_EVERY),  # doorbell state of consumers without one
+)
+
+
+def step_run(step: Step) -> int | None:
+    """One step; a database error is logged (and the connection dropped) so the others still run."""
+    try:
+        return step.run()
+    except DatabaseError:
+        logger.exception("housekeeping: %s failed", step.key)
+        connection.close()
+        return None
+
+
+def housekeeping_run(*, steps: tuple[Step, ...] = STEPS) -> dict[str, int | None]:
+    """Every step once (the fallback schedule): {step key: its count, None when it failed}."""
+    return {step.key: step_run(step) for step in steps}
+
+
+class Housekeeping:
+    """A loop's clock over the steps: each is due at the loop's start, then every ``step.every`` s."""
+
+    def __init__(self, *, start: float | None = None, steps: tuple[Step, ...] = STEPS) -> None:
+        start = time.monotonic() if start is None else start
+        self.steps = steps
+        self.due = [start] * len(steps)
+
+    def run_due(self, now: float) -> None:
+        for i, step in enumerate(self.steps):
+            if now >= self.due[i]:
+                self.due[i] = now + step.every
+                step_run(step)
+
+    def next_due(self) -> float:
+        return min(self.due)

@@ -1,0 +1,54 @@
+"""The import contracts of ``.importlinter`` (layers web > pipeline > jobs > consumers > broker; no
+HTTP below web), checked by import-linter in every test run (``make test``, ``.ci/run``).
+
+The second test runs the same contracts over a throw-away tree whose packages break each one, so
+a contract that could never fail (a typo in a module name, a layer left out) fails here."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
+
+
+def lint_imports(cwd: Path, *pythonpath: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in pythonpath)}
+    return subprocess.run([str(LINT_IMPORTS), "--config", str(cwd / ".importlinter"), "--no-cache", "--no-logo"],
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_the_apps_keep_their_layers_and_domain_code_does_not_speak_http():
+    result = lint_imports(ROOT, ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Contracts: 3 kept, 0 broken." in result.stdout, result.stdout
+
+
+def test_each_contract_fails_on_a_violation(tmp_path):
+    modules = {
+        "broker/__init__.py": "",
+        "broker/models.py": "import web.urls\n",  # a lower layer importing the top one
+        "consumers/__init__.py": "",
+        "consumers/services.py": "from django.http import JsonResponse\n",  # django.http below web
+        "jobs/__init__.py": "",
+        "jobs/pull.py": "from rest_framework.response import Response\n",  # DRF below web
+        "pipeline/__init__.py": "",
+        "web/__init__.py": "",
+        "web/urls.py": "import jobs.pull\nfrom django.http import HttpResponse\nimport rest_framework\n",  # allowed
+    }
+    for name, text in modules.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    shutil.copy(ROOT / ".importlinter", tmp_path / ".importlinter")
+    # the fake apps first on the path; the repository root for the custom contract type (tests.system...)
+    result = lint_imports(tmp_path, tmp_path, ROOT)
+    out = result.stdout + result.stderr
+    assert result.returncode != 0, out
+    assert "Contracts: 0 kept, 3 broken." in out, out
+    assert "broker.models -> web.urls" in out, out
+    assert "jobs.pull -> rest_framework" in out, out
+    assert "consumers.services imports django.http" in out, out
