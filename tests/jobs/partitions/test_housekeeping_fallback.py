@@ -15,7 +15,7 @@ from jobs import partitions
 from jobs.housekeeping import STEPS
 from jobs.models import Partition
 from jobs.tasks import maintenance, push_dispatch
-from tests.partitions.test_pull_partitions import pull_ids, settle_lose
+from tests.jobs.partitions.test_pull_partitions import pull_ids, settle_lose
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

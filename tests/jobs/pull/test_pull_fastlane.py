@@ -15,7 +15,7 @@ from django.db import transaction
 from django.test import Client
 from django.urls import resolve
 
-from tests.consumers.conftest import BASE, PULL_HEADERS, publish_n
+from tests.jobs.pull.conftest import BASE, PULL_HEADERS, publish_n
 from tests.conftest import ADMIN_TOKEN
 from web.api import pull
 from web.middleware import HOT_ROUTES, SKIPPED_MIDDLEWARE, signature_make

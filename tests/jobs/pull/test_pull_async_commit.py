@@ -12,7 +12,7 @@ from django.test import Client
 from broker.xid import job_pk
 from jobs import pull_moves
 from jobs.state import INFLIGHT, QUEUED
-from tests.consumers.conftest import BASE, PULL_HEADERS, job_status, publish_n
+from tests.jobs.pull.conftest import BASE, PULL_HEADERS, job_status, publish_n
 
 
 def synchronous_commit() -> str:
