@@ -244,7 +244,7 @@ def job_transition(*, channel_id: str, consumer_id: str, job_id: str, channel_to
     which is then a 400 - the ``pull`` endpoint is the safe way to claim). IncrementalTimeout only
     with INFLIGHT from QUEUED or DEAD. Everything else, and a lost race, is a 400.
 
-    One round trip: ``state.job_move_pull_authenticated`` reads the auth row and attempts the
+    One round trip: ``state.job_move_pull_authenticated_grouped`` reads the auth row and attempts the
     move (guarded by the tokens and the job's status) in one statement; the checks below then
     decide the answer from the row as it was before the move."""
     target = SPEC_STATES[next_state]

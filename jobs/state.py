@@ -1,17 +1,11 @@
 """The job state machine: the only module that writes ``jobs_job.status``.
 
-States and allowed moves (see ../shared/design.md):
-
-    QUEUED   -> INFLIGHT   claimed by a push worker or a pull client
-    INFLIGHT -> DELIVERED  success
-    INFLIGHT -> DEAD       the consumer gives up, or retries are exhausted
-    INFLIGHT -> QUEUED     deadline passed or attempt failed (retry + 1; DEAD past the limit)
-    DEAD     -> INFLIGHT   a pull consumer retries a dead job (retry + 1)
-    DEAD     -> QUEUED     an operator / the DLQ requeues it (retry reset to 0)
-    QUEUED   -> DEAD       an operator gives up on a job (``jobs_mark_dead``; also INFLIGHT -> DEAD)
+The moves and their kinds are the transition table in ``jobs/transitions.py``: every writer here
+checks its moves there before any SQL, and the database enforces the same table.
 
 Every move is one conditional UPDATE guarded by the expected status, so two actors can never
-both win; every move appends a ``jobs_jobtransition`` row in the same statement. Hot paths (claim,
+both win; each UPDATE sets ``last_reason`` and the history trigger on ``jobs_job`` (migration 0017)
+appends the ``jobs_jobtransition`` rows, the one history writer. Hot paths (claim,
 ack, sweep) are single batched SQL statements over ``unnest`` arrays rather than ORM loops:
 measured on this machine, batched raw claims/acks run ~40k jobs/s versus ~0.4k/s per-job ORM.
 Time always comes from the database (``now()``), never from a worker's clock.
@@ -22,27 +16,17 @@ from __future__ import annotations
 import json
 import random
 import re
+import time
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 
-from jobs.models import JobStatus
-
-QUEUED = JobStatus.QUEUED.value
-INFLIGHT = JobStatus.INFLIGHT.value
-DELIVERED = JobStatus.DELIVERED.value
-DEAD = JobStatus.DEAD.value
-
-ALLOWED = {
-    (QUEUED, INFLIGHT),
-    (INFLIGHT, DELIVERED),
-    (INFLIGHT, DEAD),
-    (INFLIGHT, QUEUED),
-    (DEAD, INFLIGHT),
-    (DEAD, QUEUED),
-}
+from broker.db.run import (  # noqa: F401  (PLAN_CACHE_MODE, connection_plan_setup: re-exported)
+    PLAN_CACHE_MODE, bound_cursor, connection_plan_setup, query_fetchall, query_fetchone, transition_errors)
+from broker.db.errors import IllegalTransition  # noqa: F401  (re-exported: callers catch it from here)
+from jobs.transitions import ALLOWED, DEAD, DELIVERED, GONE, INFLIGHT, QUEUED, transition_check, transitions_check  # noqa: F401
 
 
 # --- how the hot statements are planned -------------------------------------------------------
@@ -58,36 +42,6 @@ _STATUS_PARAM = re.compile(r"%\((queued|inflight|delivered|dead)\)s(?:::smallint
 def statuses_inline(sql: str) -> str:
     """``%(queued)s`` (and the other status placeholders) as the status's literal."""
     return _STATUS_PARAM.sub(lambda m: str(_STATUS_PLACEHOLDERS[m.group(1)]), sql)
-
-
-# plan_cache_mode = force_generic_plan on every connection of the broker (``jobs.apps``), decided
-# for the server-side prepared statements of the hot paths (``prepared_fetchall``, the push
-# dispatcher), the only statements it applies to (Django binds its own queries client-side):
-# - each is written so that one plan is right for every parameter value (statuses inlined, ids
-#   looked up by primary key, LIMIT on an index walk in the index's order), and tests/plans checks
-#   that its generic plan uses the index it was written for, with the statistics a new backlog
-#   meets and after ANALYZE;
-# - planning costs more than running them (a pull claim plans in ~0.7 ms and runs in ~1 ms), so a
-#   plan made once per connection is what keeps a pull cheap;
-# - custom plans follow the statistics of the moment: right after a backlog appears those describe
-#   the small table of before, and the plan flipped (queued-jobs 8.8 ms at 10k, 73.5 ms at 100k,
-#   5.0 ms at 1M); under ``auto`` PostgreSQL also re-plans (custom) whenever its estimate favours it.
-PLAN_CACHE_MODE = "force_generic_plan"
-
-
-def connection_plan_setup(sender=None, connection=None, **kwargs) -> None:
-    """Django's ``connection_created``: plan the session's prepared statements generically (see
-    PLAN_CACHE_MODE). Sent in autocommit right after connecting, so no rollback undoes it."""
-    if connection is None or connection.vendor != "postgresql":
-        return
-    if not getattr(settings, "BROKER_PREPARED_STATEMENTS", True):
-        return  # nothing is prepared: every statement is planned with its values
-    with connection.cursor() as cur:
-        cur.execute(f"SET plan_cache_mode = {PLAN_CACHE_MODE}")
-
-
-class IllegalTransition(Exception):
-    pass
 
 
 # --- timing helpers ------------------------------------------------------------------------------
@@ -194,14 +148,12 @@ WITH v AS (
         next_attempt_at = CASE WHEN v.delay IS NULL THEN j.next_attempt_at
                                ELSE now() + v.delay * interval '1 second' END,
         deadline = CASE WHEN v.to_s = %(inflight)s THEN now() + v.timeout * interval '1 second' END,
-        incremental_timeout = COALESCE(v.inc, j.incremental_timeout)
+        incremental_timeout = COALESCE(v.inc, j.incremental_timeout),
+        last_reason = %(reason)s
       FROM v
      WHERE j.id = v.id AND j.status = v.from_s
        AND (%(consumer)s::bigint IS NULL OR j.consumer_id = %(consumer)s::bigint)
     RETURNING j.id, v.from_s, j.status, j.retry_count, j.deadline, j.partition_id
-), h AS (
-    INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)
-    SELECT id, from_s, status, retry_count, %(reason)s, now() FROM u
 )
 SELECT id, status, retry_count, deadline, partition_id FROM u
 """
@@ -212,9 +164,7 @@ def jobs_move(*, moves: Sequence[Move], reason: str, consumer_pk: int | None = N
     for the jobs that moved. A job absent from the result was not in its expected state (or
     belongs to another consumer): the caller decides what to answer.
     """
-    for m in moves:
-        if (m.from_status, m.to_status) not in ALLOWED:
-            raise IllegalTransition(f"{m.from_status} -> {m.to_status}")
+    transitions_check((m.from_status, m.to_status) for m in moves)
     if not moves:
         return {}
     params = {
@@ -233,9 +183,7 @@ def jobs_move(*, moves: Sequence[Move], reason: str, consumer_pk: int | None = N
         "dead": DEAD,
         "inflight": INFLIGHT,
     }
-    with connection.cursor() as cur:
-        cur.execute(_MOVE_SQL, params)
-        rows = cur.fetchall()
+    rows = query_fetchall(_MOVE_SQL, params)
     _settle_on_commit(row[4] for row in rows if row[1] != INFLIGHT)
     return {row[0]: (row[1], row[2], row[3]) for row in rows}
 
@@ -279,8 +227,6 @@ def _settle_on_commit(partition_ids) -> None:
     ids = sorted({int(i) for i in partition_ids if i is not None})
     if not ids:
         return
-    from django.db import transaction
-
     def settle() -> None:
         from jobs.partitions import partitions_settle
 
@@ -317,13 +263,11 @@ u AS (
         status = %(inflight)s,
         status_changed_at = now(),
         deadline = now() + (%(timeout)s + COALESCE(%(inc)s, j.incremental_timeout)) * interval '1 second',
-        incremental_timeout = COALESCE(%(inc)s, j.incremental_timeout)
+        incremental_timeout = COALESCE(%(inc)s, j.incremental_timeout),
+        last_reason = %(reason)s
      WHERE j.id = ANY(ARRAY(SELECT id FROM picked)) AND j.status = %(queued)s
     RETURNING j.id, j.message_id, j.priority, j.retry_count, j.incremental_timeout, j.deadline,
               j.partition_id, j.gate, j.payload
-), h AS (
-    INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)
-    SELECT id, %(queued)s, %(inflight)s, retry_count, %(reason)s, now() FROM u
 )
 SELECT u.id, u.priority, u.retry_count, u.incremental_timeout, u.deadline,
        m.message_id, COALESCE(u.payload, m.payload), m.content_type, m.headers,
@@ -389,12 +333,13 @@ def jobs_claim(*, consumer_pk: int, limit: int, incremental_timeout: float | Non
     to INFLIGHT with a deadline of stopTimeout + rationalDelay + IncrementalTimeout (an omitted
     IncrementalTimeout keeps the job's stored one), and the history rows are appended.
     """
+    transition_check(QUEUED, INFLIGHT, "claim")
     if limit <= 0:
         return []
-    rows = prepared_fetchall(_CLAIM_SQL_TYPED, {
+    rows = query_fetchall(_CLAIM_SQL_TYPED, {
         "consumer": consumer_pk, "limit": int(limit), "queued": QUEUED, "inflight": INFLIGHT,
         "timeout": inflight_timeout(0, connection_timeout), "inc": incremental_timeout, "reason": reason,
-    })
+    }, prepare=True)
     return claimed_jobs(rows)
 
 
@@ -418,12 +363,10 @@ WITH c AS (
         retry_count = j.retry_count + 1,
         status_changed_at = now(),
         next_attempt_at = now(),
-        deadline = NULL
+        deadline = NULL,
+        last_reason = 'timeout'
      WHERE j.id = ANY(ARRAY(SELECT id FROM c)) AND j.status + 0 = {INFLIGHT}
     RETURNING j.id, j.status, j.retry_count, j.consumer_id, j.partition_id
-), h AS (
-    INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)
-    SELECT id, {INFLIGHT}, status, retry_count, 'timeout', now() FROM u
 ), n AS (
     SELECT pg_notify('broker_jobs', string_agg(DISTINCT consumer_id::text, ','))
       FROM u WHERE status = {QUEUED} HAVING count(*) > 0
@@ -451,16 +394,14 @@ def jobs_expire_inflight(*, limit: int = EXPIRE_BATCH, consumer_pk: int | None =
     rows are locked SKIP LOCKED and only for one batch, so pulls and acks never wait), until a
     batch comes back short or ``budget`` seconds are spent: 100,000 expired jobs are requeued by
     one call instead of one batch a second. Returns how many jobs moved."""
-    import time
 
     sql = _EXPIRE_ALL_SQL if consumer_pk is None else _EXPIRE_CONSUMER_SQL
     params = {"max_retry": settings.BROKER_MAX_RETRY, "limit": int(limit), "consumer": consumer_pk}
     total = 0
     stop_at = time.monotonic() + budget
+    transitions_check([(INFLIGHT, QUEUED), (INFLIGHT, DEAD)], "timeout")
     while True:
-        with connection.cursor() as cur:
-            cur.execute(sql, params)
-            row = cur.fetchone()
+        row = query_fetchone(sql, params)
         _settle_on_commit(row[2] or [])
         moved = int(row[0])
         total += moved
@@ -484,24 +425,25 @@ WITH c AS (
        FOR UPDATE SKIP LOCKED
 ), u AS (
     UPDATE jobs_job j SET status = %(queued)s, retry_count = 0, status_changed_at = now(),
-                          next_attempt_at = now(), deadline = NULL
+                          next_attempt_at = now(), deadline = NULL, last_reason = %(reason)s
      WHERE j.id = ANY(ARRAY(SELECT id FROM c)) AND j.status = %(dead)s  -- by primary key
     RETURNING j.id, j.partition_id
-), h AS (
-    INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)
-    SELECT id, %(dead)s, %(queued)s, 0, %(reason)s, now() FROM u
 )
 SELECT count(*), (SELECT pg_notify('broker_jobs', %(consumer)s::text) FROM u LIMIT 1),
        (SELECT array_agg(DISTINCT partition_id) FROM u WHERE partition_id IS NOT NULL) FROM u
 """.replace("{WHERE}", _ONE_CONSUMER_STATUS.format(status=DEAD)).replace("{ORDER}", _ONE_CONSUMER_ORDER)
 
 _DELETE_DEAD_SQL = """
+WITH r AS (
+    -- the history row's reason (the history trigger reads it for a delete, then clears it)
+    SELECT set_config('broker.history_reason', %(reason)s, true) AS why
+)
 DELETE FROM jobs_job WHERE id IN (
     SELECT id FROM jobs_job
      WHERE {WHERE}
        AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
      LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
-   AND status = {DEAD}
+   AND status = {DEAD} AND (SELECT why FROM r) IS NOT NULL
 RETURNING partition_id
 """.replace("{WHERE}", _ONE_CONSUMER_STATUS.format(status=DEAD)).replace("{DEAD}", str(DEAD))
 
@@ -510,38 +452,43 @@ def jobs_requeue_dead(*, consumer_pk: int, job_ids: Iterable[int] | None = None,
                       reason: str = "requeue", batch: int = 5000) -> int:
     """DEAD -> QUEUED with the retry count reset (DLQ requeue, admin action). Works in batches so
     millions of dead jobs never hold one long lock. Returns the number requeued."""
+    transition_check(DEAD, QUEUED, "requeue")
     ids = list(job_ids) if job_ids is not None else None
     total = 0
     while True:
-        with connection.cursor() as cur:
-            cur.execute(_REQUEUE_DEAD_SQL, {"consumer": consumer_pk, "dead": DEAD, "queued": QUEUED,
-                                            "ids": ids, "limit": batch, "reason": reason[:32]})
-            row = cur.fetchone()
-            moved = int(row[0])
+        row = query_fetchone(_REQUEUE_DEAD_SQL, {"consumer": consumer_pk, "dead": DEAD, "queued": QUEUED,
+                                                 "ids": ids, "limit": batch, "reason": reason[:32]})
+        moved = int(row[0])
         _settle_on_commit(row[2] or [])  # a FAILED partition resumes (jobs.partitions)
         total += moved
         if moved < batch:
             return total
 
 
-def jobs_delete_dead(*, consumer_pk: int, job_ids: Iterable[int] | None = None, batch: int = 5000) -> int:
-    """Delete DEAD jobs of a consumer (DLQ purge / delete one). Returns how many were deleted."""
+def jobs_delete_dead(*, consumer_pk: int, job_ids: Iterable[int] | None = None, batch: int = 5000,
+                     reason: str = "deleted") -> int:
+    """Delete DEAD jobs of a consumer (DLQ purge / delete one, partition skip). Each gets a history
+    row (DEAD -> GONE with ``reason``, written by the history trigger). Returns how many were deleted."""
+    transition_check(DEAD, GONE, "delete")
     ids = list(job_ids) if job_ids is not None else None
     total = 0
     while True:
-        with connection.cursor() as cur:
-            cur.execute(_DELETE_DEAD_SQL, {"consumer": consumer_pk, "ids": ids, "limit": batch})
-            deleted = cur.rowcount
-            _settle_on_commit(r[0] for r in cur.fetchall())
+        rows = query_fetchall(_DELETE_DEAD_SQL, {"consumer": consumer_pk, "ids": ids, "limit": batch,
+                                                 "reason": reason[:32]})
+        deleted = len(rows)
+        _settle_on_commit(r[0] for r in rows)
         total += deleted
         if deleted < batch:
             return total
 
 
-PURGED = 0  # to_status of the history row of a purged (deleted) QUEUED job: it has no status any more
+PURGED = GONE  # to_status of the history row of a purged (deleted) QUEUED job: it has no status any more
 
 _PURGE_QUEUED_SQL = """
-WITH c AS (
+WITH r AS (
+    -- the history row's reason (the history trigger reads it for a delete, then clears it)
+    SELECT set_config('broker.history_reason', 'purged', true) AS why
+), c AS (
     SELECT id FROM jobs_job
      WHERE {WHERE}
        AND (%(before)s::timestamptz IS NULL OR created_at < %(before)s::timestamptz)
@@ -550,10 +497,8 @@ WITH c AS (
        FOR UPDATE SKIP LOCKED
 ), d AS (
     DELETE FROM jobs_job j WHERE j.id = ANY(ARRAY(SELECT id FROM c)) AND j.status = %(queued)s  -- by primary key
+       AND (SELECT why FROM r) IS NOT NULL
     RETURNING j.id, j.retry_count, j.partition_id
-), h AS (
-    INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)
-    SELECT id, %(queued)s, %(purged)s, retry_count, 'purged', now() FROM d
 )
 SELECT count(*), (SELECT array_agg(DISTINCT partition_id) FROM d WHERE partition_id IS NOT NULL) FROM d
 """.replace("{WHERE}", _ONE_CONSUMER_STATUS.format(status=QUEUED)).replace("{ORDER}", _ONE_CONSUMER_ORDER)
@@ -566,14 +511,13 @@ def jobs_purge_queued(*, consumer_pk: int, older_than=None, older_than_seconds: 
     transaction (SKIP LOCKED, so a claim in progress is never waited for), so millions of jobs never
     hold one long lock. Every purged job gets a history row (QUEUED -> 0, reason ``purged``) in the
     same statement. ``progress(batch_count, total)`` is called after each batch. Returns the total."""
+    transition_check(QUEUED, GONE, "purge")
     total = 0
     while True:
-        with connection.cursor() as cur:
-            cur.execute(_PURGE_QUEUED_SQL, {"consumer": consumer_pk, "queued": QUEUED, "purged": PURGED,
-                                            "before": older_than, "age": older_than_seconds,
-                                            "limit": int(batch)})
-            row = cur.fetchone()
-            deleted = int(row[0])
+        row = query_fetchone(_PURGE_QUEUED_SQL, {"consumer": consumer_pk, "queued": QUEUED,
+                                                 "before": older_than, "age": older_than_seconds,
+                                                 "limit": int(batch)})
+        deleted = int(row[0])
         _settle_on_commit(row[1] or [])
         total += deleted
         if progress is not None:
@@ -590,12 +534,10 @@ WITH c AS (
      ORDER BY id
        FOR UPDATE
 ), u AS (
-    UPDATE jobs_job j SET status = %(dead)s, status_changed_at = now(), deadline = NULL
+    UPDATE jobs_job j SET status = %(dead)s, status_changed_at = now(), deadline = NULL,
+                          last_reason = %(reason)s
       FROM c WHERE j.id = c.id AND j.status = c.status
     RETURNING j.id, c.status AS from_s, j.retry_count, j.partition_id
-), h AS (
-    INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)
-    SELECT id, from_s, %(dead)s, retry_count, %(reason)s, now() FROM u
 )
 SELECT id, from_s, partition_id FROM u
 """
@@ -609,13 +551,12 @@ def jobs_mark_dead(*, job_ids: Iterable[int], reason: str = "operator",
     skipping it) and each moves only from the status it had when locked. Returns {job_id:
     from_status} for the jobs that moved; other ids were already DELIVERED/DEAD or unknown. A push
     attempt in progress still records its attempt, but its outcome no longer moves the job."""
+    transitions_check([(QUEUED, DEAD), (INFLIGHT, DEAD)], "mark_dead")
     ids = sorted({int(i) for i in job_ids})
     if not ids:
         return {}
-    with connection.cursor() as cur:
-        cur.execute(_MARK_DEAD_SQL, {"ids": ids, "queued": QUEUED, "inflight": INFLIGHT, "dead": DEAD,
-                                     "consumer": consumer_pk, "reason": reason[:32]})
-        rows = cur.fetchall()
+    rows = query_fetchall(_MARK_DEAD_SQL, {"ids": ids, "queued": QUEUED, "inflight": INFLIGHT, "dead": DEAD,
+                                           "consumer": consumer_pk, "reason": reason[:32]})
     _settle_on_commit(row[2] for row in rows)
     return {row[0]: row[1] for row in rows}
 
@@ -632,27 +573,8 @@ def typed_sql(sql: str, types: dict[str, str]) -> str:
 
 
 def prepared_fetchall(sql: str, params: dict) -> list[tuple]:
-    """Run ``sql`` on Django's connection as a server-side prepared statement (prepared once per
-    connection, then reused). Django binds parameters client-side, so PostgreSQL plans every
-    statement again; for the pull endpoints' multi-CTE statements planning costs more than
-    running them (measured per spec-path transition: 0.91 -> 0.34 ms of database CPU, auth
-    lookup 0.27 -> 0.06 ms). The SQL must cast its placeholders (``typed_sql``).
-
-    Django turns psycopg's prepared statements off (``prepare_threshold=None``) for the sake of
-    transaction-mode connection poolers; this enables them on the connection for explicit
-    requests only (Django's own queries use client-side binding and are never prepared). Set
-    ``BROKER_PREPARED_STATEMENTS = False`` behind a pooler that cannot keep them (PgBouncer < 1.21)."""
-    import psycopg
-
-    with connection.cursor():
-        pass  # Django's connection setup and per-request health check
-    raw = connection.connection
-    prepare = getattr(settings, "BROKER_PREPARED_STATEMENTS", True)
-    if prepare and raw.prepare_threshold is None:
-        raw.prepare_threshold = 1 << 30  # never automatic: only statements executed with prepare=True
-    with connection.wrap_database_errors, psycopg.Cursor(raw) as cur:
-        cur.execute(sql, params, prepare=True if prepare else None)
-        return cur.fetchall() if cur.description else []
+    """``broker.db.run.query_fetchall(..., prepare=True)`` under its old name (callers outside jobs.state)."""
+    return query_fetchall(sql, params, prepare=True)
 
 
 _CLAIM_BYTES_SQL = """
@@ -699,7 +621,8 @@ def jobs_claim_within_bytes(*, consumer_pk: int, limit: int, max_bytes: int,
         "queued": QUEUED, "inflight": INFLIGHT,
         "timeout": inflight_timeout(0, connection_timeout), "inc": incremental_timeout, "reason": reason,
     }
-    rows = prepared_fetchall(_CLAIM_BYTES_SQL, params)
+    transition_check(QUEUED, INFLIGHT, "claim")
+    rows = query_fetchall(_CLAIM_BYTES_SQL, params, prepare=True)
     return claimed_jobs(rows)
 
 
@@ -725,9 +648,9 @@ def jobs_extend(*, consumer_pk: int, job_ids: Sequence[int], incremental_timeout
     Returns {job_id: (deadline, retry_count)} for the jobs that are INFLIGHT and the consumer's."""
     if not job_ids:
         return {}
-    rows = prepared_fetchall(_EXTEND_SQL, {"ids": list(job_ids), "inflight": INFLIGHT, "consumer": consumer_pk,
-                                           "timeout": inflight_timeout(0, connection_timeout),
-                                           "inc": incremental_timeout})
+    rows = query_fetchall(_EXTEND_SQL, {"ids": list(job_ids), "inflight": INFLIGHT, "consumer": consumer_pk,
+                                        "timeout": inflight_timeout(0, connection_timeout),
+                                        "inc": incremental_timeout}, prepare=True)
     return {row[0]: (row[1], row[2]) for row in rows}
 
 
@@ -747,18 +670,6 @@ PUSH_CLAIM_LOCK = 0x70757368  # pg_advisory_xact_lock key serializing push claim
 PUSH_TRANSACTION_SETUP = ("SELECT set_config('plan_cache_mode', 'force_generic_plan', true), "
                           "set_config('synchronous_commit', 'off', true)")
 
-
-def _bound_cursor():
-    """A psycopg cursor with server-side parameter binding on Django's connection (and in its
-    transaction), for the push hot path: Django's default client-side binding quotes every array
-    element into the SQL text (~0.2 ms per statement here), while bound parameters travel as-is.
-    Its statements are executed with ``prepare=True`` (Django turns psycopg's automatic
-    preparation off), so the planning of the claim (~0.7 ms) is paid once per connection when
-    the caller also asks for generic plans (``PUSH_TRANSACTION_SETUP``)."""
-    import psycopg
-
-    connection.ensure_connection()
-    return psycopg.Cursor(connection.connection)
 
 # Statuses are inlined, not parameters: a cached generic plan can then use the partial indexes
 # (WHERE status = 1001 ...), so PostgreSQL stops re-planning this statement (0.7 ms) on every claim.
@@ -805,16 +716,13 @@ WITH k AS MATERIALIZED (
     -- table's statistics (a cached generic plan built on a fresh table once scanned every
     -- queued job here).
     UPDATE jobs_job j SET status = {INFLIGHT}, status_changed_at = now(),
-                          deadline = now() + r.ttl * interval '1 second'
+                          deadline = now() + r.ttl * interval '1 second', last_reason = %(reason)s
       FROM (SELECT p.id, p.consumer_id FROM jobs_job p
              WHERE p.id = ANY(ARRAY(SELECT id FROM cand)) AND p.status = {QUEUED}
                FOR UPDATE SKIP LOCKED) pick
       JOIN r ON r.id = pick.consumer_id
      WHERE j.id = pick.id
     RETURNING j.id, j.consumer_id, j.message_id, j.priority, j.retry_count, j.partition_id, j.gate, j.payload
-), h AS (
-    INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)
-    SELECT id, {QUEUED}, {INFLIGHT}, retry_count, %(reason)s, now() FROM u
 ), pace AS (
     INSERT INTO jobs_pushpace (consumer_id, tat)
     SELECT u.consumer_id, now() + (max(r.lag) + count(*) / max(r.rate)) * interval '1 second'
@@ -872,6 +780,7 @@ def jobs_claim_push(*, limit: int, reason: str = "push", worker: str = "") -> li
     batch's outcomes and claims the next in one transaction). Partitioned jobs only of
     partitions ``worker`` holds a live lease on (jobs.partitions).
     """
+    transition_check(QUEUED, INFLIGHT, "claim")
     if limit <= 0:
         return []
     params = {
@@ -881,11 +790,7 @@ def jobs_claim_push(*, limit: int, reason: str = "push", worker: str = "") -> li
         "reason": reason[:32],
         "worker": worker or "",
     }
-    import json
-
-    from django.db import transaction
-
-    with transaction.atomic(savepoint=False), _bound_cursor() as cur:
+    with transaction.atomic(savepoint=False), transition_errors(), bound_cursor() as cur:
         cur.execute("SELECT pg_advisory_xact_lock(%s)", [PUSH_CLAIM_LOCK], prepare=True)
         cur.execute(_CLAIM_PUSH_SQL, params, prepare=True)
         rows = cur.fetchall()
@@ -916,15 +821,13 @@ WITH a AS (
         deadline = CASE WHEN %(to_s)s = %(inflight)s
                         THEN now() + (%(timeout)s + COALESCE(%(inc)s, j.incremental_timeout)) * interval '1 second'
                    END,
-        incremental_timeout = COALESCE(%(inc)s, j.incremental_timeout)
+        incremental_timeout = COALESCE(%(inc)s, j.incremental_timeout),
+        last_reason = %(reason)s
       FROM a
      WHERE j.id = a.j_id AND j.consumer_id = a.c_pk AND a.c_type = 'pull'
        AND j.status = a.j_status AND a.j_status = ANY(%(from_s)s::smallint[])
        AND md5(a.ch_token) = md5(%(ch_token)s) AND md5(a.c_token) = md5(%(c_token)s)
     RETURNING j.id, j.status, j.retry_count, j.partition_id
-), h AS (
-    INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)
-    SELECT u.id, a.j_status, u.status, u.retry_count, %(reason)s, now() FROM u CROSS JOIN a
 )
 SELECT a.*, (SELECT count(*) FROM u), (SELECT u.partition_id FROM u) FROM a
 """
@@ -934,45 +837,20 @@ _PULL_MOVE_AUTH_SQL = typed_sql(statuses_inline(_PULL_MOVE_AUTH_SQL), {
     "reason": "text"})
 
 
-def job_move_pull_authenticated(*, channel_id: str, consumer_id: str, job_id: int | None,
-                                channel_token: str | None, consumer_token: str | None,
-                                from_statuses: Sequence[int], to_status: int,
-                                incremental_timeout: float | None = None, reason: str = "pull",
-                                connection_timeout: float | None = None) -> tuple[tuple | None, bool]:
-    """The spec path's state change in one round trip: read the auth row (channel, consumer,
-    job) and, in the same statement, move the job if the tokens match, the consumer is a pull
-    consumer and the job is in one of ``from_statuses`` (DEAD -> INFLIGHT adds a retry).
-
-    The tokens are compared as md5 digests in SQL (timing reveals nothing usable about the
-    secret); the caller still checks the returned tokens in constant time and decides the HTTP
-    answer from the row as it was before the move. Returns (auth row, moved) where the row has
-    ``jobs.pull._AUTH_SQL``'s columns, or None for an unknown channel."""
-    row = _pull_move_auth_run(_PULL_MOVE_AUTH_SQL, 11, channel_id=channel_id, consumer_id=consumer_id,
-                              job_id=job_id, channel_token=channel_token, consumer_token=consumer_token,
-                              from_statuses=from_statuses, to_status=to_status,
-                              incremental_timeout=incremental_timeout, reason=reason,
-                              connection_timeout=connection_timeout)
-    if row is None:
-        return None, False
-    return row[:11], bool(row[11])
-
-
 def _pull_move_auth_run(sql: str, moved_col: int, *, channel_id, consumer_id, job_id, channel_token,
                         consumer_token, from_statuses, to_status, incremental_timeout, reason,
                         connection_timeout) -> tuple | None:
     """Run one of the spec path's auth-and-move statements (plain or grouped): check the
     transition, execute, settle the job's partition when it finished. ``moved_col`` is the
     statement's "moved" column; the partition id follows it. None for an unknown channel."""
-    for from_status in from_statuses:
-        if (from_status, to_status) not in ALLOWED:
-            raise IllegalTransition(f"{from_status} -> {to_status}")
-    rows = prepared_fetchall(sql, {
+    transitions_check((from_status, to_status) for from_status in from_statuses)
+    rows = query_fetchall(sql, {
         "channel": channel_id, "consumer": consumer_id, "job": job_id,
         "ch_token": channel_token, "c_token": consumer_token,
         "from_s": list(from_statuses), "to_s": to_status, "inc": incremental_timeout,
         "dead": DEAD, "inflight": INFLIGHT, "timeout": inflight_timeout(0, connection_timeout),
         "reason": reason[:32],
-    })
+    }, prepare=True)
     row = rows[0] if rows else None
     if row is not None and row[moved_col] and to_status in (DELIVERED, DEAD):
         _settle_on_commit([row[moved_col + 1]])
@@ -1018,13 +896,11 @@ WITH v AS (
         status_changed_at = now(),
         next_attempt_at = CASE WHEN v.to_s = %(queued)s THEN now() + COALESCE(v.delay, 0) * interval '1 second'
                                ELSE j.next_attempt_at END,
-        deadline = NULL
+        deadline = NULL,
+        last_reason = %(reason)s
       FROM v
      WHERE j.id = v.id AND j.status = %(inflight)s AND j.consumer_id = %(consumer)s
     RETURNING j.id, j.status, j.retry_count, j.partition_id
-), h AS (
-    INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)
-    SELECT id, %(inflight)s, status, retry_count, %(reason)s, now() FROM u
 ), n AS (
     SELECT pg_notify('broker_jobs', %(consumer)s::text) FROM u WHERE status = %(queued)s LIMIT 1
 )
@@ -1043,16 +919,14 @@ def jobs_ack_inflight(*, consumer_pk: int, job_ids: Sequence[int], to_statuses: 
     delay, DEAD past ``max_retry``; waiting pulls are notified). Guarded by INFLIGHT and the
     consumer. Returns {job_id: (moved, status, retry_count)}: for a job that did not move,
     ``status`` is its current one (None when it is not this consumer's)."""
-    for to_status in set(to_statuses):
-        if (INFLIGHT, to_status) not in ALLOWED:
-            raise IllegalTransition(f"{INFLIGHT} -> {to_status}")
+    transitions_check((INFLIGHT, to_status) for to_status in to_statuses)
     if not job_ids:
         return {}
-    rows = prepared_fetchall(_ACK_SQL, {
+    rows = query_fetchall(_ACK_SQL, {
         "ids": list(job_ids), "to_s": list(to_statuses), "delay": list(delays), "consumer": consumer_pk,
         "max_retry": int(max_retry), "queued": QUEUED, "dead": DEAD, "inflight": INFLIGHT,
         "reason": reason[:32],
-    })
+    }, prepare=True)
     _settle_on_commit(r[5] for r in rows if r[1] is not None and r[1] != QUEUED)
     return {r[0]: (True, r[1], r[2]) if r[1] is not None else (False, r[3], None) for r in rows}
 
@@ -1068,13 +942,11 @@ WITH v AS (
         status_changed_at = now(),
         next_attempt_at = CASE WHEN v.to_s = {QUEUED} THEN now() + v.delay * interval '1 second'
                                ELSE j.next_attempt_at END,
-        deadline = NULL
+        deadline = NULL,
+        last_reason = 'push'
       FROM v
      WHERE j.id = v.id AND j.id = ANY(%(ids)s::bigint[]) AND j.status = {INFLIGHT}  -- by primary key
     RETURNING j.id, j.status, j.retry_count, j.partition_id
-), h AS (
-    INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)
-    SELECT id, {INFLIGHT}, status, retry_count, 'push', now() FROM u
 ), a AS (
 INSERT INTO jobs_deliveryattempt (job_id, attempt, started_at, duration_ms, status_code, response_excerpt,
                                   error, request_id, outcome)
@@ -1117,9 +989,7 @@ def jobs_push_record(*, outcomes: Sequence[PushOutcome]) -> None:
     dispatcher records and claims in every transaction, and round trips are its cost."""
     if not outcomes:
         return
-    for o in outcomes:
-        if (INFLIGHT, o.to_status) not in ALLOWED:
-            raise IllegalTransition(f"{INFLIGHT} -> {o.to_status}")
+    transitions_check((INFLIGHT, o.to_status) for o in outcomes)
     params = {
         "ids": [o.job_id for o in outcomes],
         "to_s": [o.to_status for o in outcomes],
@@ -1134,7 +1004,7 @@ def jobs_push_record(*, outcomes: Sequence[PushOutcome]) -> None:
         "request_ids": [o.request_id for o in outcomes],
         "outcomes": [o.outcome for o in outcomes],
     }
-    with _bound_cursor() as cur:
+    with transition_errors(), bound_cursor() as cur:
         cur.execute(_PUSH_RECORD_SQL, params, prepare=True)
         _settle_on_commit(row[0] for row in cur.fetchall())
 
@@ -1149,14 +1019,11 @@ WITH v AS (
     UPDATE jobs_job j SET
         status = {QUEUED}, gate = v.gate, retry_count = 0,
         payload = CASE WHEN v.keep THEN j.payload ELSE v.payload END,
-        status_changed_at = now(), next_attempt_at = now(), deadline = NULL
+        status_changed_at = now(), next_attempt_at = now(), deadline = NULL, last_reason = 'gate'
       FROM v
      WHERE j.id = v.id AND j.status + 0 = {INFLIGHT} AND j.partition_id IS NOT NULL AND v.gate > j.gate
        AND (%(consumer)s::bigint IS NULL OR j.consumer_id + 0 = %(consumer)s::bigint)  -- by primary key only
     RETURNING j.id, j.retry_count, j.partition_id, j.consumer_id
-), h AS (
-    INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)
-    SELECT id, {INFLIGHT}, {QUEUED}, retry_count, 'gate', now() FROM u
 ), n AS (
     SELECT pg_notify('broker_jobs', string_agg(DISTINCT consumer_id::text, ','))
       FROM u HAVING count(*) > 0
@@ -1180,14 +1047,13 @@ def jobs_move_gate(*, moves: Sequence[GateMove], consumer_pk: int | None = None)
     count reset: it is the next step, not a retry), due at once. One statement; guarded by
     INFLIGHT, a partition and a greater gate. Returns {job_id: partition_id} of the jobs moved;
     their partitions are settled after commit (the old gate may be finished now)."""
+    transition_check(INFLIGHT, QUEUED, "gate")
     if not moves:
         return {}
-    with connection.cursor() as cur:
-        cur.execute(_GATE_MOVE_SQL, {
-            "ids": [m.job_id for m in moves], "gates": [int(m.gate) for m in moves],
-            "payloads": [m.payload for m in moves], "keep": [m.payload is None for m in moves],
-            "consumer": consumer_pk,
-        })
-        rows = cur.fetchall()
+    rows = query_fetchall(_GATE_MOVE_SQL, {
+        "ids": [m.job_id for m in moves], "gates": [int(m.gate) for m in moves],
+        "payloads": [m.payload for m in moves], "keep": [m.payload is None for m in moves],
+        "consumer": consumer_pk,
+    })
     _settle_on_commit(r[1] for r in rows)
     return {r[0]: r[1] for r in rows}

@@ -137,7 +137,7 @@ CASES: list[Case] = [
          lambda w: {"consumer": w.pull, "dead": DEAD, "queued": QUEUED, "ids": None, "limit": 5000,
                     "reason": "requeue"}, run="plain"),
     Case("jobs.state._DELETE_DEAD_SQL", "job_consumer_status",
-         lambda w: {"consumer": w.pull, "ids": None, "limit": 5000}, run="plain"),
+         lambda w: {"consumer": w.pull, "ids": None, "limit": 5000, "reason": "deleted"}, run="plain"),
     Case("jobs.state._PURGE_QUEUED_SQL", "job_consumer_status",
          lambda w: {"consumer": w.pull, "queued": QUEUED, "purged": 0, "before": None, "age": None,
                     "limit": 5000}, run="plain"),
