@@ -30,7 +30,7 @@ from broker.errors import InvalidInput, Locked, NotFound
 from consumers.priority import DEFAULT_PIN_TIMEOUT, GROUP_NAME, NONE, OVERFLOW, PINNED, PRIORITIZED
 from jobs import state
 from jobs.advisories import advisory_record
-from jobs.pull import _NEXT_SQL as pull_next_sql
+from jobs.queries import Q
 from jobs.state import INFLIGHT, QUEUED
 from jobs.wakeup import wakeups
 
@@ -171,18 +171,6 @@ class Waiter:
         return 0 if self.done else self.batch - self.have
 
 
-_WAITERS_SQL = """
-SELECT id, pin_id, priority, min_pending, min_ack_pending, batch, max_bytes, incremental_timeout,
-       cardinality(job_ids), turn
-  FROM consumers_pullwaiter
- WHERE consumer_id = %s AND state = 0 AND expires_at > now()
-"""  # pullwaiter_live; arrival order (id) is sorted in Python: an ORDER BY id let fresh statistics pick the pkey
-# Is a job due? The claim's own first step (job_claim, in claim order, first due job): an EXISTS
-# was planned as a scan of the whole table when the statistics were those of a smaller one.
-_DUE_SQL = (f"SELECT (SELECT id FROM jobs_job WHERE consumer_id = %s AND status = {QUEUED} "
-            "AND next_attempt_at <= now() ORDER BY priority DESC, id LIMIT 1) IS NOT NULL")
-
-
 @dataclass
 class Dispatch:
     target: Target
@@ -226,13 +214,13 @@ def _dispatch(cur, target: Target, group: str) -> GroupState:
     waiter is considered a bounded number of times (every hand-out claims at least one job or
     ends the loop), so ineligible waiters never make it spin."""
     gs = _group_state(cur, target, group)
-    cur.execute(_WAITERS_SQL, [target.consumer_pk])
+    cur.execute(Q.group_waiters.sql, [target.consumer_pk])
     waiters = sorted((Waiter(*row) for row in cur.fetchall()), key=lambda w: w.id)
     if not waiters:
         return gs
     d = Dispatch(target=target, cur=cur, gs=gs, max_turn=max(w.turn for w in waiters))
     if target.policy == PINNED:
-        cur.execute(_DUE_SQL, [target.consumer_pk])
+        cur.execute(Q.group_due.sql, [target.consumer_pk])
         if not cur.fetchone()[0]:
             return gs
         for w in waiters:  # an id that is not the current pin is stale: 423 when a job is dispatched
@@ -298,30 +286,11 @@ class GroupPull:
     wrong_pin: bool = False
 
 
-_INSERT_SQL = """
-WITH gc AS (
-    DELETE FROM consumers_pullwaiter WHERE consumer_id = %(consumer)s AND expires_at < now() - interval '5 seconds'
-)
-INSERT INTO consumers_pullwaiter ("group", priority, pin_id, min_pending, min_ack_pending, batch, max_bytes,
-                                  job_ids, state, turn, incremental_timeout, arrived_at, expires_at, consumer_id)
-VALUES (%(group)s, %(priority)s, %(pin)s, %(min_pending)s, %(min_ack_pending)s, %(batch)s, %(max_bytes)s,
-        '{}', 0, 0, %(inc)s, now(), now() + %(expires)s * interval '1 second', %(consumer)s)
-RETURNING id
-"""
-
-_JOBS_SQL = """
-SELECT j.id, j.priority, j.retry_count, j.incremental_timeout, j.deadline,
-       m.message_id, COALESCE(j.payload, m.payload), m.content_type, m.headers,
-       (SELECT pt.key FROM jobs_partition pt WHERE pt.id = j.partition_id), j.gate  -- partitions
-  FROM jobs_job j JOIN broker_message m ON m.id = j.message_id
- WHERE j.id = ANY(%s::bigint[]) AND j.status = %s
- ORDER BY j.priority DESC, j.id
-"""
 
 def _jobs(cur, ids) -> list[state.ClaimedJob]:
     if not ids:
         return []
-    cur.execute(_JOBS_SQL, [list(ids), INFLIGHT])
+    cur.execute(Q.group_jobs.sql, [list(ids), INFLIGHT])
     return state.claimed_jobs(cur.fetchall())
 
 
@@ -362,7 +331,7 @@ def jobs_pull_grouped(*, ctx, req) -> GroupPull:
                             'WHERE consumer_id = %s AND "group" = %s', [ctx.consumer_pk, req.group])
                 gs.expires_in = target.timeout or DEFAULT_PIN_TIMEOUT
         if not mismatch:
-            cur.execute(_INSERT_SQL, {
+            cur.execute(Q.group_waiter_insert.sql, {
                 "consumer": ctx.consumer_pk, "group": req.group, "priority": req.priority, "pin": req.pin_id,
                 "min_pending": req.min_pending or None, "min_ack_pending": req.min_ack_pending or None,
                 "batch": req.batch, "max_bytes": req.max_bytes, "inc": req.incremental_timeout,
@@ -375,7 +344,7 @@ def jobs_pull_grouped(*, ctx, req) -> GroupPull:
             cur.execute("SELECT state FROM consumers_pullwaiter WHERE id = %s", [waiter_id])
             if cur.fetchone()[0] != WAITING:
                 return _finish(cur, waiter_id)
-            cur.execute(pull_next_sql, {"consumer": ctx.consumer_pk, "queued": QUEUED, "inflight": INFLIGHT})
+            cur.execute(Q.pull_next.sql, {"consumer": ctx.consumer_pk})
             due_in, deadline_in = cur.fetchone()
     if mismatch:
         raise Locked("pin_id_mismatch", "Nats-Pin-Id mismatch")
@@ -404,7 +373,7 @@ def jobs_pull_grouped(*, ctx, req) -> GroupPull:
                 row = cur.fetchone()
                 if row is None or row[0] != WAITING:
                     return _finish(cur, waiter_id)
-                cur.execute(pull_next_sql, {"consumer": ctx.consumer_pk, "queued": QUEUED, "inflight": INFLIGHT})
+                cur.execute(Q.pull_next.sql, {"consumer": ctx.consumer_pk})
                 due_in, deadline_in = cur.fetchone()
     except BaseException:
         with transaction.atomic(), connection.cursor() as cur:
