@@ -26,7 +26,7 @@ def job_move_pull_authenticated_grouped(*, channel_id: str, consumer_id: str, jo
 
     The tokens are compared as md5 digests in SQL (timing reveals nothing usable about the
     secret); the caller still checks the returned tokens in constant time and decides the HTTP
-    answer from the row as it was before the move. Returns (auth row with ``jobs.pull._AUTH_SQL``'s
+    answer from the row as it was before the move. Returns (auth row with ``pull_auth``'s
     columns, moved, the consumer's priority policy or ''), or (None, False, '') for an unknown
     channel. The job's partition is settled after commit when it finished."""
     transitions_check((from_status, to_status) for from_status in from_statuses)

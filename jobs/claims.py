@@ -36,7 +36,7 @@ class ClaimedJob:
 
 
 def claimed_jobs(rows) -> list[ClaimedJob]:
-    """Rows shaped like ``_CLAIM_TAIL``'s result (id, priority, retry_count, incremental_timeout,
+    """Rows shaped like ``claim_pull``'s result (id, priority, retry_count, incremental_timeout,
     deadline, message_id, payload, content_type, headers[, partition key, gate]) as ClaimedJob objects."""
     return [
         ClaimedJob(id=r[0], priority=r[1], retry_count=r[2], incremental_timeout=r[3], deadline=r[4],

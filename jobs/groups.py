@@ -46,7 +46,7 @@ UNPINNED_ADVISORY = "consumer_group_unpinned"
 
 def _lock(cur, consumer_pk: int) -> None:
     """Serialize every decision about this consumer's waiters and pins, across all processes."""
-    cur.execute("SELECT pg_advisory_xact_lock(%s::bigint)", [LOCK_BASE + int(consumer_pk)])
+    cur.execute(Q.group_lock.sql, [LOCK_BASE + int(consumer_pk)])
 
 
 @dataclass
@@ -76,18 +76,13 @@ def target_for(consumer) -> Target:
 
 
 def _notify(cur, consumer_pk: int) -> None:
-    cur.execute("SELECT pg_notify('broker_jobs', %s)", [str(consumer_pk)])
+    cur.execute(Q.jobs_notify.sql, [str(consumer_pk)])
 
 
 def _group_state(cur, target: Target, group: str) -> GroupState:
     """The group's pin, released first if its timer ran out (UNPINNED, reason timeout)."""
-    cur.execute(
-        'INSERT INTO consumers_prioritygroupstate (consumer_id, "group", pinned_client_id) VALUES (%s, %s, \'\') '
-        "ON CONFLICT (consumer_id, \"group\") DO NOTHING", [target.consumer_pk, group])
-    cur.execute(
-        'SELECT pinned_client_id, pinned_ts, EXTRACT(EPOCH FROM renewed_at + %s * interval \'1 second\' - now()) '
-        'FROM consumers_prioritygroupstate WHERE consumer_id = %s AND "group" = %s',
-        [target.timeout or DEFAULT_PIN_TIMEOUT, target.consumer_pk, group])
+    cur.execute(Q.group_state_ensure.sql, [target.consumer_pk, group])
+    cur.execute(Q.group_state_read.sql, [target.timeout or DEFAULT_PIN_TIMEOUT, target.consumer_pk, group])
     pin, pinned_ts, expires_in = cur.fetchone()
     gs = GroupState(group=group, pin=pin or "", pinned_ts=pinned_ts,
                     expires_in=float(expires_in) if pin and expires_in is not None else None)
@@ -97,8 +92,7 @@ def _group_state(cur, target: Target, group: str) -> GroupState:
 
 
 def _unpin(cur, target: Target, gs: GroupState, *, reason: str) -> None:
-    cur.execute('UPDATE consumers_prioritygroupstate SET pinned_client_id = \'\', pinned_ts = NULL, renewed_at = NULL '
-                'WHERE consumer_id = %s AND "group" = %s', [target.consumer_pk, gs.group])
+    cur.execute(Q.group_unpin.sql, [target.consumer_pk, gs.group])
     advisory_record(type=UNPINNED_ADVISORY, channel=target.channel_id, consumer=target.consumer_id,
                     consumer_pk=target.consumer_pk, group=gs.group, data={"reason": reason})
     gs.pin, gs.pinned_ts, gs.expires_in = "", None, None
@@ -106,8 +100,7 @@ def _unpin(cur, target: Target, gs: GroupState, *, reason: str) -> None:
 
 
 def _pin(cur, target: Target, gs: GroupState, pin: str) -> None:
-    cur.execute('UPDATE consumers_prioritygroupstate SET pinned_client_id = %s, pinned_ts = now(), renewed_at = now() '
-                'WHERE consumer_id = %s AND "group" = %s RETURNING pinned_ts', [pin, target.consumer_pk, gs.group])
+    cur.execute(Q.group_pin.sql, [pin, target.consumer_pk, gs.group])
     gs.pin, gs.pinned_ts, gs.expires_in = pin, cur.fetchone()[0], target.timeout or DEFAULT_PIN_TIMEOUT
     advisory_record(type=PINNED_ADVISORY, channel=target.channel_id, consumer=target.consumer_id,
                     consumer_pk=target.consumer_pk, group=gs.group, data={"pinned_id": pin})
@@ -197,15 +190,14 @@ class Dispatch:
         w.done = w.have >= w.batch or w.max_bytes is not None
         self.max_turn += 1
         w.turn = self.max_turn
-        self.cur.execute(
-            "UPDATE consumers_pullwaiter SET job_ids = job_ids || %s::bigint[], state = %s, pin_id = %s, turn = %s "
-            "WHERE id = %s", [[j.id for j in jobs], SERVED if w.done else WAITING, w.pin_id, w.turn, w.id])
+        self.cur.execute(Q.group_waiter_serve.sql,
+                         [[j.id for j in jobs], SERVED if w.done else WAITING, w.pin_id, w.turn, w.id])
         self.changed = True
         return len(jobs)
 
     def wrong_pin(self, w: Waiter) -> None:
         w.done = True
-        self.cur.execute("UPDATE consumers_pullwaiter SET state = %s WHERE id = %s", [WRONG_PIN, w.id])
+        self.cur.execute(Q.group_waiter_wrong_pin.sql, [WRONG_PIN, w.id])
         self.changed = True
 
 
@@ -296,7 +288,7 @@ def _jobs(cur, ids) -> list[state.ClaimedJob]:
 
 def _finish(cur, waiter_id: int) -> GroupPull:
     """Remove the waiter (under the lock, so no dispatch hands it a job it would never answer)."""
-    cur.execute("DELETE FROM consumers_pullwaiter WHERE id = %s RETURNING job_ids, state, pin_id", [waiter_id])
+    cur.execute(Q.group_waiter_finish.sql, [waiter_id])
     row = cur.fetchone()
     if row is None:
         return GroupPull()
@@ -327,8 +319,7 @@ def jobs_pull_grouped(*, ctx, req) -> GroupPull:
             if req.pin_id != gs.pin:
                 mismatch = True  # answered after commit: a timeout release above must stay recorded
             else:  # the pinned client is alive: reset the pin timer
-                cur.execute('UPDATE consumers_prioritygroupstate SET renewed_at = now() '
-                            'WHERE consumer_id = %s AND "group" = %s', [ctx.consumer_pk, req.group])
+                cur.execute(Q.group_pin_renew.sql, [ctx.consumer_pk, req.group])
                 gs.expires_in = target.timeout or DEFAULT_PIN_TIMEOUT
         if not mismatch:
             cur.execute(Q.group_waiter_insert.sql, {
@@ -341,7 +332,7 @@ def jobs_pull_grouped(*, ctx, req) -> GroupPull:
             gs = _dispatch(cur, target, req.group)
             if not wait:
                 return _finish(cur, waiter_id)
-            cur.execute("SELECT state FROM consumers_pullwaiter WHERE id = %s", [waiter_id])
+            cur.execute(Q.group_waiter_state.sql, [waiter_id])
             if cur.fetchone()[0] != WAITING:
                 return _finish(cur, waiter_id)
             cur.execute(Q.pull_next.sql, {"consumer": ctx.consumer_pk})
@@ -369,7 +360,7 @@ def jobs_pull_grouped(*, ctx, req) -> GroupPull:
             with transaction.atomic(), connection.cursor() as cur:
                 _lock(cur, ctx.consumer_pk)
                 gs = _dispatch(cur, target, req.group)
-                cur.execute("SELECT state FROM consumers_pullwaiter WHERE id = %s", [waiter_id])
+                cur.execute(Q.group_waiter_state.sql, [waiter_id])
                 row = cur.fetchone()
                 if row is None or row[0] != WAITING:
                     return _finish(cur, waiter_id)

@@ -81,7 +81,7 @@ def pull_authenticate(*, channel_id: str, consumer_id: str, channel_token: str |
 
 def auth_check(row, *, channel_id: str, consumer_id: str, channel_token: str | None, consumer_token: str | None,
                admin: bool = False, require_pull: bool = True, with_job: bool = False) -> PullContext:
-    """Checks in the spec's order on an auth row (``_AUTH_SQL``'s columns): channel 404, channel
+    """Checks in the spec's order on an auth row (``pull_auth``'s columns): channel 404, channel
     token 401/403, consumer 404, consumer token 401/403, push consumer 412, job 404 (unknown, not
     an integer, or another consumer's). ``admin`` (already verified) skips the token checks."""
     if row is None:

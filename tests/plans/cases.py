@@ -44,7 +44,7 @@ def statement_sql(case: Case, world) -> tuple[str, object]:
 
 
 # the apps with a named-query registry (``<app>/queries.sql``): every ``-- hot`` query needs a case
-REGISTRIES = ("jobs",)
+REGISTRIES = ("jobs", "consumers", "broker")
 
 
 def hot_queries() -> list[str]:
@@ -173,20 +173,20 @@ CASES: list[Case] = [
                     "ctype": "text/plain", "prio": 0, "headers": "{}"}),
     Case("jobs:publish_auth", "counter_key", lambda w: {"producer": "plans", "channel": "plans"}),
     # --- doorbell and ready / next-due probes ---------------------------------------------------
-    Case("jobs.doorbell._RING_SQL", ("job_claim", "job_consumer_status"), lambda w: {"ids": None}, run="plain"),
+    Case("jobs:doorbell_ring", ("job_claim", "job_consumer_status"), lambda w: {"ids": None}, run="plain"),
     Case("jobs:pull_waiter", ("job_push_fresh", "job_push_retry", "job_inflight_consumer"),
          lambda w: {"consumer": w.pull, "group": "", "priority": 0, "pin": "", "batch": 1, "max_bytes": None,
                     "expires": 5.0, "queued": QUEUED, "inflight": INFLIGHT}, run="plain"),
     Case("jobs:pull_next", ("job_push_fresh", "job_push_retry", "job_inflight_consumer"),
          lambda w: {"consumer": w.pull}, run="plain"),
     # --- dashboard and statistics ---------------------------------------------------------------
-    Case("jobs.dashboard._OLDEST_SQL", "job_consumer_status",
+    Case("jobs:oldest_queued", "job_consumer_status",
          lambda w: {"queued": QUEUED, "ids": w.consumers}, run="plain"),
-    Case("jobs.dashboard._OVERDUE_SQL", "job_inflight_deadline|job_inflight_consumer",
+    Case("jobs:overdue_inflight", "job_inflight_deadline|job_inflight_consumer",
          lambda w: {"inflight": INFLIGHT, "grace": 60, "cap": 1000}, run="plain"),
     # broker_counterdelta holds the deltas since the last compaction (every few seconds): a small
     # table, read by its index or whole
-    Case("broker.counters._COUNTS_SQL", "counter_key",
+    Case("broker:counter_counts", "counter_key",
          lambda w: {"scope": 1, "ids": [w.pull]}, run="plain"),
     Case("jobs:pull_waiting", "pullwaiter_live", lambda w: [w.pull], run="plain"),
 ]
