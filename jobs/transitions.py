@@ -1,12 +1,13 @@
 """The job transition table: every status a job may move to from every status, and which kind of
 move may make it. Pure data and pure checks, no database.
 
-One table drives every status write: each writer in ``jobs.state`` checks its moves here before
-any SQL (``transition_check``), and the database enforces the same pairs (the ``jobs_transition``
-table read by the history trigger of migration 0017, which raises SQLSTATE ``BRK01``; a test keeps
-the two equal), so an illegal move fails with ``IllegalTransition`` whichever path made it, raw
-SQL included. The same trigger is the one history writer: every status change (and every delete
-with a reason) appends one ``jobs_jobtransition`` row.
+One table drives every status write: each writer (the modules ``jobs.state`` names) checks its
+moves here before any SQL (``transition_check``), and the database enforces the same pairs (the
+history trigger of migration 0017 writes them out and raises SQLSTATE ``BRK01`` for any other;
+tests/jobs/test_transitions.py tries every pair against it), so an illegal move fails with
+``IllegalTransition`` whichever path made it, raw SQL included. The same trigger is the one
+history writer: every status change (and every delete with a reason) appends one
+``jobs_jobtransition`` row.
 
 States (webhook-broker's integers) and moves:
 
@@ -63,7 +64,7 @@ TRANSITIONS: tuple[Transition, ...] = (
     _t(DEAD, GONE, "delete"),
 )
 
-# (from, to) pairs: what the database's ``jobs_transition`` table holds
+# (from, to) pairs: what the database's history trigger allows (migration 0017)
 ALLOWED: frozenset[tuple[int, int]] = frozenset((t.from_status, t.to_status) for t in TRANSITIONS)
 KINDS: dict[tuple[int, int], frozenset[str]] = {(t.from_status, t.to_status): t.kinds for t in TRANSITIONS}
 ALL_KINDS: frozenset[str] = frozenset().union(*(t.kinds for t in TRANSITIONS))

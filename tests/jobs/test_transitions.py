@@ -58,11 +58,38 @@ def test_guarded_writers_refuse_before_sql():
 
 # --- the database enforces the same table and writes the history --------------------------------------
 
-@pytest.mark.django_db
-def test_database_table_equals_the_python_table():
-    with connection.cursor() as cur:
-        cur.execute("SELECT from_status, to_status FROM jobs_transition")
-        assert set(cur.fetchall()) == set(transitions.ALLOWED)
+@pytest.mark.django_db(transaction=True)
+def test_the_database_allows_exactly_the_python_table(world):
+    """Every (from, to) pair of statuses, tried as a raw UPDATE (and every status as a delete with a
+    reason) against the history trigger: it passes exactly the pairs of jobs.transitions."""
+    job = _jobs(world, 1)[0]
+    seen = set()
+    for a in (QUEUED, INFLIGHT, DELIVERED, DEAD):
+        for b in (QUEUED, INFLIGHT, DELIVERED, DEAD, GONE):
+            if a == b:
+                continue
+            with connection.cursor() as cur:  # put the job in status a, around the trigger
+                cur.execute("ALTER TABLE jobs_job DISABLE TRIGGER jobs_job_history_upd")
+                cur.execute("UPDATE jobs_job SET status = %s WHERE id = %s", [a, job.pk])
+                cur.execute("ALTER TABLE jobs_job ENABLE TRIGGER jobs_job_history_upd")
+            try:
+                with transaction.atomic():
+                    if b == GONE:
+                        query_execute("SELECT set_config('broker.history_reason', 'probe', true)")
+                        query_execute("DELETE FROM jobs_job WHERE id = %s", [job.pk])
+                    else:
+                        query_execute("UPDATE jobs_job SET status = %s WHERE id = %s", [b, job.pk])
+                    seen.add((a, b))
+                    raise _Undo
+            except _Undo:
+                pass
+            except IllegalTransition:
+                pass
+    assert seen == set(transitions.ALLOWED)
+
+
+class _Undo(Exception):
+    """Roll a probe back."""
 
 
 def _jobs(world, n=3, consumer="c2"):
