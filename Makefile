@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: run test install bench clean
+.PHONY: run test unit install bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ run: $(STAMP)
 
 test: $(TEST_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# DB-free unit tests of the pure rules: DATABASE_URL names a closed port, so no PostgreSQL is
+# started and any query fails.
+unit: $(TEST_STAMP)
+	DATABASE_URL=postgres://unit:unit@127.0.0.1:9/no_database $(PY) -m pytest -m unit -q $$(find tests -type d -name unit) $(PYTEST_ARGS)
 
 clean:
 	-DJANGO_DEBUG=1 $(PY) manage.py embedded_db stop

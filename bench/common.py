@@ -169,7 +169,7 @@ def percentile(values, p: float) -> float:
     return ordered[k]
 
 
-# --- smoke mode: every script runs its own code paths at tiny sizes (tests/bench/test_smoke.py) ------
+# --- smoke mode: every script runs its own code paths at tiny sizes (tests/system/bench/test_smoke.py) ------
 #
 # Convention for every bench/<name>.py (the test globs them, so a new script is covered at once):
 #   - parse its arguments with ``smoke_args_parse(parser, <size>=<tiny value>, ...)``, which adds

@@ -543,7 +543,7 @@ def main() -> int:
     return 0
 
 
-# bench/common.py's smoke convention: what the printed table must match (tests/bench)
+# bench/common.py's smoke convention: what the printed table must match (tests/system/bench)
 SMOKE_TABLE = (r"^bench/growth\.py: median of \d+ requests .*\n(?s:.*)^pull 100 \+ ack 100 +[\d.]+ +[\d.]+ +[\d.]+$"
                r"(?s:.*)^targets: ratios <= 1\.5 ")
 

@@ -15,6 +15,9 @@ spec path >= 500/s with 1 client and >= 1,000/s with 8 (200k backlog).
 
     python bench/pull.py [--backlog 200000] [--clients 4] [--batch 100] [--spec-seconds 10] [--seconds 60]
     python bench/pull.py --backlog 1000000
+    python bench/pull.py --baseline    # also the spec path on a second gunicorn without the fast lane and
+                                       # with durable commits (BROKER_PULL_FAST_LANE / _ASYNC_COMMIT off),
+                                       # phases alternating with the default one, and the ratios
 
 Uses DATABASE_URL when set, else a throw-away embedded PostgreSQL (fsync on).
 """
@@ -223,6 +226,23 @@ async def fast_client(url: str, stop_at: float, counts: dict, batch: int) -> Non
         writer.close()
 
 
+# --baseline: the spec path as it was before the pull fast lane and asynchronous spec-path commits
+BASELINE_ENV = {"BROKER_PULL_FAST_LANE": "0", "BROKER_PULL_ASYNC_COMMIT": "0"}
+
+
+def spec_phase(server, db_pid: int | None, clients: int, seconds: float) -> tuple[float, dict, Cpu]:
+    """The spec path against ``server`` for ``seconds``: 1 client lists 25 and works through them,
+    more clients list 100 and each tries 10 at random. Returns (jobs/s, counts, CPU)."""
+    url = server.url
+    with Cpu(server.popen.pid, db_pid) as cpu:
+        if clients == 1:
+            rate, counts = run_http(lambda stop, counts: [spec_client(url, stop, counts, 0)], seconds)
+        else:
+            rate, counts = run_http(lambda stop, counts: [spec_client(url, stop, counts, i, page=100, tries=10)
+                                                          for i in range(clients)], seconds)
+    return rate, counts, cpu
+
+
 def run_http(make_clients, seconds: float) -> tuple[float, dict]:
     counts = {"jobs": 0, "lost": 0}
 
@@ -334,6 +354,8 @@ def main() -> None:
     parser.add_argument("--spec-clients", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=60.0, help="cap per fast/raw phase")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--baseline", action="store_true",
+                        help="also measure the spec path without the pull fast lane and with durable commits")
     # --smoke: fast and raw end when the tiny backlog is drained; 15 s only covers slow process start-up
     args = smoke_args_parse(parser, backlog=400, clients=2, spec_seconds=1.0, spec_clients=2, seconds=15.0)
     load_before = " ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -346,6 +368,7 @@ def main() -> None:
         compactor = Compactor()  # the workers' counter compaction (every 5 s)
         compactor.start()
         server = start_gunicorn(env, workers=args.workers)
+        baseline = start_gunicorn({**env, **BASELINE_ENV}, workers=args.workers) if args.baseline else None
         try:
             setup(server.url)
             t0 = time.perf_counter()
@@ -354,11 +377,17 @@ def main() -> None:
                   f"({time.perf_counter() - t0:.0f} s to insert)", flush=True)
             url = server.url
             web_pid, db_pid = server.popen.pid, postmaster_pid(database_url)
-            with Cpu(web_pid, db_pid) as cpu1:
-                spec1, c1 = run_http(lambda stop, counts: [spec_client(url, stop, counts, 0)], args.spec_seconds)
-            with Cpu(web_pid, db_pid) as cpun:
-                specn, cn = run_http(lambda stop, counts: [spec_client(url, stop, counts, i, page=100, tries=10)
-                                                           for i in range(args.spec_clients)], args.spec_seconds)
+            for warm in (server, baseline):  # each worker's first requests import and connect
+                if warm:
+                    run_http(lambda stop, counts, u=warm.url: [spec_client(u, stop, counts, i) for i in range(2)],
+                             min(1.0, args.spec_seconds / 4))
+            base_rows = []
+            if baseline:  # alternating with the default server's phases: same conditions
+                base_rows.append(spec_phase(baseline, db_pid, 1, args.spec_seconds))
+            spec1, c1, cpu1 = spec_phase(server, db_pid, 1, args.spec_seconds)
+            if baseline:
+                base_rows.append(spec_phase(baseline, db_pid, args.spec_clients, args.spec_seconds))
+            specn, cn, cpun = spec_phase(server, db_pid, args.spec_clients, args.spec_seconds)
             with psycopg.connect(database_url, autocommit=True) as conn:
                 vacuum(conn)
             with Cpu(web_pid, db_pid) as cpuf:
@@ -374,6 +403,8 @@ def main() -> None:
                 raw, raw_jobs = run_raw(database_url, args.clients, args.batch, args.seconds)
         finally:
             server.stop()
+            if baseline:
+                baseline.stop()
             compactor.stop.set()
             compactor.join()
     print(f"pull benchmark: gunicorn {args.workers} workers, {len(PAYLOAD)}-byte JSON payloads, "
@@ -388,11 +419,20 @@ def main() -> None:
         (f"client: broker_client consume(), batch {args.batch}, {args.clients} processes", client, cpuc, client_jobs,
          f", {client / fast:.2f} of fast, target >= 0.80: {'met' if client >= 0.8 * fast else 'NOT met'}"),
     ]
+    if base_rows:
+        (b1, bc1, bcpu1), (bn, bcn, bcpun) = base_rows
+        rows[2:2] = [
+            ("spec baseline (no fast lane, durable commits), 1 client", b1, bcpu1, bc1["jobs"],
+             f", default / baseline: {spec1 / max(b1, 1e-9):.2f}"),
+            (f"spec baseline, {args.spec_clients} clients", bn, bcpun, bcn["jobs"],
+             f", {bcn['lost']} lost claim races, default / baseline: {specn / max(bn, 1e-9):.2f}"),
+        ]
     for name, rate, cpu, jobs, extra in rows:
         print(f"{name:66} {rate:8.0f} {rate / raw:7.3f}   {cpu.per_job(jobs)}  ({jobs} jobs{extra})")
     print(f"targets: fast >= raw / 2 ({raw / 2:.0f}/s): {'met' if fast >= raw / 2 else 'NOT met'} "
           f"({fast / raw:.2f}); spec >= 500/s with 1 client: {'met' if spec1 >= 500 else 'NOT met'}; "
           f"spec >= 1,000/s with {args.spec_clients}: {'met' if specn >= 1000 else 'NOT met'}")
+    print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 if __name__ == "__main__":
     main()

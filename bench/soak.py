@@ -66,27 +66,25 @@ def _status(pid: int) -> tuple[int, int, int] | None:
         return None
 
 
-def _anon(pid: int) -> int:
-    """Private anonymous memory (kB): what a backend's leak would grow; shared buffers excluded."""
+def _proc_kb(path: str, key: str) -> int:
+    """The kB figure of line ``key:`` in a /proc file; 0 when the process or the line is gone."""
     try:
-        with open(f"/proc/{pid}/status") as fh:
+        with open(path) as fh:
             for line in fh:
-                if line.startswith("RssAnon:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1])
     except OSError:
         pass
     return 0
+
+
+def _anon(pid: int) -> int:
+    """Private anonymous memory (kB): what a backend's leak would grow; shared buffers excluded."""
+    return _proc_kb(f"/proc/{pid}/status", "RssAnon")
 
 
 def _pss(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as fh:
-            for line in fh:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+    return _proc_kb(f"/proc/{pid}/smaps_rollup", "Pss")
 
 
 def memory(web_pgrp: int, workers_pgrp: int, postmaster: int | None) -> dict:

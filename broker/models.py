@@ -5,14 +5,25 @@ from __future__ import annotations
 from django.db import models
 
 
-class Channel(models.Model):
-    """A named stream of messages; every consumer of the channel gets one job per message."""
+class Registered(models.Model):
+    """What a channel and a producer both have: a display name, a secret token and the times of
+    creation and of the last change (``updated_at`` is the optimistic-concurrency version of updates)."""
 
-    channel_id = models.CharField(max_length=255, unique=True)
     name = models.CharField(max_length=255)
     token = models.CharField(max_length=255)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField()
+
+    class Meta:
+        abstract = True
+
+
+class Channel(Registered):
+    """A named stream of messages; every consumer of the channel gets one job per message."""
+
+    channel_id = models.CharField(max_length=255, unique=True)
+    # Expiry: seconds a message without its own X-Broker-Message-TTL stays deliverable (null: forever).
+    message_ttl = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         indexes = [models.Index(fields=["-created_at", "-id"], name="channel_list")]
@@ -21,18 +32,14 @@ class Channel(models.Model):
         return self.channel_id
 
 
-class Producer(models.Model):
+class Producer(Registered):
     producer_id = models.CharField(max_length=255, unique=True)
-    name = models.CharField(max_length=255)
-    token = models.CharField(max_length=255)
     # Flow control: a token bucket in the row (null rate: no limit). ``rate_tokens``/``rate_at`` are
     # the bucket's state, updated atomically by each publish (``publishing.producer_rate_take``).
     rate_limit_per_second = models.FloatField(null=True, blank=True)
     burst = models.PositiveIntegerField(null=True, blank=True)
     rate_tokens = models.FloatField(null=True, blank=True)
     rate_at = models.DateTimeField(null=True, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField()
 
     class Meta:
         indexes = [models.Index(fields=["-created_at", "-id"], name="producer_list")]
@@ -41,7 +48,20 @@ class Producer(models.Model):
         return self.producer_id
 
 
-class Message(models.Model):
+class MessageContent(models.Model):
+    """What a producer sent: shared by a published message and one scheduled for later."""
+
+    message_id = models.CharField(max_length=255)
+    payload = models.BinaryField()
+    content_type = models.CharField(max_length=255, default="application/octet-stream")
+    priority = models.IntegerField(default=0)
+    headers = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        abstract = True
+
+
+class Message(MessageContent):
     """A published message. Its payload is stored as bytes, exactly as received."""
 
     class Status(models.IntegerChoices):
@@ -49,15 +69,14 @@ class Message(models.Model):
         DISPATCHED = 102
 
     channel = models.ForeignKey(Channel, on_delete=models.PROTECT, related_name="messages")
-    message_id = models.CharField(max_length=255)
     producer = models.ForeignKey(Producer, on_delete=models.PROTECT, related_name="messages")
-    payload = models.BinaryField()
-    content_type = models.CharField(max_length=255, default="application/octet-stream")
-    priority = models.IntegerField(default=0)
-    headers = models.JSONField(default=dict, blank=True)
     status = models.PositiveSmallIntegerField(choices=Status.choices, default=Status.DISPATCHED)
     received_at = models.DateTimeField()
     dispatched_at = models.DateTimeField(null=True, blank=True)
+    # Filters: the message's type (X-Broker-Message-Type), matched against consumers' messageTypes at
+    # fan-out. Expiry: after ``expires_at`` none of its jobs is delivered (copied onto each job).
+    type = models.CharField(max_length=128, null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -66,13 +85,15 @@ class Message(models.Model):
         indexes = [
             models.Index(fields=["channel", "-id"], name="message_by_channel"),
             models.Index(fields=["received_at"], name="message_received"),
+            # Replay (jobs.replay): a channel's messages in a time window, walked in chunks.
+            models.Index(fields=["channel", "received_at", "id"], name="message_channel_received"),
         ]
 
     def __str__(self) -> str:
         return self.message_id
 
 
-class ScheduledMessage(models.Model):
+class ScheduledMessage(MessageContent):
     """A message to publish later (``X-Broker-Scheduled-For``). When due, the scheduler sweep
     (jobs.scheduling) publishes it as a normal message with the same id, in the transaction that
     marks it DISPATCHED; until then it can be deleted. FAILED: the id was taken meanwhile."""
@@ -83,17 +104,14 @@ class ScheduledMessage(models.Model):
         FAILED = 103
 
     channel = models.ForeignKey(Channel, on_delete=models.PROTECT, related_name="scheduled_messages")
-    message_id = models.CharField(max_length=255)
     producer = models.ForeignKey(Producer, on_delete=models.PROTECT, related_name="+")
-    payload = models.BinaryField()
-    content_type = models.CharField(max_length=255, default="application/octet-stream")
-    priority = models.IntegerField(default=0)
-    headers = models.JSONField(default=dict, blank=True)
     status = models.PositiveSmallIntegerField(choices=Status.choices, default=Status.SCHEDULED)
     dispatch_at = models.DateTimeField()
     created_at = models.DateTimeField()
     dispatched_at = models.DateTimeField(null=True, blank=True)
     error = models.CharField(max_length=255, blank=True, default="")
+    type = models.CharField(max_length=128, null=True, blank=True)  # published with the message
+    ttl = models.PositiveIntegerField(null=True, blank=True)  # seconds, counted from publication
 
     class Meta:
         constraints = [

@@ -83,11 +83,15 @@ def _db_now() -> datetime:
         return cur.fetchone()[0]
 
 
-def channel_upsert(*, channel_id: str, name: str | None, token: str | None, precondition: Precondition):
+def channel_upsert(*, channel_id: str, name: str | None, token: str | None, precondition: Precondition,
+                   settings: dict | None = None):
+    """``settings``: validated model fields (message_ttl)."""
     from broker.models import Channel
 
+    fields = {"name": name} if name else {}
+    fields.update(settings or {})
     return row_upsert(model=Channel, key_field="channel_id", key=channel_id,
-                      fields={"name": name} if name else {}, create_defaults={"name": channel_id},
+                      fields=fields, create_defaults={"name": channel_id},
                       token=token, precondition=precondition)
 
 

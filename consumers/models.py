@@ -46,6 +46,13 @@ class Consumer(models.Model):
     notify_interval = models.FloatField(default=1.0, db_default=1.0)
     # Partitions: with ``ordered``, at most one job of a partition in flight at a time, in publish order.
     ordered = models.BooleanField(default=False, db_default=False)
+    # Filters: type patterns (``order.*``, ``invoice.paid``, ``*``); null = every message. Matched by
+    # the fan-out statements (insert_* in jobs/queries.sql); rules in broker.message_types.
+    message_types = ArrayField(models.CharField(max_length=130), null=True, blank=True)
+    # Circuit breaker (push; jobs.circuit): OPEN after this many consecutive failed attempts (0: off),
+    # then one probe delivery every ``circuit_breaker_probe_seconds``.
+    circuit_breaker_failures = models.PositiveIntegerField(default=10, db_default=10)
+    circuit_breaker_probe_seconds = models.FloatField(default=30.0, db_default=30.0)
 
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField()
@@ -171,3 +178,30 @@ class DoorbellState(models.Model):
 
     def __str__(self) -> str:
         return f"doorbell of consumer {self.consumer_id}"
+
+
+class CircuitState(models.IntegerChoices):
+    CLOSED = 0
+    OPEN = 1
+    HALF_OPEN = 2
+
+
+class Circuit(models.Model):
+    """Circuit breaker state of a push consumer (``jobs.circuit``): consecutive failed attempts,
+    CLOSED / OPEN / HALF_OPEN (a probe in flight) since when, and when the next probe may go.
+
+    A row appears with the consumer's first failed attempt; no row means CLOSED. Written by the
+    push record statement (``push_record`` in jobs/queries.sql: one UPDATE per consumer and batch,
+    row-locked, so concurrent dispatchers add up) and the push claim (OPEN -> HALF_OPEN). Its own
+    small table, like ``DoorbellState``: the consumer row that every publish joins is not written.
+    """
+
+    consumer = models.OneToOneField(Consumer, on_delete=models.CASCADE, primary_key=True,
+                                    related_name="circuit", db_constraint=False)
+    state = models.SmallIntegerField(choices=CircuitState.choices, default=CircuitState.CLOSED)
+    since = models.DateTimeField()
+    failures = models.IntegerField(default=0)
+    next_probe_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"circuit of consumer {self.consumer_id}"

@@ -9,7 +9,8 @@
     [<consumerId>]            token=, channel=, type=push|pull (empty = push), name=,
                               maxInFlight=, maxDeliveriesPerSecond=, maxAckPending=, maxQueued=, ordered=,
                               notifyInterval= (doorbell seconds > 0; a pull consumer with a
-                              callback URL in [initial-consumers] gets the doorbell)
+                              callback URL in [initial-consumers] gets the doorbell),
+                              messageTypes= (filters: comma-separated type patterns; empty = all)
 
 A consumer with an invalid type, an unknown channel or a bad callback URL is skipped with a
 logged error (as the pull-consumer spec says); the rest of the file still applies.
@@ -26,6 +27,9 @@ from datetime import datetime
 from urllib.parse import urlsplit
 
 from django.db import transaction
+
+from broker.errors import DomainError
+from broker.message_types import message_types_parse
 
 logger = logging.getLogger("broker.services.seed")  # its name before the move: what operators filter on
 
@@ -71,6 +75,20 @@ def _section(ini, name: str) -> dict:
     return dict(ini.items(name)) if ini.has_section(name) else {}
 
 
+def _registered(ini, kind: str, errors: list) -> dict:
+    """``[initial-<kind>s]`` id=Name with their tokens from ``[initial-<kind>-tokens]``; one without
+    a token is skipped with an error."""
+    tokens = _section(ini, f"initial-{kind}-tokens")
+    found = {}
+    for key, name in _section(ini, f"initial-{kind}s").items():
+        token = tokens.get(key, "").strip()
+        if not token:
+            errors.append(f"{kind} {key}: no token in [initial-{kind}-tokens], skipped")
+            continue
+        found[key] = {"name": name.strip() or key, "token": token}
+    return found
+
+
 def seed_parse(text: str) -> SeedPlan:
     """Parse the INI text into a plan; problems are collected in ``plan.errors``, never raised."""
     plan = SeedPlan()
@@ -81,20 +99,9 @@ def seed_parse(text: str) -> SeedPlan:
     except configparser.Error as exc:
         plan.errors.append(f"invalid INI: {exc}")
         return plan
-    channel_tokens = _section(ini, "initial-channel-tokens")
-    producer_tokens = _section(ini, "initial-producer-tokens")
-    for cid, name in _section(ini, "initial-channels").items():
-        token = channel_tokens.get(cid, "").strip()
-        if not token:
-            plan.errors.append(f"channel {cid}: no token in [initial-channel-tokens], skipped")
-            continue
-        plan.channels[cid] = {"name": name.strip() or cid, "token": token}
-    for pid, name in _section(ini, "initial-producers").items():
-        token = producer_tokens.get(pid, "").strip()
-        if not token:
-            plan.errors.append(f"producer {pid}: no token in [initial-producer-tokens], skipped")
-            continue
-        plan.producers[pid] = {"name": name.strip() or pid, "token": token}
+    plan.channels = _registered(ini, "channel", plan.errors)
+    plan.producers = _registered(ini, "producer", plan.errors)
+    for pid in plan.producers:
         limit = _section(ini, "initial-producer-rate-limits").get(pid, "").strip()
         if limit:
             try:
@@ -152,6 +159,12 @@ def seed_parse(text: str) -> SeedPlan:
                 plan.errors.append(f"consumer {cid}: ordered must be true or false, skipped")
                 continue
             consumer["ordered"] = ordered in ("true", "1", "yes", "on")
+        try:  # filters: type patterns (broker.message_types); absent: left as they are
+            if "messageTypes" in options:
+                consumer["message_types"] = message_types_parse(options["messageTypes"]) or None
+        except DomainError as exc:
+            plan.errors.append(f"consumer {cid}: {exc.detail}, skipped")
+            continue
         if not consumer["token"]:
             plan.errors.append(f"consumer {cid}: no token, skipped")
             continue

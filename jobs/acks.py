@@ -29,12 +29,25 @@ def job_move_pull_authenticated_grouped(*, channel_id: str, consumer_id: str, jo
     answer from the row as it was before the move. Returns (auth row with ``pull_auth``'s
     columns, moved, the consumer's priority policy or ''), or (None, False, '') for an unknown
     channel. The job's partition is settled after commit when it finished."""
+    return pull_move_auth_run(channel_id=channel_id, consumer_id=consumer_id, job_id=job_id,
+                              channel_token=channel_token, consumer_token=consumer_token,
+                              from_statuses=from_statuses, to_status=to_status,
+                              incremental_timeout=incremental_timeout, reason=reason,
+                              connection_timeout=connection_timeout)
+
+
+def pull_move_auth_run(*, channel_id: str, consumer_id: str, job_id: int | None,
+                       channel_token: str | None, consumer_token: str | None, from_statuses: Sequence[int],
+                       to_status: int, incremental_timeout: float | None, reason: str,
+                       connection_timeout: float | None, async_commit: bool = False) -> tuple[tuple | None, bool, str]:
+    """Run ``pull_move_auth`` and read its answer (see job_move_pull_authenticated_grouped);
+    ``async_commit``: its transaction commits without waiting for the WAL flush (jobs.pull_moves)."""
     transitions_check((from_status, to_status) for from_status in from_statuses)
     rows = query_fetchall(Q.pull_move_auth, {
         "channel": channel_id, "consumer": consumer_id, "job": job_id,
         "ch_token": channel_token, "c_token": consumer_token,
         "from_s": list(from_statuses), "to_s": to_status, "inc": incremental_timeout,
-        "timeout": inflight_timeout(0, connection_timeout), "reason": reason[:32],
+        "timeout": inflight_timeout(0, connection_timeout), "reason": reason[:32], "async_commit": async_commit,
     }, prepare=True)
     if not rows:
         return None, False, ""

@@ -301,16 +301,11 @@ def jobs_pull_grouped(*, ctx, req) -> GroupPull:
     ``jobs.pull.pull_request_check``). Admission, pin check and timer reset, waiter insert
     and a first dispatch are one transaction under the consumer's lock; then the waiter sleeps
     (no connection held) until its row is served, its expiry, or the pin's timeout."""
-    from jobs.pull import WAIT_SAFETY_NET, WAIT_UNLISTENED, consumer_sweep
+    from jobs.pull import WAIT_SAFETY_NET, WAIT_UNLISTENED, consumer_sweep, pull_wait_begin
 
     target = Target(consumer_pk=ctx.consumer_pk, channel_id=ctx.channel_id, consumer_id=ctx.consumer_id,
                     policy=ctx.policy, groups=ctx.groups, timeout=ctx.priority_timeout)
-    consumer_sweep(consumer_pk=ctx.consumer_pk)
-    wait = req.expires > 0 and not req.no_wait
-    if wait:
-        wakeups.start()
-    end = time.monotonic() + req.expires
-    mark = wakeups.mark(ctx.consumer_pk)
+    wait, end, mark = pull_wait_begin(ctx=ctx, req=req)
     mismatch = False
     with transaction.atomic(), connection.cursor() as cur:
         _lock(cur, ctx.consumer_pk)

@@ -45,6 +45,8 @@ class Job(models.Model):
     # The reason of the last status change, set by the UPDATE that makes it and copied into the
     # history row by the history trigger (migration 0017, jobs.transitions); NULL until the first.
     last_reason = models.CharField(max_length=32, null=True, blank=True)
+    # Expiry: the message's expires_at, copied at fan-out so claims test it on the job row.
+    expires_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -64,6 +66,9 @@ class Job(models.Model):
             # Partition settle / counts / ordered claims: per-gate status counts of one partition.
             models.Index(fields=["partition", "gate", "status"], name="job_partition_gate",
                          condition=models.Q(partition__isnull=False)),
+            # Expiry sweep (jobs.expiry): QUEUED jobs with an expiry, by expiry.
+            models.Index(fields=["expires_at"], name="job_queued_expiry",
+                         condition=models.Q(status=JobStatus.QUEUED, expires_at__isnull=False)),
         ]
 
     def __str__(self) -> str:

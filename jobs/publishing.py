@@ -89,6 +89,8 @@ class NewMessage:
     headers: dict = field(default_factory=dict)
     partition_key: str | None = None  # jobs.partitions: X-Broker-Partition-Key
     gate: int = 0  # X-Broker-Gate
+    type: str | None = None  # filters: X-Broker-Message-Type (broker.message_types)
+    ttl: int | None = None  # expiry: X-Broker-Message-TTL seconds (None: the channel's messageTTL)
 
 
 PARTITION_KEY_MAX = 255
@@ -149,6 +151,7 @@ def _publish_partitioned(ctx: PublishContext, messages: list[NewMessage], ids: l
             "channel": ctx.channel_pk, "producer": ctx.producer_pk, "mids": ids,
             "payloads": [m.payload for m in messages], "ctypes": [m.content_type for m in messages],
             "prios": [m.priority for m in messages], "headers": [Jsonb(m.headers or {}) for m in messages],
+            "types": [m.type for m in messages], "ttls": [m.ttl for m in messages],
             "pkeys": [m.partition_key for m in messages], "gates": [int(m.gate) for m in messages],
         }, prepare=True)
         for pk in settle:
@@ -175,6 +178,7 @@ def messages_publish(*, ctx: PublishContext, messages: list[NewMessage]) -> list
         rows = query_fetchall(Q.insert_one, {
             "channel": ctx.channel_pk, "producer": ctx.producer_pk, "mid": ids[0], "payload": m.payload,
             "ctype": m.content_type, "prio": m.priority, "headers": Jsonb(m.headers or {}),
+            "type": m.type, "ttl": m.ttl,
         }, prepare=True)
     else:
         rows = query_fetchall(Q.insert_many, {
@@ -185,6 +189,8 @@ def messages_publish(*, ctx: PublishContext, messages: list[NewMessage]) -> list
             "ctypes": [m.content_type for m in messages],
             "prios": [m.priority for m in messages],
             "headers": [Jsonb(m.headers or {}) for m in messages],
+            "types": [m.type for m in messages],
+            "ttls": [m.ttl for m in messages],
         }, prepare=True)
     created = {r[0] for r in rows}
     result = []

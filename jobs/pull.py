@@ -15,17 +15,17 @@ import threading
 import time
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import connection
 
 from broker import xid
 from broker.counters import JOB, REDELIVERED, counts_for
 from broker.db.run import query_execute, query_fetchall, query_fetchone
-from broker.errors import (
-    Conflict, Forbidden, InvalidInput, NotFound, PreconditionFailed, TooLarge, Unauthenticated,
-)
-from broker.tokens import tokens_equal
+from broker.errors import Conflict, InvalidInput, NotFound, PreconditionFailed, TooLarge
+from broker.tokens import token_require
 from broker.xid import job_xid
-from jobs import state
+from jobs import pull_moves, state
+from jobs.expiry import job_expired_status
 from jobs.queries import Q
 from jobs.state import DEAD, DELIVERED, INFLIGHT, QUEUED
 from jobs.wakeup import wakeups
@@ -87,17 +87,13 @@ def auth_check(row, *, channel_id: str, consumer_id: str, channel_token: str | N
     if row is None:
         raise NotFound("channel_not_found", "channel not found")
     if not admin:
-        if channel_token is None:
-            raise Unauthenticated("unauthorized", "X-Broker-Channel-Token is required")
-        if not tokens_equal(channel_token, row[1]):
-            raise Forbidden("channel_token_mismatch", "channel token does not match")
+        token_require(channel_token, row[1], header="X-Broker-Channel-Token", code="channel_token_mismatch",
+                      detail="channel token does not match")
     if row[2] is None:
         raise NotFound("consumer_not_found", "consumer not found")
     if not admin:
-        if consumer_token is None:
-            raise Unauthenticated("unauthorized", "X-Broker-Consumer-Token is required")
-        if not tokens_equal(consumer_token, row[3]):
-            raise Forbidden("consumer_token_mismatch", "consumer token does not match")
+        token_require(consumer_token, row[3], header="X-Broker-Consumer-Token", code="consumer_token_mismatch",
+                      detail="consumer token does not match")
     if require_pull and row[4] != "pull":
         raise PreconditionFailed("consumer_not_pull", "consumer not pull based")
     ctx = PullContext(channel_pk=row[0], channel_id=channel_id, consumer_pk=row[2], consumer_id=consumer_id,
@@ -148,6 +144,8 @@ def claimed_repr(job: state.ClaimedJob) -> dict:
         "Deadline": rfc3339(job.deadline),
         "Message": message_repr(job.message_id, job.payload, job.content_type, job.headers),
     }
+    if job.message_type is not None:  # filters: the message's X-Broker-Message-Type
+        body["Type"] = job.message_type
     if job.partition_key is not None:  # jobs.partitions: ack with NextState QUEUED + a higher Gate to move on
         body["PartitionKey"] = job.partition_key
         body["Gate"] = job.gate
@@ -175,14 +173,14 @@ def consumer_sweep(*, consumer_pk: int, force: bool = False) -> int:
 
 # --- the spec: queued-jobs and the job state endpoint ----------------------------------------------
 
-def limit_parse(raw: str | None) -> int:
+def limit_parse(raw: str | None, *, default: int = QUEUED_JOBS_DEFAULT, maximum: int = QUEUED_JOBS_MAX) -> int:
     """``limit``: default 25, clipped to 100, 0 allowed; non-integer or negative is a 400."""
     if raw is None or raw == "":
-        return QUEUED_JOBS_DEFAULT
+        return default
     text = raw[1:] if raw.startswith("+") else raw
     if not text.isascii() or not text.isdigit():
         raise InvalidInput("invalid_limit", "limit must be a non-negative integer")
-    return min(int(text), QUEUED_JOBS_MAX)
+    return min(int(text), maximum)
 
 
 
@@ -196,8 +194,11 @@ def queued_jobs_list(*, ctx: PullContext, limit: int) -> list[dict]:
     rows = query_fetchall(Q.queued_jobs, {"consumer": ctx.consumer_pk, "limit": limit}, prepare=True)
     result = []
     for r in rows:
-        result.append({"ID": job_xid(r[0]), "Priority": r[1], "IncrementalTimeout": seconds_repr(r[2]),
-                       "Message": message_repr(r[3], bytes(r[4]), r[5], r[6])})
+        item = {"ID": job_xid(r[0]), "Priority": r[1], "IncrementalTimeout": seconds_repr(r[2]),
+                "Message": message_repr(r[3], bytes(r[4]), r[5], r[6])}
+        if r[7] is not None:  # filters: the message's type
+            item["Type"] = r[7]
+        result.append(item)
     return result
 
 
@@ -223,13 +224,16 @@ def job_transition(*, channel_id: str, consumer_id: str, job_id: str, channel_to
 
     One round trip: ``state.job_move_pull_authenticated_grouped`` reads the auth row and attempts the
     move (guarded by the tokens and the job's status) in one statement; the checks below then
-    decide the answer from the row as it was before the move."""
+    decide the answer from the row as it was before the move. Committed asynchronously unless
+    ``BROKER_PULL_ASYNC_COMMIT`` is off (``jobs.pull_moves`` says why that is safe)."""
     target = SPEC_STATES[next_state]
     if incremental_timeout is not None and target != INFLIGHT:
         from_states: list[int] = []  # never moves; the 400 comes after the auth checks
     else:
         from_states = [QUEUED, DEAD] if target == INFLIGHT else [INFLIGHT]
-    row, moved, policy = state.job_move_pull_authenticated_grouped(
+    move = (pull_moves.job_move_pull_authenticated_async if settings.BROKER_PULL_ASYNC_COMMIT
+            else state.job_move_pull_authenticated_grouped)
+    row, moved, policy = move(
         channel_id=channel_id, consumer_id=consumer_id, job_id=job_id_parse(job_id),
         channel_token=channel_token, consumer_token=consumer_token, from_statuses=from_states,
         to_status=target, incremental_timeout=incremental_timeout, reason="pull")
@@ -241,6 +245,8 @@ def job_transition(*, channel_id: str, consumer_id: str, job_id: str, channel_to
         raise InvalidInput("group_missing", "Bad Request - Priority Group missing: claim jobs of a consumer "
                                                  "with a priority policy through .../pull with a group")
     current = ctx.job[1]
+    if target == INFLIGHT and current in from_states and job_expired_status(job_pk=ctx.job[0]) is not None:
+        raise Conflict("message_expired", "the job's message has expired: it is never handed out")
     if incremental_timeout is not None and (target != INFLIGHT or current == INFLIGHT):
         raise InvalidInput("timeout_invalid_state", "timeout provided with invalid state")
     if current == target:
@@ -284,8 +290,11 @@ def job_detail(*, ctx: PullContext) -> dict:
 
 
 def job_requeue_dead(*, ctx: PullContext) -> None:
-    """DEAD -> QUEUED with the retry count reset; a job that is not DEAD is a 400."""
+    """DEAD -> QUEUED with the retry count reset; a job that is not DEAD is a 400, one whose
+    message expired a 409 ``message_expired``."""
     if state.jobs_requeue_dead(consumer_pk=ctx.consumer_pk, job_ids=[ctx.job[0]], reason="requeue-dead-job") != 1:
+        if job_expired_status(job_pk=ctx.job[0]) == DEAD:
+            raise Conflict("message_expired", "the job's message has expired: it cannot be delivered any more")
         raise InvalidInput("job_not_dead", "job could not be found in DEAD state")
 
 
@@ -311,17 +320,25 @@ class PullRequest:
     min_ack_pending: int = 0
 
 
+def _int_field(fields: dict, name: str, low: int, high: int, detail: str, *, default=None):
+    """An integer field of a JSON body within [low, high] (``default`` when absent); else a 400
+    ``invalid_<name>`` (a boolean is not an integer)."""
+    value = fields.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidInput(f"invalid_{name}", detail)
+    return value
+
+
 def pull_request_parse(data: dict) -> PullRequest:
     """Validate the pull body (keys case-insensitive). Every bad value is a 400."""
     if not isinstance(data, dict):
         raise InvalidInput("malformed_request", "body must be a JSON object")
     fields = {str(k).lower(): v for k, v in data.items()}
     req = PullRequest()
-    batch = fields.get("batch")
-    if batch is not None:
-        if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= PULL_BATCH_MAX:
-            raise InvalidInput("invalid_batch", f"batch must be an integer from 1 to {PULL_BATCH_MAX}")
-        req.batch = batch
+    req.batch = _int_field(fields, "batch", 1, PULL_BATCH_MAX, f"batch must be an integer from 1 to {PULL_BATCH_MAX}",
+                           default=req.batch)
     expires = fields.get("expires")
     if expires is not None:
         if (isinstance(expires, bool) or not isinstance(expires, (int, float)) or not math.isfinite(expires)
@@ -333,24 +350,12 @@ def pull_request_parse(data: dict) -> PullRequest:
         if not isinstance(no_wait, bool):
             raise InvalidInput("invalid_no_wait", "no_wait must be true or false")
         req.no_wait = no_wait
-    max_bytes = fields.get("max_bytes")
-    if max_bytes is not None:
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or not 1 <= max_bytes <= 2**62:
-            raise InvalidInput("invalid_max_bytes", "max_bytes must be a positive integer")
-        req.max_bytes = max_bytes
+    req.max_bytes = _int_field(fields, "max_bytes", 1, 2**62, "max_bytes must be a positive integer")
     req.incremental_timeout = timeout_parse(fields.get("incrementaltimeout"))
     # priority-group fields (checked against the consumer's policy by ``pull_request_check``)
     for name in ("min_pending", "min_ack_pending"):
-        value = fields.get(name)
-        if value is not None:
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2**62:
-                raise InvalidInput(f"invalid_{name}", f"{name} must be a non-negative integer")
-            setattr(req, name, value)
-    priority = fields.get("priority")
-    if priority is not None:
-        if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 9:
-            raise InvalidInput("invalid_priority", "Bad Request - Priority must be between 0 and 9")
-        req.priority = priority
+        setattr(req, name, _int_field(fields, name, 0, 2**62, f"{name} must be a non-negative integer", default=0))
+    req.priority = _int_field(fields, "priority", 0, 9, "Bad Request - Priority must be between 0 and 9", default=0)
     group = fields.get("group")
     if group is not None:
         if not isinstance(group, str):
@@ -397,18 +402,24 @@ def _next_check(due_in, deadline_in, remaining: float) -> float:
     return max(sleep, 0.01)
 
 
+def pull_wait_begin(*, ctx: PullContext, req: PullRequest) -> tuple[bool, float, int]:
+    """Before a pull's first claim: sweep the consumer's overdue jobs, then whether the pull may
+    wait, until when (monotonic), and the wake-up mark taken now, so a publish between the first
+    claim and the wait still wakes it."""
+    consumer_sweep(consumer_pk=ctx.consumer_pk)
+    wait = req.expires > 0 and not req.no_wait
+    if wait:
+        wakeups.start()
+    return wait, time.monotonic() + req.expires, wakeups.mark(ctx.consumer_pk)
+
+
 def jobs_pull(*, ctx: PullContext, req: PullRequest) -> list[state.ClaimedJob]:
     """Atomically claim up to ``batch`` due jobs (QUEUED -> INFLIGHT, SKIP LOCKED), so concurrent
     pullers on any number of processes never hold the same job. With ``expires`` (and not
     ``no_wait``) wait until at least one job is claimed or time runs out: the wait registers a
     waiter row (NumWaiting, priority groups), holds no database connection or transaction while
     sleeping, and is woken by the process's LISTEN thread when a publish or requeue NOTIFYs."""
-    consumer_sweep(consumer_pk=ctx.consumer_pk)
-    wait = req.expires > 0 and not req.no_wait
-    if wait:
-        wakeups.start()
-    end = time.monotonic() + req.expires
-    mark = wakeups.mark(ctx.consumer_pk)
+    wait, end, mark = pull_wait_begin(ctx=ctx, req=req)
     jobs = _claim(ctx, req)
     if jobs or not wait:
         return jobs

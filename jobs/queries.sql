@@ -57,6 +57,7 @@ SELECT id, status, retry_count, deadline, partition_id FROM u;
 WITH picked AS (
     SELECT j.id FROM jobs_job j
      WHERE j.consumer_id = %(consumer)s::bigint AND j.status = 1001 AND j.next_attempt_at <= now()
+       AND (j.expires_at IS NULL OR j.expires_at > now())  -- expiry: never hand out an expired message
        AND (j.partition_id IS NULL OR (
         (SELECT pt.gate FROM jobs_partition pt WHERE pt.id = j.partition_id
             AND pt.status = 1) = j.gate
@@ -88,7 +89,7 @@ u AS (
 SELECT u.id, u.priority, u.retry_count, u.incremental_timeout, u.deadline,
        m.message_id, COALESCE(u.payload, m.payload), m.content_type, m.headers,
        CASE WHEN u.partition_id IS NOT NULL
-            THEN (SELECT pt.key FROM jobs_partition pt WHERE pt.id = u.partition_id) END, u.gate
+            THEN (SELECT pt.key FROM jobs_partition pt WHERE pt.id = u.partition_id) END, u.gate, m.type
   FROM u JOIN broker_message m ON m.id = u.message_id
  ORDER BY u.priority DESC, u.id;
 
@@ -99,6 +100,7 @@ SELECT u.id, u.priority, u.retry_count, u.incremental_timeout, u.deadline,
 WITH c AS (
     SELECT j.id, j.priority, j.message_id, j.payload FROM jobs_job j
      WHERE j.consumer_id = %(consumer)s::bigint AND j.status = 1001 AND j.next_attempt_at <= now()
+       AND (j.expires_at IS NULL OR j.expires_at > now())  -- expiry: never hand out an expired message
        AND (j.partition_id IS NULL OR (
         (SELECT pt.gate FROM jobs_partition pt WHERE pt.id = j.partition_id
             AND pt.status = 1) = j.gate
@@ -141,7 +143,7 @@ u AS (
 SELECT u.id, u.priority, u.retry_count, u.incremental_timeout, u.deadline,
        m.message_id, COALESCE(u.payload, m.payload), m.content_type, m.headers,
        CASE WHEN u.partition_id IS NOT NULL
-            THEN (SELECT pt.key FROM jobs_partition pt WHERE pt.id = u.partition_id) END, u.gate
+            THEN (SELECT pt.key FROM jobs_partition pt WHERE pt.id = u.partition_id) END, u.gate, m.type
   FROM u JOIN broker_message m ON m.id = u.message_id
  ORDER BY u.priority DESC, u.id;
 
@@ -216,6 +218,7 @@ WITH c AS (
     SELECT id FROM jobs_job
      WHERE consumer_id BETWEEN %(consumer)s AND %(consumer)s AND status BETWEEN 1004 AND 1004
        AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+       AND (expires_at IS NULL OR expires_at > now())  -- expiry: an expired message stays dead
      ORDER BY consumer_id DESC, status DESC, id LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
 ), u AS (
@@ -302,21 +305,33 @@ RETURNING id, deadline, retry_count;
 -- Claim due QUEUED jobs across every push consumer within maxInFlight and the GCRA pacing of
 -- maxDeliveriesPerSecond; partitioned jobs only of partitions %(worker)s holds a live lease on.
 -- Run after push_claim_lock in the dispatcher's transaction. Statuses inlined (generic plans).
+-- Circuit breaker (jobs.circuit; circuit states CLOSED 0, OPEN 1, HALF_OPEN 2; ``cb`` is the
+-- consumer's consumers_circuit row, by its primary key consumer_id, NULL while it never failed):
+-- OPEN or HALF_OPEN leaves room for one probe once next_probe_at has passed; after ``failures``
+-- consecutive failures (below the threshold) at most threshold - failures requests are out at
+-- once; NULL (no cap) when the breaker is off or never failed. The job claimed for an OPEN
+-- circuit is its probe (CTE probe: HALF_OPEN until recorded). Returns m.type (filters) and
+-- r.cb_dirty (the circuit was counting failures or open when claimed).
 WITH k AS MATERIALIZED (
     SELECT c.id, c.updated_at,
-           LEAST(c.max_in_flight, c.max_ack_pending)
+           LEAST(c.max_in_flight, c.max_ack_pending, CASE WHEN c.circuit_breaker_failures > 0 THEN
+                CASE WHEN cb.state IN (1, 2) THEN CASE WHEN cb.next_probe_at <= now() THEN 1 ELSE 0 END
+                     WHEN cb.failures > 0 THEN GREATEST(c.circuit_breaker_failures - cb.failures, 1) END END)
              - (SELECT count(*) FROM jobs_job i
                  WHERE i.consumer_id = c.id AND i.status = 1002) AS room,
            c.max_deliveries_per_second AS rate, c.ordered,
            COALESCE(c.connection_timeout, %(conn_timeout)s::float8) + 0.25 + %(rational)s::float8 AS ttl,
-           GREATEST(extract(epoch FROM p.tat - now()), 0) AS lag
+           GREATEST(extract(epoch FROM p.tat - now()), 0) AS lag,
+           c.circuit_breaker_failures > 0 AND cb.state IN (1, 2) AS probing,
+           c.circuit_breaker_probe_seconds AS probe, COALESCE(cb.failures > 0 OR cb.state <> 0, false) AS cb_dirty
       FROM consumers_consumer c
       LEFT JOIN jobs_pushpace p ON p.consumer_id = c.id
+      LEFT JOIN consumers_circuit cb ON cb.consumer_id = c.id  -- circuit breaker (jobs.circuit)
      WHERE c.type = 'push' AND NOT c.paused  -- flow control: a paused consumer gets nothing
 ), r AS MATERIALIZED (
     -- room: maxInFlight minus what is in flight now (any process), capped by the GCRA pacing
     -- of maxDeliveriesPerSecond (bursts of rate/20, at least 1)
-    SELECT id, updated_at, rate, ttl, lag, ordered,
+    SELECT id, updated_at, rate, ttl, lag, ordered, probing, probe, cb_dirty,
            LEAST(room, %(limit)s::int,
                  CASE WHEN rate IS NULL OR rate <= 0 THEN %(limit)s::int
                       ELSE floor(GREATEST(1, ceil(rate / 20.0)) - COALESCE(lag, 0) * rate)::int END) AS room
@@ -327,7 +342,9 @@ WITH k AS MATERIALIZED (
           SELECT y.id, y.priority FROM (
               (SELECT j.id, j.priority FROM jobs_job j
                 WHERE j.consumer_id = r.id AND j.status = 1001 AND j.retry_count = 0
-                  AND j.next_attempt_at <= now() AND (j.partition_id IS NULL OR (
+                  AND j.next_attempt_at <= now()
+                  AND (j.expires_at IS NULL OR j.expires_at > now())  -- expiry
+                  AND (j.partition_id IS NULL OR (
         (SELECT pt.gate FROM jobs_partition pt WHERE pt.id = j.partition_id
             AND pt.status = 1 AND pt.owner = %(worker)s::text AND pt.lease_until > now()) = j.gate
         AND NOT (r.ordered AND EXISTS (
@@ -337,7 +354,9 @@ WITH k AS MATERIALIZED (
               UNION ALL
               (SELECT j.id, j.priority FROM jobs_job j
                 WHERE j.consumer_id = r.id AND j.status = 1001 AND j.retry_count > 0
-                  AND j.next_attempt_at <= now() AND (j.partition_id IS NULL OR (
+                  AND j.next_attempt_at <= now()
+                  AND (j.expires_at IS NULL OR j.expires_at > now())  -- expiry
+                  AND (j.partition_id IS NULL OR (
         (SELECT pt.gate FROM jobs_partition pt WHERE pt.id = j.partition_id
             AND pt.status = 1 AND pt.owner = %(worker)s::text AND pt.lease_until > now()) = j.gate
         AND NOT (r.ordered AND EXISTS (
@@ -368,11 +387,15 @@ WITH k AS MATERIALIZED (
      WHERE r.rate > 0
      GROUP BY u.consumer_id
     ON CONFLICT (consumer_id) DO UPDATE SET tat = EXCLUDED.tat
+), probe AS (
+    -- circuit breaker: the job claimed for an OPEN circuit is its probe (HALF_OPEN until recorded)
+    UPDATE consumers_circuit cb SET state = 2, next_probe_at = now() + r.probe * interval '1 second'
+      FROM r WHERE cb.consumer_id = r.id AND r.probing AND r.id IN (SELECT consumer_id FROM u)
 )
 SELECT u.id, u.consumer_id, u.priority, u.retry_count, m.message_id, COALESCE(u.payload, m.payload),
        m.content_type, m.headers, r.updated_at,
        CASE WHEN u.partition_id IS NOT NULL
-            THEN (SELECT pt.key FROM jobs_partition pt WHERE pt.id = u.partition_id) END, u.gate
+            THEN (SELECT pt.key FROM jobs_partition pt WHERE pt.id = u.partition_id) END, u.gate, m.type, r.cb_dirty
   FROM u JOIN broker_message m ON m.id = u.message_id JOIN r ON r.id = u.consumer_id
  ORDER BY u.priority DESC, u.id;
 
@@ -403,11 +426,15 @@ WITH a AS (
       FROM a
      WHERE j.id = a.j_id AND j.consumer_id = a.c_pk AND a.c_type = 'pull'
        AND j.status = a.j_status AND a.j_status = ANY(%(from_s)s::smallint[])
+       AND (%(to_s)s::smallint <> 1002 OR j.expires_at IS NULL OR j.expires_at > now())  -- expiry
        AND (a.c_policy = 'none' OR %(to_s)s::smallint <> 1002)
        AND md5(a.ch_token) = md5(%(ch_token)s::text) AND md5(a.c_token) = md5(%(c_token)s::text)
     RETURNING j.id, j.status, j.retry_count, j.partition_id
 )
-SELECT a.*, (SELECT count(*) FROM u), (SELECT u.partition_id FROM u) FROM a;
+SELECT a.*, (SELECT count(*) FROM u), (SELECT u.partition_id FROM u),
+       -- %(async_commit)s: commit without waiting for the WAL flush (jobs.pull_moves): SET LOCAL for
+       -- the statement's own transaction (autocommit), read when it commits
+       CASE WHEN %(async_commit)s::bool THEN set_config('synchronous_commit', 'off', true) END FROM a;
 
 -- ack --
 -- index: pk
@@ -440,13 +467,23 @@ SELECT v.id, u.status, u.retry_count, c.status, (SELECT count(*) FROM n), u.part
 -- hot
 -- Finished push attempts: each job still INFLIGHT moves (DELIVERED / QUEUED / DEAD), and every
 -- attempt's row is written. Statuses inlined (generic plans).
+-- Circuit breaker (jobs.circuit; circuit states CLOSED 0, OPEN 1, HALF_OPEN 2; consumers_circuit
+-- read and written by primary key): a failed probe (its consumer's circuit is HALF_OPEN: the only
+-- job in flight) goes back to QUEUED without spending a retry; each consumer's consecutive
+-- failures add up (%(cb_ok)s: a success in the batch restarts the count) and reaching the threshold
+-- opens the circuit. ``since`` moves only when the circuit opens or closes, so the rows returned as
+-- changed are the advisories to raise. Returns (partition to settle, NULL, NULL) rows and
+-- (NULL, consumer, new state) rows for circuits that changed.
 WITH v AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(to_s)s::smallint[], %(delay)s::float8[], %(max_retry)s::int[])
            AS v(id, to_s, delay, max_retry)
 ), u AS (
     UPDATE jobs_job j SET
-        status = CASE WHEN v.to_s = 1001 AND j.retry_count + 1 > v.max_retry THEN 1004 ELSE v.to_s END,
-        retry_count = CASE WHEN v.to_s = 1001 THEN j.retry_count + 1 ELSE j.retry_count END,
+        status = CASE WHEN v.to_s = 1001 AND j.retry_count + 1 > v.max_retry AND NOT EXISTS (SELECT 1 FROM consumers_circuit pc WHERE pc.consumer_id = j.consumer_id
+                                                     AND pc.state = 2) THEN 1004
+                      ELSE v.to_s END,
+        retry_count = CASE WHEN v.to_s = 1001 AND NOT EXISTS (SELECT 1 FROM consumers_circuit pc WHERE pc.consumer_id = j.consumer_id
+                                                     AND pc.state = 2) THEN j.retry_count + 1 ELSE j.retry_count END,
         status_changed_at = now(),
         next_attempt_at = CASE WHEN v.to_s = 1001 THEN now() + v.delay * interval '1 second'
                                ELSE j.next_attempt_at END,
@@ -464,9 +501,34 @@ SELECT a.id, a.attempt, now() - a.age * interval '1 second', a.duration_ms, a.st
               %(codes)s::int[], %(excerpts)s::text[], %(errors)s::text[], %(request_ids)s::text[],
               %(outcomes)s::text[])
        AS a(id, attempt, age, duration_ms, status_code, excerpt, error, request_id, outcome)
+), cbx AS (
+    -- circuit breaker: per consumer of the batch, whether an attempt succeeded and how many failed
+    -- after the last success
+    SELECT * FROM unnest(%(cb_consumers)s::bigint[], %(cb_ok)s::bool[], %(cb_fails)s::int[]) AS x(consumer_id, ok, fails)
+), cbu AS (
+    UPDATE consumers_circuit cb SET
+        failures = CASE WHEN x.ok THEN x.fails ELSE cb.failures + x.fails END, state = CASE WHEN k.circuit_breaker_failures > 0 AND CASE WHEN x.ok THEN x.fails ELSE cb.failures + x.fails END >= k.circuit_breaker_failures THEN 1 ELSE 0 END,
+        since = CASE WHEN (CASE WHEN k.circuit_breaker_failures > 0 AND CASE WHEN x.ok THEN x.fails ELSE cb.failures + x.fails END >= k.circuit_breaker_failures THEN 1 ELSE 0 END = 0) <> (cb.state = 0) THEN now() ELSE cb.since END,
+        next_probe_at = CASE WHEN CASE WHEN k.circuit_breaker_failures > 0 AND CASE WHEN x.ok THEN x.fails ELSE cb.failures + x.fails END >= k.circuit_breaker_failures THEN 1 ELSE 0 END = 1 AND cb.state <> 1
+                             THEN now() + k.circuit_breaker_probe_seconds * interval '1 second' ELSE cb.next_probe_at END
+      FROM cbx x JOIN consumers_consumer k ON k.id = x.consumer_id
+     WHERE cb.consumer_id = x.consumer_id AND (x.fails > 0 OR cb.failures > 0 OR cb.state <> 0)
+    RETURNING cb.consumer_id, cb.state, cb.since = now() AS changed
+), cbi AS (
+    INSERT INTO consumers_circuit (consumer_id, state, since, failures, next_probe_at)
+    SELECT x.consumer_id, CASE WHEN x.fails >= k.circuit_breaker_failures THEN 1 ELSE 0 END, now(),
+           x.fails, now() + k.circuit_breaker_probe_seconds * interval '1 second'
+      FROM cbx x JOIN consumers_consumer k ON k.id = x.consumer_id
+     WHERE x.fails > 0 AND k.circuit_breaker_failures > 0
+       AND NOT EXISTS (SELECT 1 FROM consumers_circuit e WHERE e.consumer_id = x.consumer_id)
+    ON CONFLICT (consumer_id) DO UPDATE SET failures = consumers_circuit.failures + EXCLUDED.failures
+    RETURNING consumer_id, state
 )
--- partitions to settle (jobs.partitions): nothing to return for non-partitioned jobs
-SELECT DISTINCT partition_id FROM u WHERE partition_id IS NOT NULL AND status <> 1001;
+-- partitions to settle (jobs.partitions): nothing to return for non-partitioned jobs; circuits
+-- that changed state (advisories)
+SELECT DISTINCT partition_id, NULL::bigint, NULL::smallint FROM u WHERE partition_id IS NOT NULL AND status <> 1001
+UNION ALL SELECT NULL, consumer_id, state FROM cbu WHERE changed
+UNION ALL SELECT NULL, consumer_id, state FROM cbi WHERE state = 1;
 
 -- gate_move --
 -- index: pk
@@ -544,16 +606,22 @@ RETURNING rate_tokens;
 -- QUEUED job per consumer of its channel (jobs_created), and a NOTIFY of their waiters on commit.
 WITH m AS (
     INSERT INTO broker_message (channel_id, message_id, producer_id, payload, content_type, priority,
-                                headers, status, received_at, dispatched_at)
+                                headers, status, received_at, dispatched_at, type, expires_at)
     VALUES (%(channel)s::bigint, %(mid)s::text, %(producer)s::bigint, %(payload)s::bytea, %(ctype)s::text,
-            %(prio)s::int, %(headers)s::jsonb, 102, now(), now())
+            %(prio)s::int, %(headers)s::jsonb, 102, now(), now(),
+            %(type)s::text, now() + COALESCE(%(ttl)s::int, (SELECT message_ttl FROM broker_channel WHERE id = %(channel)s::bigint)) * interval '1 second')
     ON CONFLICT (channel_id, message_id) DO NOTHING
-    RETURNING id, message_id, priority, channel_id
+    RETURNING id, message_id, priority, channel_id, type, expires_at
 ), jobs_created AS (
     INSERT INTO jobs_job (message_id, consumer_id, channel_id, status, priority, retry_count,
-                          next_attempt_at, incremental_timeout, status_changed_at, created_at)
-    SELECT src.id, c.id, c.channel_id, 1001, src.priority, 0, now(), 0, now(), now()
+                          next_attempt_at, incremental_timeout, status_changed_at, created_at, expires_at)
+    SELECT src.id, c.id, c.channel_id, 1001, src.priority, 0, now(), 0, now(), now(), src.expires_at
       FROM m src JOIN consumers_consumer c ON c.channel_id = src.channel_id
+     WHERE (c.message_types IS NULL OR cardinality(c.message_types) = 0 OR EXISTS (
+               SELECT 1 FROM unnest(c.message_types) p
+                WHERE p = '*' OR CASE WHEN right(p, 2) = '.*'
+                                      THEN src.type = left(p, -2) OR starts_with(src.type, left(p, -1))
+                                      ELSE src.type = p END))  -- the consumer's messageTypes
      ORDER BY src.id, c.id  -- job ids follow message order: pulls are "oldest first" by job id
     RETURNING consumer_id
 ), jobs_notified AS (
@@ -568,18 +636,25 @@ SELECT m.message_id, (SELECT count(*) FROM jobs_notified) FROM m;
 -- insert_one for a batch of messages (input order kept: job ids follow message order).
 WITH m AS (
     INSERT INTO broker_message (channel_id, message_id, producer_id, payload, content_type, priority,
-                                headers, status, received_at, dispatched_at)
-    SELECT %(channel)s::bigint, t.mid, %(producer)s::bigint, t.payload, t.ctype, t.prio, t.headers, 102, now(), now()
+                                headers, status, received_at, dispatched_at, type, expires_at)
+    SELECT %(channel)s::bigint, t.mid, %(producer)s::bigint, t.payload, t.ctype, t.prio, t.headers, 102, now(), now(),
+           t.type, now() + COALESCE(t.ttl, (SELECT message_ttl FROM broker_channel WHERE id = %(channel)s::bigint)) * interval '1 second'
       FROM unnest(%(mids)s::text[], %(payloads)s::bytea[], %(ctypes)s::text[], %(prios)s::int[],
-                  %(headers)s::jsonb[]) WITH ORDINALITY AS t(mid, payload, ctype, prio, headers, ord)
+                  %(headers)s::jsonb[], %(types)s::text[], %(ttls)s::int[])
+           WITH ORDINALITY AS t(mid, payload, ctype, prio, headers, type, ttl, ord)
      ORDER BY t.ord
     ON CONFLICT (channel_id, message_id) DO NOTHING
-    RETURNING id, message_id, priority, channel_id
+    RETURNING id, message_id, priority, channel_id, type, expires_at
 ), jobs_created AS (
     INSERT INTO jobs_job (message_id, consumer_id, channel_id, status, priority, retry_count,
-                          next_attempt_at, incremental_timeout, status_changed_at, created_at)
-    SELECT src.id, c.id, c.channel_id, 1001, src.priority, 0, now(), 0, now(), now()
+                          next_attempt_at, incremental_timeout, status_changed_at, created_at, expires_at)
+    SELECT src.id, c.id, c.channel_id, 1001, src.priority, 0, now(), 0, now(), now(), src.expires_at
       FROM m src JOIN consumers_consumer c ON c.channel_id = src.channel_id
+     WHERE (c.message_types IS NULL OR cardinality(c.message_types) = 0 OR EXISTS (
+               SELECT 1 FROM unnest(c.message_types) p
+                WHERE p = '*' OR CASE WHEN right(p, 2) = '.*'
+                                      THEN src.type = left(p, -2) OR starts_with(src.type, left(p, -1))
+                                      ELSE src.type = p END))  -- the consumer's messageTypes
      ORDER BY src.id, c.id  -- job ids follow message order: pulls are "oldest first" by job id
     RETURNING consumer_id
 ), jobs_notified AS (
@@ -595,26 +670,33 @@ SELECT m.message_id, (SELECT count(*) FROM jobs_notified) FROM m;
 -- (upserted before, in the same transaction) at the message's gate.
 WITH m AS (
     INSERT INTO broker_message (channel_id, message_id, producer_id, payload, content_type, priority,
-                                headers, status, received_at, dispatched_at)
-    SELECT %(channel)s::bigint, t.mid, %(producer)s::bigint, t.payload, t.ctype, t.prio, t.headers, 102, now(), now()
+                                headers, status, received_at, dispatched_at, type, expires_at)
+    SELECT %(channel)s::bigint, t.mid, %(producer)s::bigint, t.payload, t.ctype, t.prio, t.headers, 102, now(), now(),
+           t.type, now() + COALESCE(t.ttl, (SELECT message_ttl FROM broker_channel WHERE id = %(channel)s::bigint)) * interval '1 second'
       FROM unnest(%(mids)s::text[], %(payloads)s::bytea[], %(ctypes)s::text[], %(prios)s::int[],
-                  %(headers)s::jsonb[]) WITH ORDINALITY AS t(mid, payload, ctype, prio, headers, ord)
+                  %(headers)s::jsonb[], %(types)s::text[], %(ttls)s::int[])
+           WITH ORDINALITY AS t(mid, payload, ctype, prio, headers, type, ttl, ord)
      ORDER BY t.ord
     ON CONFLICT (channel_id, message_id) DO NOTHING
-    RETURNING id, message_id, priority, channel_id
+    RETURNING id, message_id, priority, channel_id, type, expires_at
 ), src AS (
-    SELECT DISTINCT ON (m.id) m.id, m.priority, m.channel_id, k.pkey, k.gate
+    SELECT DISTINCT ON (m.id) m.id, m.priority, m.channel_id, m.type, m.expires_at, k.pkey, k.gate
       FROM m JOIN unnest(%(mids)s::text[], %(pkeys)s::text[], %(gates)s::int[]) WITH ORDINALITY
                   AS k(mid, pkey, gate, ord) ON k.mid = m.message_id
      ORDER BY m.id, k.ord
 ), jobs_created AS (
     INSERT INTO jobs_job (message_id, consumer_id, channel_id, status, priority, retry_count,
                           next_attempt_at, incremental_timeout, status_changed_at, created_at,
-                          partition_id, gate)
+                          expires_at, partition_id, gate)
     SELECT src.id, c.id, c.channel_id, 1001, src.priority, 0, now(), 0, now(), now(),
-           pt.id, CASE WHEN pt.id IS NULL THEN 0 ELSE src.gate END
+           src.expires_at, pt.id, CASE WHEN pt.id IS NULL THEN 0 ELSE src.gate END
       FROM src JOIN consumers_consumer c ON c.channel_id = src.channel_id
       LEFT JOIN jobs_partition pt ON pt.consumer_id = c.id AND pt.key = src.pkey
+     WHERE (c.message_types IS NULL OR cardinality(c.message_types) = 0 OR EXISTS (
+               SELECT 1 FROM unnest(c.message_types) p
+                WHERE p = '*' OR CASE WHEN right(p, 2) = '.*'
+                                      THEN src.type = left(p, -2) OR starts_with(src.type, left(p, -1))
+                                      ELSE src.type = p END))  -- the consumer's messageTypes
      ORDER BY src.id, c.id  -- job ids follow message order: pulls are "oldest first" by job id
     RETURNING consumer_id
 ), jobs_notified AS (
@@ -640,11 +722,12 @@ SELECT ch.id, ch.token, c.id, c.token, c.type, c.max_retry,
 -- hot
 -- Due QUEUED jobs of a consumer in claim order, each message by primary key (LATERAL ... LIMIT 1 is
 -- never turned into a join: a generic plan hash-joined the whole message table, 600 ms at 1M).
-SELECT j.id, j.priority, j.incremental_timeout, m.message_id, m.payload, m.content_type, m.headers
+SELECT j.id, j.priority, j.incremental_timeout, m.message_id, m.payload, m.content_type, m.headers, m.type
   FROM (SELECT id, priority, incremental_timeout, message_id FROM jobs_job
          WHERE consumer_id = %(consumer)s::bigint AND status = 1001 AND next_attempt_at <= now()
+           AND (expires_at IS NULL OR expires_at > now())  -- expiry: never listed once expired
          ORDER BY priority DESC, id LIMIT %(limit)s::int) j
-  CROSS JOIN LATERAL (SELECT message_id, payload, content_type, headers FROM broker_message
+  CROSS JOIN LATERAL (SELECT message_id, payload, content_type, headers, type FROM broker_message
                        WHERE id = j.message_id LIMIT 1) m
  ORDER BY j.priority DESC, j.id;
 
@@ -679,11 +762,12 @@ SELECT (SELECT id FROM w),
        EXTRACT(EPOCH FROM LEAST(
            (SELECT f.next_attempt_at FROM jobs_job f
              WHERE f.consumer_id = %(consumer)s AND f.status = 1001 AND f.retry_count = 0
-               AND f.partition_id IS NULL
+               AND f.partition_id IS NULL AND (f.expires_at IS NULL OR f.expires_at > now())
              ORDER BY f.priority DESC, f.id LIMIT 1),
            (SELECT min(r.next_attempt_at) FROM jobs_job r
              WHERE r.consumer_id = %(consumer)s AND r.status = 1001 AND r.retry_count > 0
-               AND (r.partition_id IS NULL OR r.next_attempt_at > now()))) - now()),
+               AND (r.partition_id IS NULL OR r.next_attempt_at > now())
+               AND (r.expires_at IS NULL OR r.expires_at > now()))) - now()),
        EXTRACT(EPOCH FROM (SELECT min(i.deadline) FROM jobs_job i
                             WHERE i.consumer_id = %(consumer)s AND i.status = 1002) - now());
 
@@ -695,11 +779,12 @@ SELECT
        EXTRACT(EPOCH FROM LEAST(
            (SELECT f.next_attempt_at FROM jobs_job f
              WHERE f.consumer_id = %(consumer)s AND f.status = 1001 AND f.retry_count = 0
-               AND f.partition_id IS NULL
+               AND f.partition_id IS NULL AND (f.expires_at IS NULL OR f.expires_at > now())
              ORDER BY f.priority DESC, f.id LIMIT 1),
            (SELECT min(r.next_attempt_at) FROM jobs_job r
              WHERE r.consumer_id = %(consumer)s AND r.status = 1001 AND r.retry_count > 0
-               AND (r.partition_id IS NULL OR r.next_attempt_at > now()))) - now()),
+               AND (r.partition_id IS NULL OR r.next_attempt_at > now())
+               AND (r.expires_at IS NULL OR r.expires_at > now()))) - now()),
        EXTRACT(EPOCH FROM (SELECT min(i.deadline) FROM jobs_job i
                             WHERE i.consumer_id = %(consumer)s AND i.status = 1002) - now());
 
@@ -724,7 +809,9 @@ SELECT id, pin_id, priority, min_pending, min_ack_pending, batch, max_bytes, inc
 -- hot
 -- Is a job due? The claim's own first step (an EXISTS was planned as a scan of the whole table with
 -- the statistics of a smaller one).
-SELECT (SELECT id FROM jobs_job WHERE consumer_id = %s AND status = 1001 AND next_attempt_at <= now() ORDER BY priority DESC, id LIMIT 1) IS NOT NULL;
+SELECT (SELECT id FROM jobs_job WHERE consumer_id = %s AND status = 1001 AND next_attempt_at <= now()
+                                  AND (expires_at IS NULL OR expires_at > now())  -- expiry
+         ORDER BY priority DESC, id LIMIT 1) IS NOT NULL;
 
 -- group_waiter_insert --
 -- index: pullwaiter_live
@@ -744,7 +831,7 @@ RETURNING id;
 -- The jobs a group dispatch handed a waiter, still INFLIGHT, with their messages.
 SELECT j.id, j.priority, j.retry_count, j.incremental_timeout, j.deadline,
        m.message_id, COALESCE(j.payload, m.payload), m.content_type, m.headers,
-       (SELECT pt.key FROM jobs_partition pt WHERE pt.id = j.partition_id), j.gate  -- partitions
+       (SELECT pt.key FROM jobs_partition pt WHERE pt.id = j.partition_id), j.gate, m.type  -- partitions, type
   FROM jobs_job j JOIN broker_message m ON m.id = j.message_id
  WHERE j.id = ANY(%s::bigint[]) AND j.status = %s
  ORDER BY j.priority DESC, j.id;
@@ -969,9 +1056,9 @@ WITH chk AS (
            EXISTS (SELECT 1 FROM broker_message WHERE channel_id = %(channel)s AND message_id = %(mid)s) AS taken
 ), ins AS (
     INSERT INTO broker_scheduledmessage (channel_id, message_id, producer_id, payload, content_type, priority,
-                                         headers, status, dispatch_at, created_at, error)
+                                         headers, status, dispatch_at, created_at, error, type, ttl)
     SELECT %(channel)s, %(mid)s, %(producer)s, %(payload)s, %(ctype)s, %(prio)s, %(headers)s, %(scheduled)s,
-           %(at)s, now(), ''
+           %(at)s, now(), '', %(type)s, %(ttl)s
       FROM chk WHERE in_time AND NOT taken
     ON CONFLICT (channel_id, message_id) DO NOTHING
     RETURNING id
@@ -982,7 +1069,7 @@ SELECT in_time, taken, (SELECT count(*) FROM ins) FROM chk;
 -- index: scheduled_due
 -- Due scheduled messages, oldest due first, locked SKIP LOCKED (several workers dispatch at once).
 SELECT s.id, s.channel_id, ch.channel_id, s.producer_id, p.producer_id, s.message_id, s.payload,
-       s.content_type, s.priority, s.headers
+       s.content_type, s.priority, s.headers, s.type, s.ttl
   FROM broker_scheduledmessage s
   JOIN broker_channel ch ON ch.id = s.channel_id
   JOIN broker_producer p ON p.id = s.producer_id
@@ -1094,7 +1181,8 @@ DELETE FROM consumers_pullwaiter WHERE id = %s RETURNING job_ids, state, pin_id;
 WITH c AS MATERIALIZED (
     SELECT c.id, c.paused, c.notify_interval, d.consumer_id IS NULL AS fresh, d.armed, d.mark, d.next_ring_at,
            (SELECT j.id FROM jobs_job j WHERE j.consumer_id = c.id AND j.status = 1001
-                AND j.next_attempt_at <= now() ORDER BY j.priority DESC, j.id LIMIT 1) IS NOT NULL AS ready
+                AND j.next_attempt_at <= now() AND (j.expires_at IS NULL OR j.expires_at > now())  -- expiry
+              ORDER BY j.priority DESC, j.id LIMIT 1) IS NOT NULL AS ready
       FROM consumers_consumer c LEFT JOIN consumers_doorbellstate d ON d.consumer_id = c.id
      WHERE c.type = 'pull' AND c.callback_url <> ''
        AND (%(ids)s::bigint[] IS NULL OR c.id = ANY(%(ids)s::bigint[]))
@@ -1215,3 +1303,131 @@ SELECT now();
 -- The next batch of a consumer's dead job ids after %s, ascending (the requeue_dead command).
 SELECT id FROM jobs_job WHERE consumer_id = %s AND status = %s AND id > %s
    AND (%s::bigint[] IS NULL OR id = ANY(%s::bigint[])) ORDER BY id LIMIT %s;
+
+-- expire_messages --
+-- index: job_queued_expiry
+-- hot
+-- Expiry sweep (jobs.expiry): one batch of QUEUED jobs whose message expired -> DEAD, reason
+-- ``expired`` (history by the trigger). job_queued_expiry is partial (QUEUED rows with an expiry, by
+-- expires_at), so a sweep that finds nothing costs one index probe however large the backlog. Rows
+-- locked SKIP LOCKED (a claim in progress cannot pick an expired row anyway) and moved by primary
+-- key (``+ 0`` keeps the status check on the row, as in expire_all).
+WITH c AS (
+    SELECT j.id FROM jobs_job j
+     WHERE j.status = 1001 AND j.expires_at IS NOT NULL AND j.expires_at <= now()
+     ORDER BY j.expires_at
+     LIMIT %(limit)s::int
+       FOR UPDATE SKIP LOCKED
+), u AS (
+    UPDATE jobs_job j SET status = 1004, status_changed_at = now(), deadline = NULL, last_reason = 'expired'
+     WHERE j.id = ANY(ARRAY(SELECT id FROM c)) AND j.status + 0 = 1001
+    RETURNING j.id, j.partition_id
+)
+SELECT count(*), (SELECT array_agg(DISTINCT partition_id) FROM u WHERE partition_id IS NOT NULL) FROM u;
+
+-- expired_status --
+-- index: pk
+-- The status of this job if its message has expired (no row: not expired, or no such job). Asked
+-- only after a move was refused, to answer 409 message_expired.
+SELECT status FROM jobs_job WHERE id = %(job)s AND expires_at <= now();
+
+-- replay_chunk --
+-- index: message_channel_received, job_unique_per_consumer, pk
+-- One chunk of a replay (jobs.replay): the next %(limit)s messages of the channel in the window,
+-- walked by keyset on message_channel_received (channel_id, received_at, id); this consumer's job of
+-- each message found through job_unique_per_consumer (message_id, consumer_id), then moved by
+-- primary key. DELIVERED (unless only_failed) and DEAD jobs go back to QUEUED, retry count 0 (rows
+-- locked SKIP LOCKED: a job some other statement holds right now is skipped, never waited for); a
+-- message without a job of this consumer gets a fresh QUEUED job (unless only_failed), if the
+-- consumer's messageTypes match and it has not expired. QUEUED and INFLIGHT jobs are skipped, and
+-- so are partitioned jobs and messages (a job put back below its partition's gate could never run
+-- again). The moves' history is the trigger's (last_reason 'replay'); the trigger covers UPDATE and
+-- DELETE only, so the new jobs' NULL -> QUEUED rows (reason 'replay') are written here.
+WITH m AS MATERIALIZED (
+    -- a range on channel_id keeps it in the sort keys: only message_channel_received gives this order
+    SELECT id, priority, received_at, type, expires_at FROM broker_message
+     WHERE channel_id BETWEEN %(channel)s AND %(channel)s
+       AND (received_at, id) > (%(after_at)s::timestamptz, %(after_id)s::bigint)
+       AND received_at <= %(until)s::timestamptz
+     ORDER BY channel_id, received_at, id LIMIT %(limit)s
+), cur AS MATERIALIZED (
+    -- per message by job_unique_per_consumer (LIMIT 1: a nested loop, never a hash of every job)
+    SELECT j.id, j.message_id, j.status, j.partition_id, j.expires_at
+      FROM m CROSS JOIN LATERAL (
+          SELECT j.id, j.message_id, j.status, j.partition_id, j.expires_at FROM jobs_job j
+           WHERE j.message_id = m.id AND j.consumer_id = %(consumer)s LIMIT 1) j
+), pick AS MATERIALIZED (
+    SELECT p.id, p.status FROM jobs_job p
+     WHERE p.id = ANY(ARRAY(SELECT id FROM cur WHERE partition_id IS NULL  -- an expired message stays dead
+                                                 AND (expires_at IS NULL OR expires_at > now())
+                                                 AND (status = 1004 OR (status = 1003 AND NOT %(only_failed)s))))
+       AND p.status + 0 IN (1004, 1003) AND p.partition_id IS NULL
+       FOR UPDATE SKIP LOCKED
+), ud AS (
+    UPDATE jobs_job j SET status = 1001, retry_count = 0, status_changed_at = now(), next_attempt_at = now(),
+                          deadline = NULL, last_reason = 'replay'
+     WHERE j.id = ANY(ARRAY(SELECT id FROM pick WHERE status = 1003)) AND j.status + 0 = 1003
+    RETURNING j.id
+), ux AS (
+    UPDATE jobs_job j SET status = 1001, retry_count = 0, status_changed_at = now(), next_attempt_at = now(),
+                          deadline = NULL, last_reason = 'replay'
+     WHERE j.id = ANY(ARRAY(SELECT id FROM pick WHERE status = 1004)) AND j.status + 0 = 1004
+    RETURNING j.id
+), ins AS (
+    INSERT INTO jobs_job (message_id, consumer_id, channel_id, status, priority, retry_count, next_attempt_at,
+                          incremental_timeout, status_changed_at, created_at, expires_at, last_reason)
+    SELECT src.id, %(consumer)s, %(channel)s, 1001, src.priority, 0, now(), 0, now(), now(), src.expires_at, 'replay'
+      FROM m src JOIN consumers_consumer c ON c.id = %(consumer)s LEFT JOIN LATERAL (
+          SELECT 1 AS yes FROM jobs_job o WHERE o.message_id = src.id AND o.partition_id IS NOT NULL LIMIT 1) pt ON true
+     WHERE NOT %(only_failed)s AND pt.yes IS NULL
+       AND (src.expires_at IS NULL OR src.expires_at > now())
+       AND (c.message_types IS NULL OR cardinality(c.message_types) = 0 OR EXISTS (
+               SELECT 1 FROM unnest(c.message_types) p
+                WHERE p = '*' OR CASE WHEN right(p, 2) = '.*'
+                                      THEN src.type = left(p, -2) OR starts_with(src.type, left(p, -1))
+                                      ELSE src.type = p END))  -- the consumer's messageTypes, as at fan-out
+       AND NOT EXISTS (SELECT 1 FROM cur WHERE cur.message_id = src.id)
+     ORDER BY src.id
+    ON CONFLICT (message_id, consumer_id) DO NOTHING
+    RETURNING id
+), h AS (
+    INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)
+    SELECT id, NULL, 1001, 0, 'replay', now() FROM ins
+), n AS (
+    SELECT pg_notify('broker_jobs', %(consumer)s::text)
+     WHERE EXISTS (SELECT 1 FROM ud) OR EXISTS (SELECT 1 FROM ux) OR EXISTS (SELECT 1 FROM ins)
+), last AS (
+    SELECT received_at, id FROM m ORDER BY received_at DESC, id DESC LIMIT 1
+)
+SELECT (SELECT count(*) FROM m), (SELECT count(*) FROM ud) + (SELECT count(*) FROM ux) + (SELECT count(*) FROM ins),
+       (SELECT received_at FROM last), (SELECT id FROM last), (SELECT count(*) FROM n);
+
+-- circuit_consumers --
+-- index: pk
+-- The consumers whose circuit changed in a push record, with their circuit (jobs.circuit advisories).
+SELECT c.id, c.consumer_id, ch.channel_id, cb.failures, c.circuit_breaker_failures
+  FROM consumers_consumer c JOIN broker_channel ch ON ch.id = c.channel_id
+  LEFT JOIN consumers_circuit cb ON cb.consumer_id = c.id
+ WHERE c.id = ANY(%(consumers)s);
+
+-- circuit_close --
+-- index: pk
+-- The operator's "close now": failures forgotten (the row by its primary key consumer_id); returns
+-- the state it had when it was open or counting, no row otherwise. Waiting push dispatchers woken.
+WITH old AS (SELECT state FROM consumers_circuit WHERE consumer_id = %(consumer)s FOR UPDATE),
+u AS (
+    UPDATE consumers_circuit cb SET state = 0, failures = 0, since = now(), next_probe_at = NULL
+      FROM old WHERE cb.consumer_id = %(consumer)s AND (old.state <> 0 OR cb.failures > 0)
+    RETURNING old.state
+)
+SELECT u.state, pg_notify('broker_jobs', %(consumer)s::text) FROM u;
+
+-- circuit_read --
+-- index: pk
+-- One consumer's circuit (consumer GET, admin).
+SELECT state, since, failures FROM consumers_circuit WHERE consumer_id = %(consumer)s;
+
+-- circuits_open --
+-- index: none (consumers_circuit holds one row per push consumer that ever failed: a small table)
+-- Consumers whose circuit is OPEN or HALF_OPEN (/metrics).
+SELECT consumer_id FROM consumers_circuit WHERE state <> 0;

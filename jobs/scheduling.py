@@ -62,6 +62,7 @@ def scheduled_message_create(*, ctx: publishing.PublishContext, message: publish
             "at": dispatch_at, "min_delay": float(settings.BROKER_MIN_SCHEDULE_DELAY), "channel": ctx.channel_pk,
             "mid": mid, "producer": ctx.producer_pk, "payload": message.payload, "ctype": message.content_type,
             "prio": message.priority, "headers": Jsonb(message.headers or {}), "scheduled": SCHEDULED,
+            "type": message.type, "ttl": message.ttl,
         })
         in_time, taken, created = cur.fetchone()
     if not in_time:
@@ -97,7 +98,8 @@ def scheduled_dispatch_due(*, limit: int = 100) -> int:
             ctx = publishing.PublishContext(channel_pk=channel_pk, channel_id=channel_id,
                                             producer_pk=producer_pk, producer_id=producer_id)
             messages = [publishing.NewMessage(payload=bytes(r[6]), content_type=r[7], priority=r[8],
-                                              message_id=r[5], headers=_json(r[9])) for r in items]
+                                              message_id=r[5], headers=_json(r[9]), type=r[10], ttl=r[11])
+                        for r in items]
             results = publishing.messages_publish(ctx=ctx, messages=messages)
             for row, (_, created) in zip(items, results):
                 ids.append(row[0])

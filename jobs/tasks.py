@@ -22,6 +22,8 @@ import time
 from django.conf import settings
 from django.db import connection
 
+from jobs.expiry import jobs_expire_messages
+
 logger = logging.getLogger(__name__)
 
 SLOT_POLL = 0.025
@@ -143,11 +145,14 @@ def push_dispatch_ensure() -> int:
 
 def maintenance() -> dict:
     """Safety net when no dispatcher loop runs (they do all this every second): the in-flight
-    timeout sweep, due scheduled messages, and the counter compaction."""
+    timeout sweep, the expiry sweep, due scheduled messages, and the counter compaction."""
     from broker.counters import counters_compact
     from jobs.scheduling import scheduled_dispatch_due
     from jobs.state import jobs_expire_inflight
 
+    dead = jobs_expire_messages()  # expiry (jobs.expiry); logged, so the task's result keeps its keys
+    if dead:
+        logger.info("maintenance: %d jobs of expired messages moved to DEAD", dead)
     return {"expired": jobs_expire_inflight(), "scheduled": scheduled_dispatch_due(),
             "compacted": counters_compact()}
 

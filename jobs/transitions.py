@@ -16,8 +16,10 @@ States (webhook-broker's integers) and moves:
     INFLIGHT -> QUEUED     retry / timeout / gate: failed attempt, deadline passed, next gate
     INFLIGHT -> DEAD       give_up / retry / timeout: the consumer gives up, or retries ran out
     DEAD     -> INFLIGHT   retry_dead: a pull consumer retries a dead job (retry + 1)
-    DEAD     -> QUEUED     requeue: the DLQ / an operator requeues it (retry reset)
-    QUEUED   -> DEAD       mark_dead: an operator gives up on a job (also INFLIGHT -> DEAD)
+    DEAD     -> QUEUED     requeue / replay: the DLQ / an operator requeues it, or a replay (retry reset)
+    DELIVERED -> QUEUED    replay: deliver a delivered message again (jobs.replay, retry reset)
+    QUEUED   -> DEAD       mark_dead / expired: an operator gives up on a job (also INFLIGHT -> DEAD),
+                           or its message expired (jobs.expiry)
     QUEUED   -> GONE       purge: the job is deleted from a runaway backlog
     DEAD     -> GONE       delete: a dead job is deleted (DLQ delete, partition skip)
 
@@ -58,13 +60,14 @@ TRANSITIONS: tuple[Transition, ...] = (
     _t(INFLIGHT, QUEUED, "retry", "timeout", "gate"),
     _t(INFLIGHT, DEAD, "give_up", "retry", "timeout", "mark_dead"),
     _t(DEAD, INFLIGHT, "retry_dead"),
-    _t(DEAD, QUEUED, "requeue"),
-    _t(QUEUED, DEAD, "mark_dead"),
+    _t(DEAD, QUEUED, "requeue", "replay"),
+    _t(DELIVERED, QUEUED, "replay"),
+    _t(QUEUED, DEAD, "mark_dead", "expired"),
     _t(QUEUED, GONE, "purge"),
     _t(DEAD, GONE, "delete"),
 )
 
-# (from, to) pairs: what the database's history trigger allows (migration 0017)
+# (from, to) pairs: what the database's history trigger allows (migrations 0017, 0019)
 ALLOWED: frozenset[tuple[int, int]] = frozenset((t.from_status, t.to_status) for t in TRANSITIONS)
 KINDS: dict[tuple[int, int], frozenset[str]] = {(t.from_status, t.to_status): t.kinds for t in TRANSITIONS}
 ALL_KINDS: frozenset[str] = frozenset().union(*(t.kinds for t in TRANSITIONS))
@@ -79,7 +82,8 @@ def transition_check(from_status: int, to_status: int, kind: str | None = None) 
     ``kind``, is a move of that kind: a claim never delivers, a sweep never requeues a dead job)."""
     kinds = KINDS.get((from_status, to_status))
     if kinds is None:
-        raise IllegalTransition(f"a job cannot move from {_name(from_status)} to {_name(to_status)}")
+        raise IllegalTransition(f"a job cannot move from {_name(from_status)} to {_name(to_status)} "
+                                f"({from_status} -> {to_status})")
     if kind is not None and kind not in kinds:
         raise IllegalTransition(f"a {kind} move cannot take a job from {_name(from_status)} to {_name(to_status)}")
 

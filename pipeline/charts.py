@@ -65,15 +65,22 @@ def _legend(names: list[str]) -> list[str]:
     return parts
 
 
+NO_DATA = f'<text x="{WIDTH / 2}" y="{TOP + (HEIGHT - TOP - BOTTOM) / 2}" text-anchor="middle">no data</text>'
+
+
+def _chart_start(title: str, series: list[tuple[str, list[float]]], unit: str) -> tuple[float, list[str], int, int]:
+    """The y scale of all series' values, the frame drawn for it, and the plot area's width and height."""
+    values = [v or 0 for _, vs in series for v in vs]
+    ymax = _nice_max(max(values, default=0))
+    return ymax, _frame(title, ymax, unit), WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+
+
 def svg_bar_chart(*, title: str, categories: list[str], series: list[tuple[str, list[float]]],
                   unit: str = "") -> str:
     """Grouped vertical bars: one group per category, one bar per series."""
-    values = [v or 0 for _, vs in series for v in vs]
-    ymax = _nice_max(max(values, default=0))
-    parts = _frame(title, ymax, unit)
-    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    ymax, parts, plot_w, plot_h = _chart_start(title, series, unit)
     if not categories:
-        parts.append(f'<text x="{WIDTH / 2}" y="{TOP + plot_h / 2}" text-anchor="middle">no data</text>')
+        parts.append(NO_DATA)
     else:
         group_w = plot_w / len(categories)
         bar_w = max(1.0, group_w * 0.8 / max(1, len(series)))
@@ -99,13 +106,10 @@ def svg_bar_chart(*, title: str, categories: list[str], series: list[tuple[str, 
 def svg_line_chart(*, title: str, labels: list[str], series: list[tuple[str, list[float]]],
                    unit: str = "") -> str:
     """Lines over an ordered x axis (e.g. hours); at most ~12 x labels are printed."""
-    values = [v or 0 for _, vs in series for v in vs]
-    ymax = _nice_max(max(values, default=0))
-    parts = _frame(title, ymax, unit)
-    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    ymax, parts, plot_w, plot_h = _chart_start(title, series, unit)
     n = len(labels)
     if n == 0:
-        parts.append(f'<text x="{WIDTH / 2}" y="{TOP + plot_h / 2}" text-anchor="middle">no data</text>')
+        parts.append(NO_DATA)
     else:
         def x_at(i: int) -> float:
             return LEFT + (plot_w * i / (n - 1) if n > 1 else plot_w / 2)

@@ -50,6 +50,12 @@ class Factory:
         assert r.status_code == 200, r.content
         return r.json()
 
+    def basics(self):
+        """Channel ch1 (token ch-token) and producer p1 (p-token): what most tests publish through."""
+        self.channel()
+        self.producer()
+        return self
+
     def consumer(self, cid="c1", channel="ch1", token="c-token", type="push",
                  callback="http://127.0.0.1:9/cb", **extra):
         data = {"token": token, "type": type, **extra}
@@ -78,8 +84,25 @@ def make(api):
 @pytest.fixture
 def world(make):
     """A channel ch1 (token ch-token), producer p1 (p-token), push consumer c1 and pull consumer c2."""
-    make.channel()
-    make.producer()
+    make.basics()
     make.consumer("c1")
     make.consumer("c2", type="pull", token="c2-token", callback=None)
     return make
+
+
+# --- DB-free unit tests ---------------------------------------------------------------------------
+# Every test under a ``unit/`` folder is marked ``unit``: pure rules, no database. ``make unit`` runs
+# them with DATABASE_URL pointing at a closed port, so no PostgreSQL is started or reached; a unit
+# test that asks for a database fixture is refused at collection.
+DB_FIXTURES = {"db", "transactional_db", "django_db_reset_sequences", "django_db_serialized_rollback",
+               "live_server"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "unit" not in item.path.relative_to(config.rootpath).parts[:-1]:
+            continue
+        item.add_marker(pytest.mark.unit)
+        wanted = DB_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        if wanted or item.get_closest_marker("django_db"):
+            raise pytest.UsageError(f"{item.nodeid}: a unit test may not use the database ({sorted(wanted)})")

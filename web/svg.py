@@ -21,6 +21,20 @@ def _ago(i: int, n: int) -> str:
     return "this minute" if ago == 0 else f"{ago} min ago"
 
 
+def _stacked_bar(x: float, bottom: float, width: float, delivered_h: float, failed_h: float, tip: str) -> str:
+    """One minute's bar with its tooltip: delivered (green) from ``bottom`` up, failed (red, at least
+    1 px so a lone failure shows) on top of it."""
+    out = [f"<g><title>{escape(tip)}</title>"]
+    if delivered_h > 0:
+        out.append(f'<rect x="{x:.1f}" y="{bottom - delivered_h:.1f}" width="{width:.1f}" height="{delivered_h:.1f}" '
+                   f'fill="{GREEN}"/>')
+    if failed_h > 0:
+        out.append(f'<rect x="{x:.1f}" y="{bottom - delivered_h - failed_h:.1f}" width="{width:.1f}" '
+                   f'height="{max(failed_h, 1):.1f}" fill="{RED}"/>')
+    out.append("</g>")
+    return "".join(out)
+
+
 def _fmt(value: float) -> str:
     if value >= 1_000_000:
         return f"{value / 1_000_000:.1f}M"
@@ -50,17 +64,8 @@ def minute_bars(delivered: list[int], failed: list[int], *, width: int = 180, he
         if not d and not f:
             continue
         x = i * step
-        hd = (height - 1) * d / peak
-        hf = (height - 1) * f / peak
-        tip = escape(f"{_ago(i, n)}: {d:,} delivered, {f:,} failed")
-        parts.append(f'<g><title>{tip}</title>')
-        if d:
-            parts.append(f'<rect x="{x:.1f}" y="{height - 1 - hd:.1f}" width="{bar:.1f}" height="{hd:.1f}" '
-                         f'fill="{GREEN}"/>')
-        if f:
-            parts.append(f'<rect x="{x:.1f}" y="{height - 1 - hd - hf:.1f}" width="{bar:.1f}" '
-                         f'height="{max(hf, 1):.1f}" fill="{RED}"/>')
-        parts.append("</g>")
+        parts.append(_stacked_bar(x, height - 1, bar, (height - 1) * d / peak, (height - 1) * f / peak,
+                                  f"{_ago(i, n)}: {d:,} delivered, {f:,} failed"))
     parts.append("</svg>")
     return mark_safe("".join(parts))  # noqa: S308 - built from numbers and escaped text
 
@@ -110,16 +115,8 @@ def minute_chart(*, delivered: list[int], failed: list[int], backlog: list[int] 
         if not d and not f:
             continue
         x = left + i * step
-        hd, hf = ph * d / peak, ph * f / peak
-        tip = escape(f"{_ago(i, n)}: {d:,} delivered, {f:,} failed")
-        parts.append(f"<g><title>{tip}</title>")
-        if d:
-            parts.append(f'<rect x="{x:.1f}" y="{top + ph - hd:.1f}" width="{bar:.1f}" height="{hd:.1f}" '
-                         f'fill="{GREEN}"/>')
-        if f:
-            parts.append(f'<rect x="{x:.1f}" y="{top + ph - hd - hf:.1f}" width="{bar:.1f}" '
-                         f'height="{max(hf, 1):.1f}" fill="{RED}"/>')
-        parts.append("</g>")
+        parts.append(_stacked_bar(x, top + ph, bar, ph * d / peak, ph * f / peak,
+                                  f"{_ago(i, n)}: {d:,} delivered, {f:,} failed"))
     if backlog:
         bpeak = max(backlog) or 1
         points = " ".join(f"{left + i * step + bar / 2:.1f},{top + ph - ph * v / bpeak:.1f}"

@@ -33,6 +33,9 @@ urlpatterns = [
     # flow control
     path(f"{_C}/pause", consumers.ConsumerPauseView.as_view()),
     path(f"{_C}/resume", consumers.ConsumerResumeView.as_view()),
+    # replay and the circuit breaker
+    path(f"{_C}/replay", consumers.ConsumerReplayView.as_view()),
+    path(f"{_C}/circuit/close", consumers.ConsumerCircuitCloseView.as_view()),
     # pull consumers: the spec's endpoints
     path(f"{_C}/queued-jobs", pull.QueuedJobsView.as_view()),
     path(f"{_C}/job/<str:job_id>", pull.JobView.as_view()),

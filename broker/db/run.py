@@ -88,8 +88,8 @@ def _run_mapped(q: Query | str, params, prepare: bool, fetch):
     # transaction-mode connection poolers; this enables them on the connection for explicit
     # requests only (Django's own queries use client-side binding and are never prepared). Set
     # ``BROKER_PREPARED_STATEMENTS = False`` behind a pooler that cannot keep them (PgBouncer < 1.21).
-    with connection.cursor():
-        pass  # Django's connection setup and per-request health check
+    connection.close_if_health_check_failed()  # what connection.cursor() does, without a cursor
+    connection.ensure_connection()
     raw = connection.connection
     enabled = getattr(settings, "BROKER_PREPARED_STATEMENTS", True)
     if enabled and raw.prepare_threshold is None:
@@ -99,9 +99,16 @@ def _run_mapped(q: Query | str, params, prepare: bool, fetch):
         return fetch(cur)
 
 
+def _rows(cur) -> list[tuple]:
+    # pgresult, not cur.description (which builds a Column per column, ~5% of a pull request);
+    # Django's cursor wrapper passes the attribute through to psycopg's cursor
+    result = cur.pgresult
+    return cur.fetchall() if result is not None and result.status == psycopg.pq.ExecStatus.TUPLES_OK else []
+
+
 def query_fetchall(q: Query | str, params=None, *, prepare: bool = False) -> list[tuple]:
     """Every row of ``q`` (an empty list for a statement that returns none)."""
-    return _run(q, params, prepare, lambda cur: cur.fetchall() if cur.description else [])
+    return _run(q, params, prepare, _rows)
 
 
 def query_fetchone(q: Query | str, params=None, *, prepare: bool = False) -> tuple | None:

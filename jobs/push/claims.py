@@ -44,6 +44,8 @@ class PushJob:
     consumer_updated_at: object
     partition_key: str | None = None
     gate: int = 0
+    message_type: str | None = None  # filters: sent as X-Broker-Message-Type
+    circuit_dirty: bool = False  # its consumer's circuit was counting failures or open when claimed
 
 
 def _headers_dict(value) -> dict:
@@ -84,7 +86,7 @@ def jobs_claim_push(*, limit: int, reason: str = "push", worker: str = "") -> li
     return [
         PushJob(id=r[0], consumer_pk=r[1], priority=r[2], retry_count=r[3], message_id=r[4],
                 payload=bytes(r[5]), content_type=r[6], consumer_updated_at=r[8],
-                partition_key=r[9], gate=r[10] or 0,
+                partition_key=r[9], gate=r[10] or 0, message_type=r[11], circuit_dirty=r[12],
                 # Django's psycopg setup leaves jsonb undecoded (JSONField decodes it)
                 headers=_headers_dict(json.loads(r[7]) if isinstance(r[7], str) else r[7]))
         for r in rows
@@ -110,14 +112,27 @@ class PushOutcome:
     max_retry: int | None = None
 
 
-def jobs_push_record(*, outcomes: Sequence[PushOutcome]) -> None:
+@dataclass
+class CircuitTally:
+    """One consumer's attempts in a recorded batch, for its circuit breaker: ``ok`` an attempt
+    succeeded, ``fails`` the failed attempts after the last success (all of them without one)."""
+
+    consumer_pk: int
+    ok: bool
+    fails: int
+
+
+def jobs_push_record(*, outcomes: Sequence[PushOutcome], circuits: Sequence[CircuitTally] = ()) -> list[tuple]:
     """Record finished push attempts in one statement: INFLIGHT -> DELIVERED / QUEUED / DEAD for
     each job still in flight (guarded by the status, so a job the timeout sweep already moved
     is left alone), its transition row, and every attempt's row (attempts are facts, recorded
     even when the job moved meanwhile). One statement instead of a jobs_move plus an INSERT: a
-    dispatcher records and claims in every transaction, and round trips are its cost."""
+    dispatcher records and claims in every transaction, and round trips are its cost.
+
+    ``circuits``: the batch's tallies per consumer for the circuit breaker (jobs.circuit), applied
+    in the same statement. Returns the circuits whose state changed, as (consumer pk, new state)."""
     if not outcomes:
-        return
+        return []
     transitions_check((INFLIGHT, o.to_status) for o in outcomes)
     params = {
         "ids": [o.job_id for o in outcomes],
@@ -132,7 +147,12 @@ def jobs_push_record(*, outcomes: Sequence[PushOutcome]) -> None:
         "errors": [o.error for o in outcomes],
         "request_ids": [o.request_id for o in outcomes],
         "outcomes": [o.outcome for o in outcomes],
+        "cb_consumers": [t.consumer_pk for t in circuits],
+        "cb_ok": [t.ok for t in circuits],
+        "cb_fails": [t.fails for t in circuits],
     }
     with transition_errors(), bound_cursor() as cur:
         cur.execute(Q.push_record.sql, params, prepare=True)
-        settle_on_commit(row[0] for row in cur.fetchall())
+        rows = cur.fetchall()
+    settle_on_commit(row[0] for row in rows)
+    return [(row[1], row[2]) for row in rows if row[1] is not None]

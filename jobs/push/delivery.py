@@ -75,7 +75,7 @@ _RESERVED = {
     "content-type", "content-length", "host", "user-agent", "x-request-id", "x-broker-message-id",
     "x-broker-channel-id", "x-broker-consumer-id", "x-broker-message-priority", "x-broker-metadata-headers",
     "webhook-id", "webhook-timestamp", "webhook-signature", "connection", "transfer-encoding",
-    "accept-encoding",
+    "accept-encoding", "x-broker-message-type",
 }
 
 
@@ -109,6 +109,9 @@ def request_headers(job, target: Target, *, now: float | None = None, worker: st
     if metadata:
         headers.update(metadata)
         headers["X-Broker-Metadata-Headers"] = ",".join(sorted(metadata))
+    message_type = getattr(job, "message_type", None)
+    if message_type is not None:  # filters: the type the consumer's messageTypes matched
+        headers["X-Broker-Message-Type"] = message_type
     partition_key = getattr(job, "partition_key", None)
     if partition_key is not None:  # jobs.partitions: where the job stands, so a handler can answer a gate
         headers["X-Broker-Partition-Key"] = quote(partition_key, safe=_KEY_SAFE)

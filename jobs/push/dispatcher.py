@@ -37,7 +37,8 @@ from django.db import Error as DatabaseError
 from django.db import connection, transaction
 
 from broker.xid import job_xid
-from jobs import partitions, state
+from jobs import circuit, partitions, state
+from jobs.expiry import jobs_expire_messages
 from jobs.push import delivery
 from jobs.push.delivery import Result, Target
 from jobs.push.http import Client as HttpClient
@@ -122,7 +123,10 @@ def outcomes_record(items: list[tuple], *, now: float | None = None) -> list[flo
             record.max_retry = state.max_retry_for(target.max_retry)
         outcomes.append(record)
     state.jobs_move_gate(moves=gate_moves)  # before the record, which then leaves them alone
-    state.jobs_push_record(outcomes=outcomes)
+    tallies = circuit.circuit_tallies(
+        (job.consumer_pk, circuit.attempt_failed(outcome=result.outcome, status_code=result.status_code),
+         job.circuit_dirty) for job, _target, result in items)
+    circuit.circuit_changes_advise(changes=state.jobs_push_record(outcomes=outcomes, circuits=tallies))
     attempts_log(items)
     return [o.delay for o in outcomes if o.delay is not None and o.outcome != "gate"]
 
@@ -480,7 +484,8 @@ class Engine:
     def _sweep(self) -> None:
         from jobs.scheduling import scheduled_dispatch_due
 
-        for name, fn in (("timeout sweep", state.jobs_expire_inflight), ("scheduled messages", scheduled_dispatch_due),
+        for name, fn in (("timeout sweep", state.jobs_expire_inflight), ("expiry sweep", jobs_expire_messages),
+                         ("scheduled messages", scheduled_dispatch_due),
                          ("partition settle", partitions.partitions_settle_stale)):
             try:
                 fn()

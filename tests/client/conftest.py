@@ -11,13 +11,13 @@ import os
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import requests
 
 from tests.conftest import ADMIN_TOKEN
+from tests.helpers import QuietHandler, serve_loopback, wait_until
 from tests.processes import ROOT, start_web
 
 CLIENT_DIR = ROOT / "client"
@@ -94,16 +94,6 @@ class World:
         return wait_until(predicate, timeout, what)
 
 
-def wait_until(predicate, timeout: float = 20.0, what: str = "condition"):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 @pytest.fixture
 def world(server, transactional_db) -> World:
     w = World(server.url)
@@ -124,12 +114,7 @@ class Proxy:
         self.lock = threading.Lock()
         proxy = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
+        class Handler(QuietHandler):
             def _any(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
@@ -168,11 +153,8 @@ class Proxy:
 
             do_GET = do_POST = do_PUT = do_DELETE = _any
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        self.server, self.thread = serve_loopback(Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
 
     def requests_to(self, suffix: str) -> list:
         with self.lock:

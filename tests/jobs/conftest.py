@@ -11,10 +11,11 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from django.db import connection
+
+from tests.helpers import QuietHandler, serve_loopback, stopping, wait_until
 
 
 @dataclass
@@ -47,12 +48,7 @@ class Receiver:
         self.lock = threading.Lock()
         receiver = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
+        class Handler(QuietHandler):
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 request = Received(self.path, {k.lower(): v for k, v in self.headers.items()}, body,
@@ -79,11 +75,8 @@ class Receiver:
                     with receiver.lock:
                         receiver.active -= 1
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        self.server, self.thread = serve_loopback(Handler)
         self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
 
     def url(self, path: str = "/cb") -> str:
         return f"http://127.0.0.1:{self.port}{path}"
@@ -96,13 +89,7 @@ class Receiver:
             return [r for r in self.requests if r.path == path]
 
     def wait(self, predicate, timeout: float = 20.0, what: str = "condition"):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = predicate()
-            if value:
-                return value
-            time.sleep(0.05)
-        raise AssertionError(f"timed out after {timeout}s waiting for {what}; received {len(self.requests)}")
+        return wait_until(predicate, timeout, what, detail=lambda: f"; received {len(self.requests)}")
 
     def close(self) -> None:
         self.server.shutdown()
@@ -163,24 +150,14 @@ class DispatcherThread:
 @pytest.fixture
 def dispatcher(push_settings):
     """Start with ``dispatcher()`` (optionally several, like several worker processes)."""
-    started = []
-
-    def start(concurrency: int = 8) -> DispatcherThread:
-        d = DispatcherThread(concurrency).start()
-        started.append(d)
-        return d
-
-    yield start
-    for d in started:
-        d.stop()
+    with stopping(DispatcherThread) as start:
+        yield start
 
 
 @pytest.fixture
 def push_world(make, receiver):
     """Channel ch1 (ch-token), producer p1 (p-token), push consumer c1 -> receiver /cb."""
-    make.channel()
-    make.producer()
-    make.consumer("c1", callback=receiver.url("/cb"))
+    make.basics().consumer("c1", callback=receiver.url("/cb"))
     return make
 
 

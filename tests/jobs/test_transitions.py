@@ -29,8 +29,12 @@ def test_every_pair_outside_the_table_is_refused():
                     transitions.transition_check(a, b)
 
 
-def test_delivered_is_final_and_gone_is_never_left():
-    assert not {b for a, b in transitions.ALLOWED if a in (DELIVERED, GONE)}
+def test_delivered_leaves_only_by_a_replay_and_gone_is_never_left():
+    assert not {b for a, b in transitions.ALLOWED if a == GONE}
+    assert {b for a, b in transitions.ALLOWED if a == DELIVERED} == {QUEUED}
+    assert transitions.KINDS[(DELIVERED, QUEUED)] == {"replay"}
+    transitions.transition_check(QUEUED, DEAD, "expired")  # expiry (jobs.expiry)
+    transitions.transition_check(DEAD, QUEUED, "replay")
     assert not {a for a, b in transitions.ALLOWED if b == a}
 
 
@@ -51,7 +55,7 @@ def test_illegal_transition_is_a_conflict_with_a_code():
 
 def test_guarded_writers_refuse_before_sql():
     with pytest.raises(IllegalTransition):  # no database access: raised before any statement
-        state.jobs_move(moves=[state.Move(job_id=1, from_status=DELIVERED, to_status=QUEUED)], reason="x")
+        state.jobs_move(moves=[state.Move(job_id=1, from_status=DELIVERED, to_status=DEAD)], reason="x")
     with pytest.raises(IllegalTransition):
         state.jobs_ack_inflight(consumer_pk=1, job_ids=[1], to_statuses=[INFLIGHT], delays=[None], max_retry=1)
 

@@ -58,10 +58,10 @@ def _claim(w, **extra):
             "inc": None, "reason": "pull", **extra}
 
 
-def _move_auth(w, to_s=DELIVERED, from_s=(INFLIGHT,)):
+def _move_auth(w, to_s=DELIVERED, from_s=(INFLIGHT,), async_commit=False):
     return {"channel": "plans", "consumer": "pull", "job": w.inflight_jobs[0], "ch_token": "t", "c_token": "t",
             "from_s": list(from_s), "to_s": to_s, "inc": None, "dead": DEAD, "inflight": INFLIGHT,
-            "timeout": 32.25, "reason": "pull"}
+            "timeout": 32.25, "reason": "pull", "async_commit": async_commit}
 
 
 def _ack(w):
@@ -78,9 +78,13 @@ def _moves(w, ids, from_s, to_s):
 
 
 def _dlq_list(w):
-    from jobs.models import Job, JobStatus
+    from django.db.models import OuterRef, Subquery
 
-    qs = Job.objects.filter(consumer_id=w.pull, status=JobStatus.DEAD).select_related("message").order_by("-pk")[:26]
+    from jobs.models import Job, JobStatus, JobTransition
+
+    reason = JobTransition.objects.filter(job_id=OuterRef("pk"), to_status=JobStatus.DEAD).order_by("-id")
+    qs = Job.objects.filter(consumer_id=w.pull, status=JobStatus.DEAD).select_related("message").annotate(
+        dead_reason=Subquery(reason.values("reason")[:1])).order_by("-pk")[:26]  # web.api.dlq: with Reason
     return qs.query.sql_with_params()
 
 
@@ -115,6 +119,8 @@ CASES: list[Case] = [
     Case("jobs:pull_move_auth", "jobs_job_pkey", _move_auth, id="pull-move-auth-ack"),
     Case("jobs:pull_move_auth", "jobs_job_pkey",
          lambda w: _move_auth(w, to_s=INFLIGHT, from_s=(QUEUED, DEAD)), id="pull-move-auth-claim"),
+    Case("jobs:pull_move_auth", "jobs_job_pkey",
+         lambda w: _move_auth(w, to_s=INFLIGHT, from_s=(QUEUED, DEAD), async_commit=True), id="pull-move-auth-async"),
     Case("jobs:pull_auth", "jobs_job_pkey",
          lambda w: {"channel": "plans", "consumer": "pull", "job": w.queued_job}),
     Case("jobs:move", "jobs_job_pkey", lambda w: _moves(w, w.inflight_jobs, INFLIGHT, DELIVERED),
@@ -129,7 +135,8 @@ CASES: list[Case] = [
          lambda w: {"ids": w.inflight_jobs, "to_s": [DELIVERED] * 100, "delay": [None] * 100,
                     "max_retry": [5] * 100, "attempts": [1] * 100, "ages": [0.1] * 100, "durations": [5.0] * 100,
                     "codes": [204] * 100, "excerpts": [""] * 100, "errors": [""] * 100,
-                    "request_ids": ["r"] * 100, "outcomes": ["delivered"] * 100}),
+                    "request_ids": ["r"] * 100, "outcomes": ["delivered"] * 100,
+                    "cb_consumers": [w.push], "cb_ok": [False], "cb_fails": [3]}),
     Case("jobs:mark_dead", "jobs_job_pkey",
          lambda w: {"ids": w.inflight_jobs[:5], "queued": QUEUED, "inflight": INFLIGHT, "dead": DEAD,
                     "consumer": None, "reason": "operator"}, run="plain"),
@@ -140,6 +147,9 @@ CASES: list[Case] = [
          run="plain"),
     Case("jobs:expire_consumer", "job_inflight_consumer",
          lambda w: {"max_retry": 5, "limit": 5000, "consumer": w.pull}, run="plain"),
+    # expiry: QUEUED rows with an expiry only, by expiry: O(expired jobs), whatever the backlog
+    Case("jobs:expire_messages", "job_queued_expiry", lambda w: {"limit": 5000}, run="plain"),
+    Case("jobs:expired_status", "jobs_job_pkey", lambda w: {"job": w.dead_job}, run="plain"),
     Case("jobs:partitions_stale", "job_partition_gate", lambda w: [100], run="plain"),
     Case("jobs:partition_counts", "job_partition_gate", lambda w: [w.partition, 0], run="plain",
          sorts="groups the jobs of one partition"),
@@ -160,17 +170,26 @@ CASES: list[Case] = [
     Case("admin job list", "jobs_job_pkey", lambda w: None, run="plain", sql=_admin_jobs),
     Case("admin job list (status, consumer)", "job_consumer_status", lambda w: None, run="plain",
          sql=lambda w: _admin_jobs(w, status__exact=QUEUED, consumer=w.pull)),
+    # replay: one chunk of a channel's messages in a window (10,000 a statement), walked by keyset
+    Case("jobs:replay_chunk", ("message_channel_received", "job_unique_per_consumer"),
+         lambda w: {"channel": w.channel, "consumer": w.push, "after_at": "-infinity", "after_id": 0,
+                    "until": "infinity", "only_failed": False, "limit": 10_000}, run="plain"),
+    Case("jobs:replay_chunk", ("message_channel_received", "job_unique_per_consumer"),
+         lambda w: {"channel": w.channel, "consumer": w.pull, "after_at": "-infinity", "after_id": 0,
+                    "until": "infinity", "only_failed": True, "limit": 10_000}, run="plain", id="replay-only-failed"),
     # --- fan-out --------------------------------------------------------------------------------
     Case("jobs:insert_many", "message_unique_per_channel",
          lambda w: {"channel": w.channel, "producer": w.producer, "mids": ["x1", "x2"], "payloads": [b"a", b"b"],
-                    "ctypes": ["text/plain"] * 2, "prios": [0, 0], "headers": ["{}", "{}"]}),
+                    "ctypes": ["text/plain"] * 2, "prios": [0, 0], "headers": ["{}", "{}"],
+                    "types": ["order.created", None], "ttls": [60, None]}),
     Case("jobs:insert_partitioned", "message_unique_per_channel",
          lambda w: {"channel": w.channel, "producer": w.producer, "mids": ["x1", "x2"], "payloads": [b"a", b"b"],
                     "ctypes": ["text/plain"] * 2, "prios": [0, 0], "headers": ["{}", "{}"],
+                    "types": ["order.created", None], "ttls": [60, None],
                     "pkeys": ["k1", "k1"], "gates": [0, 1]}),
     Case("jobs:insert_one", "message_unique_per_channel",
          lambda w: {"channel": w.channel, "producer": w.producer, "mid": "x1", "payload": b"a",
-                    "ctype": "text/plain", "prio": 0, "headers": "{}"}),
+                    "ctype": "text/plain", "prio": 0, "headers": "{}", "type": "order.created", "ttl": 60}),
     Case("jobs:publish_auth", "counter_key", lambda w: {"producer": "plans", "channel": "plans"}),
     # --- doorbell and ready / next-due probes ---------------------------------------------------
     Case("jobs:doorbell_ring", ("job_claim", "job_consumer_status"), lambda w: {"ids": None}, run="plain"),

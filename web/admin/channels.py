@@ -27,8 +27,8 @@ from broker.errors import DomainError, PreconditionFailed
 from broker.models import Channel, Message, Producer, ScheduledMessage
 from broker.registry import Precondition, channel_upsert, producer_upsert
 from web.admin.helpers import (
-    ChannelFilter, LargeTableAdmin, ServiceFormAdmin, admin_url, changelist_url, json_block, mask, payload_preview,
-    table, url_id_validator,
+    VIEW_ONLY, ChannelFilter, LargeTableAdmin, ReadOnlyAdmin, ServiceFormAdmin, admin_url, changelist_url, json_block,
+    mask, payload_preview, table, url_id_validator,
 )
 
 logger = logging.getLogger("web.admin.channels")
@@ -206,41 +206,21 @@ class ProducerAdmin(RegistryAdmin):
 
 # --- messages (read-only) --------------------------------------------------------------------------
 
-class PayloadSizeMixin:
-    @admin.display(description="size")
-    def size_col(self, obj):
-        size = getattr(obj, "size", None)
-        return "" if size is None else f"{size:,} B"
-
-
-@admin.register(Message)
-class MessageAdmin(PayloadSizeMixin, LargeTableAdmin):
-    channel_counter_scope = MESSAGE
-    list_display = ("id", "message_col", "channel_col", "producer_col", "status", "priority", "size_col", "received_at")
-    list_display_links = ("id",)
-    list_filter = (ChannelFilter, "status")
-    search_fields = ("=message_id",)
-    search_help_text = "A message id (exact)."
-    fields = ("id", "message_id", "channel_col", "producer_col", "status", "priority", "content_type", "received_at",
-              "dispatched_at", "headers_col", "payload_col", "jobs_table")
-    readonly_fields = fields
+class MessageColumnsMixin:
+    """Channel, producer, headers and payload columns of a message or a scheduled message (headers
+    and payload read one row at a time: the list query defers them and reads only their size)."""
 
     def get_queryset(self, request):
-        return (super().get_queryset(request).select_related("channel", "producer")
-                .defer("payload").annotate(size=RawSQL("octet_length(broker_message.payload)", ())))
+        size = RawSQL(f"octet_length({self.model._meta.db_table}.payload)", ())
+        return super().get_queryset(request).select_related("channel", "producer").defer("payload").annotate(size=size)
 
     def has_add_permission(self, request):
         return False
 
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-    @admin.display(description="message id")
-    def message_col(self, obj):
-        return Truncator(obj.message_id).chars(60)
+    @admin.display(description="size")
+    def size_col(self, obj):
+        size = getattr(obj, "size", None)
+        return "" if size is None else f"{size:,} B"
 
     @admin.display(description="channel")
     def channel_col(self, obj):
@@ -252,11 +232,28 @@ class MessageAdmin(PayloadSizeMixin, LargeTableAdmin):
 
     @admin.display(description="headers")
     def headers_col(self, obj):
-        return json_block(Message.objects.filter(pk=obj.pk).values_list("headers", flat=True).first())
+        return json_block(self.model.objects.filter(pk=obj.pk).values_list("headers", flat=True).first())
 
     @admin.display(description="payload")
     def payload_col(self, obj):
-        return payload_preview(table="broker_message", pk=obj.pk)
+        return payload_preview(table=self.model._meta.db_table, pk=obj.pk)
+
+
+@admin.register(Message)
+class MessageAdmin(MessageColumnsMixin, ReadOnlyAdmin):
+    channel_counter_scope = MESSAGE
+    list_display = ("id", "message_col", "channel_col", "producer_col", "status", "priority", "size_col", "received_at")
+    list_display_links = ("id",)
+    list_filter = (ChannelFilter, "status")
+    search_fields = ("=message_id",)
+    search_help_text = "A message id (exact)."
+    fields = ("id", "message_id", "channel_col", "producer_col", "status", "priority", "content_type", "received_at",
+              "dispatched_at", "headers_col", "payload_col", "jobs_table")
+    readonly_fields = fields
+
+    @admin.display(description="message id")
+    def message_col(self, obj):
+        return Truncator(obj.message_id).chars(60)
 
     @admin.display(description="jobs")
     def jobs_table(self, obj):
@@ -274,7 +271,7 @@ class MessageAdmin(PayloadSizeMixin, LargeTableAdmin):
 # --- scheduled messages ------------------------------------------------------------------------------
 
 @admin.register(ScheduledMessage)
-class ScheduledMessageAdmin(PayloadSizeMixin, LargeTableAdmin):
+class ScheduledMessageAdmin(MessageColumnsMixin, LargeTableAdmin):
     channel_counter_scope = SCHEDULED_SCOPE
     list_display = ("id", "message_id", "channel_col", "producer_col", "status", "dispatch_at", "size_col",
                     "dispatched_at", "error")
@@ -288,13 +285,6 @@ class ScheduledMessageAdmin(PayloadSizeMixin, LargeTableAdmin):
     readonly_fields = fields
     sortable_by = ("id", "dispatch_at")
 
-    def get_queryset(self, request):
-        return (super().get_queryset(request).select_related("channel", "producer")
-                .defer("payload").annotate(size=RawSQL("octet_length(broker_scheduledmessage.payload)", ())))
-
-    def has_add_permission(self, request):
-        return False
-
     def has_delete_permission(self, request, obj=None):
         return False  # cancel is the way to remove one (only while it is still scheduled)
 
@@ -302,26 +292,9 @@ class ScheduledMessageAdmin(PayloadSizeMixin, LargeTableAdmin):
         """Nothing is edited here."""
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
-        extra = {"show_save": False, "show_save_and_continue": False, "show_save_and_add_another": False,
-                 "show_delete": False, "can_act": self.has_change_permission(request), "title": "Scheduled message",
+        extra = {**VIEW_ONLY, "can_act": self.has_change_permission(request), "title": "Scheduled message",
                  **(extra_context or {})}
         return super().change_view(request, object_id, form_url, extra)
-
-    @admin.display(description="channel")
-    def channel_col(self, obj):
-        return obj.channel.channel_id
-
-    @admin.display(description="producer")
-    def producer_col(self, obj):
-        return obj.producer.producer_id
-
-    @admin.display(description="headers")
-    def headers_col(self, obj):
-        return json_block(ScheduledMessage.objects.filter(pk=obj.pk).values_list("headers", flat=True).first())
-
-    @admin.display(description="payload")
-    def payload_col(self, obj):
-        return payload_preview(table="broker_scheduledmessage", pk=obj.pk)
 
     @admin.action(description="Cancel selected scheduled messages", permissions=["change"])
     def cancel(self, request, queryset):

@@ -15,19 +15,22 @@ from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models.expressions import RawSQL
-from django.http import HttpResponseNotAllowed
+from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
-from django.urls import path
+from django.urls import path, reverse
 from django.utils.html import format_html
 from django.utils.http import http_date
 from django.utils.text import Truncator
 
 from broker.counters import JOB, REDELIVERED
 from broker.errors import DomainError, InvalidInput, PreconditionFailed
+from broker.message_types import message_types_parse, message_types_text
 from broker.registry import Precondition
 from consumers import services
 from consumers.models import Advisory, Consumer
+from jobs.circuit import circuit_state, consumer_circuit_close
+from jobs.replay import consumer_replay
 from jobs.state import DEAD, DELIVERED, INFLIGHT, QUEUED
 from web.admin.helpers import ServiceFormAdmin, changelist_url, mask, table, url_id_validator
 
@@ -63,12 +66,22 @@ class ConsumerForm(forms.ModelForm):
     notify_interval = forms.FloatField(
         required=False, help_text="Doorbell (pull consumers with a callback URL): at most one ring per this many "
                                   "seconds (empty: 1).")
+    message_types = forms.CharField(
+        required=False, label="Message types", max_length=10000,
+        help_text="Filters: comma-separated type patterns (order.created, order.* for order and anything under "
+                  "it, * for all). Empty: every message.")
+    circuit_breaker_failures = forms.IntegerField(
+        required=False, min_value=0, max_value=2**31 - 1,
+        help_text="Circuit breaker (push): consecutive failed attempts that open the circuit (empty: 10, 0: off).")
+    circuit_breaker_probe_seconds = forms.FloatField(
+        required=False, help_text="Circuit breaker: seconds between probe deliveries while open (empty: 30).")
 
     class Meta:
         model = Consumer
         fields = ("channel", "consumer_id", "name", "type", "callback_url", "max_in_flight",
                   "max_deliveries_per_second", "connection_timeout", "max_retry", "retry_backoff",
-                  "max_ack_pending", "max_queued", "notify_interval")
+                  "max_ack_pending", "max_queued", "notify_interval", "message_types", "circuit_breaker_failures",
+                  "circuit_breaker_probe_seconds")
         help_texts = {
             "max_deliveries_per_second": "Empty: no rate limit.",
             "connection_timeout": f"Seconds. Empty: the broker default ({settings.BROKER_CONNECTION_TIMEOUT:g}).",
@@ -84,6 +97,14 @@ class ConsumerForm(forms.ModelForm):
             self.fields["name"].required = False
         if "consumer_id" in self.fields:
             self.fields["consumer_id"].validators.append(url_id_validator)
+        if "message_types" in self.fields:  # shown as the API takes it: comma-separated
+            self.initial["message_types"] = message_types_text(self.instance.message_types)
+
+    def clean_message_types(self):
+        try:
+            return message_types_parse(self.cleaned_data.get("message_types") or "") or None
+        except DomainError as exc:
+            raise forms.ValidationError(exc.detail) from None
 
     def clean(self):
         data = super().clean()
@@ -98,7 +119,8 @@ class ConsumerForm(forms.ModelForm):
             self.add_error("callback_url", exc.detail)
         if data.get("max_in_flight") is not None and data["max_in_flight"] < 1:
             self.add_error("max_in_flight", "must be at least 1")
-        for name in ("max_deliveries_per_second", "connection_timeout", "notify_interval"):
+        for name in ("max_deliveries_per_second", "connection_timeout", "notify_interval",
+                     "circuit_breaker_probe_seconds"):
             value = data.get(name)
             if value is not None and not 0 < value < 1e9:
                 self.add_error(name, "must be positive")
@@ -114,6 +136,17 @@ class ConsumerForm(forms.ModelForm):
         return data
 
 
+class ReplayForm(forms.Form):
+    """The admin's replay: a window (UTC) and "only failed", as the API's JSON body."""
+
+    since = forms.DateTimeField(label="Since (UTC)", widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
+                                input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"])
+    until = forms.DateTimeField(label="Until (UTC, empty: now)", required=False,
+                                widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
+                                input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"])
+    only_failed = forms.BooleanField(label="Only failed (DEAD) jobs", required=False)
+
+
 @admin.register(Consumer)
 class ConsumerAdmin(ServiceFormAdmin):
     form = ConsumerForm
@@ -123,23 +156,27 @@ class ConsumerAdmin(ServiceFormAdmin):
     list_select_related = ("channel",)
     search_fields = ("consumer_id", "name", "channel__channel_id", "callback_url")
     ordering = ("channel__channel_id", "consumer_id")
-    actions = ("requeue_dead", "delete_all_dead", "rotate_secret", "unpin", "purge_queued", "pause", "resume")
+    actions = ("requeue_dead", "delete_all_dead", "rotate_secret", "unpin", "purge_queued", "pause", "resume",
+               "circuit_close")
     readonly_fields = ("token_col", "signing_secret_col", "previous_secret_col", "statistics", "recent_chart",
-                       "priority_groups_col", "created_at", "updated_at")
+                       "priority_groups_col", "circuit_col", "created_at", "updated_at")
     show_facets = admin.ShowFacets.NEVER
 
     def get_fieldsets(self, request, obj=None):
         identity = ("channel", "consumer_id", "name", "type")
         delivery = ("callback_url", "max_in_flight", "max_deliveries_per_second", "connection_timeout",
-                    "max_retry", "retry_backoff", "max_ack_pending", "max_queued", "notify_interval")
+                    "max_retry", "retry_backoff", "max_ack_pending", "max_queued", "notify_interval",
+                    "message_types")
+        circuit = ("circuit_breaker_failures", "circuit_breaker_probe_seconds")
         if obj is None:
-            return ((None, {"fields": (*identity, "new_token")}), ("Delivery", {"fields": delivery}))
+            return ((None, {"fields": (*identity, "new_token")}), ("Delivery", {"fields": (*delivery, *circuit)}))
         return (
             (None, {"fields": (*identity, "created_at", "updated_at")}),
             ("Statistics", {"fields": ("statistics", "recent_chart")}),
             *((("Priority groups", {"fields": ("priority_groups_col",)}),)
               if obj.priority_policy != "none" else ()),
             ("Delivery", {"fields": delivery}),
+            ("Circuit breaker (push)", {"fields": ("circuit_col", *circuit)}),
             ("Credentials", {"fields": ("token_col", "new_token", "signing_secret_col", "previous_secret_col",
                                         "loaded_at")}),
         )
@@ -236,6 +273,13 @@ class ConsumerAdmin(ServiceFormAdmin):
         return format_html("{}<p>Latest advisories (timeout {}s):</p>{}", pins,
                            f"{obj.priority_timeout:g}" if obj.priority_timeout else "-", events)
 
+    @admin.display(description="circuit")
+    def circuit_col(self, obj):
+        """What GET consumer reports as Circuit, and the latest breaker advisories."""
+        circuit = circuit_state(consumer=obj)
+        return format_html("{} since {}, {} consecutive failure{}", circuit["State"], circuit["Since"],
+                           circuit["Failures"], "" if circuit["Failures"] == 1 else "s")
+
     @admin.display(description="last hour")
     def recent_chart(self, obj):
         from web import svg
@@ -253,7 +297,13 @@ class ConsumerAdmin(ServiceFormAdmin):
         data = form.cleaned_data
         fields = {name: data.get(name) for name in ("max_in_flight", "max_deliveries_per_second",
                                                     "connection_timeout", "max_retry", "retry_backoff",
-                                                    "max_ack_pending", "max_queued", "notify_interval")}
+                                                    "max_ack_pending", "max_queued", "notify_interval",
+                                                    "message_types", "circuit_breaker_failures",
+                                                    "circuit_breaker_probe_seconds")}
+        if fields["circuit_breaker_failures"] is None:
+            fields["circuit_breaker_failures"] = 10
+        if fields["circuit_breaker_probe_seconds"] is None:
+            fields["circuit_breaker_probe_seconds"] = 30.0
         if fields["max_ack_pending"] is None:
             fields["max_ack_pending"] = 1000
         if fields["notify_interval"] is None:
@@ -318,28 +368,28 @@ class ConsumerAdmin(ServiceFormAdmin):
         logger.info("admin user %s: %s %s", request.user.get_username(), verb.lower(), ", ".join(names) or "-")
         self.message_user(request, f"{verb} {len(names)} consumer{'s' if len(names) != 1 else ''}.", messages.SUCCESS)
 
+    def _per_consumer(self, request, queryset, run, done: str, kind: str) -> None:
+        """Run a bulk job action on each selected consumer, then log and report the counts."""
+        counts = [(c, run(c)) for c in queryset]
+        total = sum(n for _, n in counts)
+        detail = ", ".join(f"{n:,} of {c.channel.channel_id}/{c.consumer_id}" for c, n in counts if n)
+        logger.info("admin user %s: %s %d %s jobs (%s)", request.user.get_username(), done, total, kind, detail or "-")
+        self.message_user(request, f"{done.capitalize()} {total:,} {kind} job{'s' if total != 1 else ''}"
+                          f"{': ' + detail if detail else ''}.", messages.SUCCESS if total else messages.WARNING)
+
     @admin.action(description="Purge all QUEUED jobs of the selected consumers", permissions=["delete_dead"])
     def purge_queued(self, request, queryset):
         """Flow control: drop a runaway backlog (in batches, history rows with reason "purged")."""
         from jobs.state import jobs_purge_queued
 
-        done = [(c, jobs_purge_queued(consumer_pk=c.pk)) for c in queryset]
-        total = sum(n for _, n in done)
-        detail = ", ".join(f"{n:,} of {c.channel.channel_id}/{c.consumer_id}" for c, n in done if n)
-        logger.info("admin user %s: purged %d queued jobs (%s)", request.user.get_username(), total, detail or "-")
-        self.message_user(request, f"Purged {total:,} queued job{'s' if total != 1 else ''}"
-                          f"{': ' + detail if detail else ''}.", messages.SUCCESS if total else messages.WARNING)
+        self._per_consumer(request, queryset, lambda c: jobs_purge_queued(consumer_pk=c.pk), "purged", "queued")
 
     @admin.action(description="Requeue all dead jobs of the selected consumers", permissions=["change"])
     def requeue_dead(self, request, queryset):
         from jobs.state import jobs_requeue_dead
 
-        done = [(c, jobs_requeue_dead(consumer_pk=c.pk, reason="admin-requeue")) for c in queryset]
-        total = sum(n for _, n in done)
-        detail = ", ".join(f"{n:,} of {c.channel.channel_id}/{c.consumer_id}" for c, n in done if n)
-        logger.info("admin user %s: requeued %d dead jobs (%s)", request.user.get_username(), total, detail or "-")
-        self.message_user(request, f"Requeued {total:,} dead job{'s' if total != 1 else ''}"
-                          f"{': ' + detail if detail else ''}.", messages.SUCCESS if total else messages.WARNING)
+        self._per_consumer(request, queryset, lambda c: jobs_requeue_dead(consumer_pk=c.pk, reason="admin-requeue"),
+                           "requeued", "dead")
 
     @admin.action(description="Delete all dead jobs of the selected consumers", permissions=["delete_dead"])
     def delete_all_dead(self, request, queryset):
@@ -407,6 +457,17 @@ class ConsumerAdmin(ServiceFormAdmin):
         else:
             self.message_user(request, "No pinned priority group among the selected consumers.", messages.WARNING)
 
+    @admin.action(description="Close the circuit breaker of the selected consumers now", permissions=["change"])
+    def circuit_close(self, request, queryset):
+        """Same service as POST .../circuit/close: failures forgotten, delivery resumes at once."""
+        closed = [f"{c.channel.channel_id}/{c.consumer_id}" for c in queryset.select_related("channel")
+                  if consumer_circuit_close(consumer=c)]
+        logger.info("admin user %s: closed the circuit of %s", request.user.get_username(), ", ".join(closed) or "-")
+        if closed:
+            self.message_user(request, f"Closed the circuit of {', '.join(closed)}.", messages.SUCCESS)
+        else:
+            self.message_user(request, "No open or failing circuit among the selected consumers.", messages.WARNING)
+
     # one-consumer buttons on its page
 
     def get_urls(self):
@@ -416,6 +477,9 @@ class ConsumerAdmin(ServiceFormAdmin):
                  name="consumers_consumer_rotate_secret"),
             path("<path:object_id>/requeue-dead/", view(self.requeue_dead_view),
                  name="consumers_consumer_requeue_dead"),
+            path("<path:object_id>/replay/", view(self.replay_view), name="consumers_consumer_replay"),
+            path("<path:object_id>/circuit-close/", view(self.circuit_close_view),
+                 name="consumers_consumer_circuit_close"),
             *super().get_urls(),
         ]
 
@@ -431,15 +495,45 @@ class ConsumerAdmin(ServiceFormAdmin):
         queryset = self._one(request, object_id)
         return self.rotate_secret(request, queryset) if queryset is not None else HttpResponseNotAllowed(["POST"])
 
-    def requeue_dead_view(self, request, object_id):
-        from django.http import HttpResponseRedirect
-        from django.urls import reverse
-
+    def _button(self, request, object_id, action):
+        """A one-consumer button: run the action on it (POST only), back to its page."""
         queryset = self._one(request, object_id)
         if queryset is None:
             return HttpResponseNotAllowed(["POST"])
-        self.requeue_dead(request, queryset)
+        action(request, queryset)
         return HttpResponseRedirect(reverse("admin:consumers_consumer_change", args=[object_id]))
+
+    def requeue_dead_view(self, request, object_id):
+        return self._button(request, object_id, self.requeue_dead)
+
+    def circuit_close_view(self, request, object_id):
+        return self._button(request, object_id, self.circuit_close)
+
+    def replay_view(self, request, object_id):
+        """The replay form (GET) and the replay itself (POST): ``jobs.replay.consumer_replay``, as the API."""
+        if not self.has_change_permission(request):
+            raise PermissionDenied
+        consumer = get_object_or_404(Consumer.objects.select_related("channel"),
+                                     pk=int(object_id) if str(object_id).isdigit() else -1)
+        form = ReplayForm(request.POST or None)
+        if request.method == "POST" and form.is_valid():
+            data = form.cleaned_data
+            try:
+                result = consumer_replay(consumer=consumer, since=data["since"], until=data.get("until"),
+                                         only_failed=data["only_failed"], source="admin")
+            except DomainError as exc:
+                form.add_error(None, exc.detail)
+            else:
+                logger.info("admin user %s: replayed %d messages to %s/%s (%d skipped)", request.user.get_username(),
+                            result.replayed, consumer.channel.channel_id, consumer.consumer_id, result.skipped)
+                self.message_user(request, f"Replayed {result.replayed:,} message{'s' if result.replayed != 1 else ''}"
+                                  f" to {consumer.channel.channel_id}/{consumer.consumer_id} ({result.skipped:,} "
+                                  "skipped).", messages.SUCCESS if result.replayed else messages.WARNING)
+                return HttpResponseRedirect(reverse("admin:consumers_consumer_change", args=[consumer.pk]))
+        return TemplateResponse(request, "broker/replay_form.html", {
+            **self.admin_site.each_context(request), "title": f"Replay messages to {consumer}",
+            "opts": self.model._meta, "original": consumer, "form": form,
+        })
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         extra = {"can_act": self.has_change_permission(request), **(extra_context or {})}

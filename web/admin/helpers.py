@@ -78,6 +78,11 @@ class CappedCountPaginator(Paginator):
         return min(n, self.cap)
 
 
+# change_view context of a page that shows an object and offers its own actions instead of a form
+VIEW_ONLY = {"show_save": False, "show_save_and_continue": False, "show_save_and_add_another": False,
+             "show_delete": False}
+
+
 class LargeTableAdmin(admin.ModelAdmin):
     """For tables with millions of rows: no full count, no facet counts, sort by id only."""
 
@@ -112,9 +117,38 @@ class LargeTableAdmin(admin.ModelAdmin):
                                     exact_count=lambda: self.exact_count(request))
 
 
+class ReadOnlyAdmin(LargeTableAdmin):
+    """History and message tables: nothing is added, changed or deleted through the admin."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
 # --- filters -------------------------------------------------------------------------------------------
 
-class ChannelFilter(admin.SimpleListFilter):
+class NumberFilter(admin.SimpleListFilter):
+    """A list filter whose values are numbers (``filter_number``); any other value matches nothing,
+    so a hand-edited URL never errors."""
+
+    def filter_number(self, queryset, n: int):
+        raise NotImplementedError
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value is None:
+            return queryset
+        if not value.isdigit():
+            return queryset.none()
+        return self.filter_number(queryset, int(value))
+
+
+class ChannelFilter(NumberFilter):
     """By channel, for any model with a ``channel`` foreign key (the channels table is small)."""
 
     title = "channel"
@@ -125,13 +159,8 @@ class ChannelFilter(admin.SimpleListFilter):
 
         return list(Channel.objects.order_by("channel_id").values_list("pk", "channel_id")[:500])
 
-    def queryset(self, request, queryset):
-        value = self.value()
-        if value is None:
-            return queryset
-        if not value.isdigit():
-            return queryset.none()
-        return queryset.filter(channel_id=int(value))
+    def filter_number(self, queryset, n: int):
+        return queryset.filter(channel_id=n)
 
 
 # --- writes through the services ----------------------------------------------------------------

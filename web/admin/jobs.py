@@ -29,7 +29,10 @@ from broker.xid import job_pk, job_xid
 from jobs import state
 from jobs.dashboard import duration_text
 from jobs.models import DeliveryAttempt, Job, JobStatus, JobTransition
-from web.admin.helpers import ChannelFilter, LargeTableAdmin, admin_url, json_block, payload_preview, table
+from web.admin.helpers import (
+    VIEW_ONLY, ChannelFilter, LargeTableAdmin, NumberFilter, ReadOnlyAdmin, admin_url, json_block, payload_preview,
+    table,
+)
 
 logger = logging.getLogger("web.admin.channels")
 
@@ -59,7 +62,7 @@ def _delta_text(value: timedelta | None, *, future: bool = False) -> str:
 
 # --- filters ------------------------------------------------------------------------------------------
 
-class ConsumerFilter(admin.SimpleListFilter):
+class ConsumerFilter(NumberFilter):
     title = "consumer"
     parameter_name = "consumer"
 
@@ -73,30 +76,19 @@ class ConsumerFilter(admin.SimpleListFilter):
         return [(pk, f"{ch} / {c}") for pk, ch, c in
                 consumers.values_list("pk", "channel__channel_id", "consumer_id")[:500]]
 
-    def queryset(self, request, queryset):
-        value = self.value()
-        if value is None:
-            return queryset
-        if not value.isdigit():
-            return queryset.none()
+    def filter_number(self, queryset, n: int):
         # a range, not an equality: the consumer stays a sort key (JobAdmin.get_ordering)
-        return queryset.filter(consumer_id__gte=int(value), consumer_id__lte=int(value))
+        return queryset.filter(consumer_id__gte=n, consumer_id__lte=n)
 
 
-class AttemptsFilter(admin.SimpleListFilter):
+class AttemptsFilter(NumberFilter):
     title = "retries"
     parameter_name = "attempts"
 
     def lookups(self, request, model_admin):
         return [("0", "none"), ("1", "1 or more"), ("3", "3 or more"), ("5", "5 or more"), ("10", "10 or more")]
 
-    def queryset(self, request, queryset):
-        value = self.value()
-        if value is None:
-            return queryset
-        if not value.isdigit():
-            return queryset.none()
-        n = int(value)
+    def filter_number(self, queryset, n: int):
         return queryset.filter(retry_count=0) if n == 0 else queryset.filter(retry_count__gte=n)
 
 
@@ -266,8 +258,7 @@ class JobAdmin(LargeTableAdmin):
         return super().changelist_view(request, {"title": title, **(extra_context or {})})
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
-        extra = {"show_save": False, "show_save_and_continue": False, "show_save_and_add_another": False,
-                 "show_delete": False, "can_act": self.has_change_permission(request),
+        extra = {**VIEW_ONLY, "can_act": self.has_change_permission(request),
                  "can_delete_dead": self.has_delete_dead_permission(request), "title": "Job",
                  "job_xid": object_id, **(extra_context or {})}
         return super().change_view(request, object_id, form_url, extra)
@@ -464,15 +455,6 @@ def _dead_chunks(queryset):
 
 # --- history tables (read-only) -------------------------------------------------------------------------
 
-class ReadOnlyAdmin(LargeTableAdmin):
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 class RecentFilter(admin.SimpleListFilter):

@@ -18,7 +18,7 @@ from django.utils.html import format_html
 from broker.errors import DomainError
 from jobs import partitions
 from jobs.models import Job, Partition, PartitionStatus
-from web.admin.helpers import LargeTableAdmin, admin_url, changelist_url, table
+from web.admin.helpers import VIEW_ONLY, LargeTableAdmin, admin_url, changelist_url, table
 
 logger = logging.getLogger("web.admin.channels")
 
@@ -102,8 +102,7 @@ class PartitionAdmin(LargeTableAdmin):
         """Never write the row from a form: every change is a versioned write in jobs.partitions."""
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
-        extra = {"show_save": False, "show_save_and_continue": False, "show_save_and_add_another": False,
-                 "show_delete": False, "title": "Partition",
+        extra = {**VIEW_ONLY, "title": "Partition",
                  "partition_actions": [(name, name.capitalize()) for name in ACTIONS]
                  if self.has_change_permission(request) else [], **(extra_context or {})}
         return super().change_view(request, object_id, form_url, extra)

@@ -10,9 +10,9 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework.response import Response
 
-from broker.errors import Forbidden, InvalidInput, NotFound, TooLarge, Unauthenticated
+from broker.errors import InvalidInput, NotFound, TooLarge
 from broker.models import Channel
-from broker.tokens import tokens_equal
+from broker.tokens import token_require
 from web.api.errors import ERROR_RESPONSE
 from web.api.representations import last_modified
 from web.auth import ADMIN_HEADER, is_admin
@@ -22,6 +22,7 @@ ERROR = ERROR_RESPONSE  # the JSON error body (component "Error")
 ADMIN_PARAM = OpenApiParameter(ADMIN_HEADER, OpenApiTypes.STR, OpenApiParameter.HEADER,
                                description="BROKER_ADMIN_TOKEN (or a staff session)")
 CHANNEL_TOKEN = OpenApiParameter("X-Broker-Channel-Token", OpenApiTypes.STR, OpenApiParameter.HEADER)
+CONSUMER_TOKEN = OpenApiParameter("X-Broker-Consumer-Token", OpenApiTypes.STR, OpenApiParameter.HEADER)
 PRECONDITION = OpenApiParameter("If-Unmodified-Since", OpenApiTypes.STR, OpenApiParameter.HEADER,
                                 description="required for an update: the object's Last-Modified")
 PAGE_PARAMS = [OpenApiParameter("next", OpenApiTypes.STR), OpenApiParameter("previous", OpenApiTypes.STR)]
@@ -42,6 +43,40 @@ def form_value(request, name: str) -> str | None:
     return str(value)
 
 
+def form_number(request, name: str, cast, in_range, *, range_text: str = "is out of range"):
+    """A numeric form field (``cast``: int or float) for which ``in_range`` holds; None when absent
+    or empty; anything else is a 400 ``invalid_<name>``."""
+    raw = form_value(request, name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = cast(raw)
+    except ValueError:
+        raise InvalidInput(f"invalid_{name}", f"{name} must be {'an integer' if cast is int else 'a number'}") from None
+    if not in_range(value):
+        raise InvalidInput(f"invalid_{name}", f"{name} {range_text}")
+    return value
+
+
+def statuses_param(request, choices) -> list[int]:
+    """The ``status`` query parameters (repeated or comma-separated; names or numbers of
+    ``choices``, an IntegerChoices) as their values; anything else is a 400."""
+    result = []
+    for raw in request.query_params.getlist("status"):
+        for part in raw.split(","):
+            part = part.strip().upper()
+            if not part:
+                continue
+            if part.isdigit() and int(part) in choices.values:
+                result.append(int(part))
+            elif part in choices.names:
+                result.append(choices[part].value)
+            else:
+                raise InvalidInput("invalid_status", f"status must be {'/'.join(choices.names)} "
+                                                     f"(or {'/'.join(str(v) for v in choices.values)})")
+    return result
+
+
 def with_last_modified(body: dict, obj, status: int = 200) -> Response:
     response = Response(body, status=status)
     response["Last-Modified"] = last_modified(obj.updated_at)
@@ -59,11 +94,9 @@ def require_channel_reader(request, channel: Channel) -> None:
     """Reading messages needs the channel token or the admin token."""
     if is_admin(request):
         return
-    given = request.headers.get("X-Broker-Channel-Token")
-    if given is None:
-        raise Unauthenticated("unauthorized", "X-Broker-Channel-Token or X-Broker-Admin-Token is required")
-    if not tokens_equal(given, channel.token):
-        raise Forbidden("forbidden", "channel token does not match")
+    token_require(request.headers.get("X-Broker-Channel-Token"), channel.token,
+                  header="X-Broker-Channel-Token or X-Broker-Admin-Token", code="forbidden",
+                  detail="channel token does not match")
 
 
 def read_body(request, limit: int) -> bytes:

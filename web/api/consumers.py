@@ -8,16 +8,20 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from broker.errors import Forbidden, InvalidInput, NotFound, Unauthenticated
+from broker.message_types import message_types_parse, message_types_text
 from broker.registry import Precondition
+from broker.times import rfc3339_parse
 from broker.tokens import tokens_equal
 from consumers import services
 from consumers.models import Consumer
 from consumers.priority import priority_config_parse
 from jobs import groups
+from jobs.circuit import circuit_state, consumer_circuit_close
+from jobs.replay import consumer_replay
 from jobs.pull import consumer_stats
 from web.api.common import (
-    ADMIN_PARAM, CHANNEL_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, PRECONDITION, channel_or_404, form_value,
-    with_last_modified,
+    ADMIN_PARAM, CHANNEL_TOKEN, CONSUMER_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, PRECONDITION, channel_or_404,
+    form_number, form_value, with_last_modified,
 )
 from web.api.pagination import paginate
 from web.api.representations import changed_at
@@ -56,10 +60,13 @@ def consumer_repr(consumer: Consumer, *, show_secret: bool) -> dict:
         "MaxAckPending": consumer.max_ack_pending,
         "MaxQueued": consumer.max_queued,
         "Ordered": consumer.ordered,
+        "CircuitBreakerFailures": consumer.circuit_breaker_failures,
+        "CircuitBreakerProbeSeconds": consumer.circuit_breaker_probe_seconds,
         "NotifyInterval": consumer.notify_interval,
         "PriorityPolicy": consumer.priority_policy,
         "PriorityTimeout": consumer.priority_timeout,
         "PriorityGroups": groups.groups_state(target=groups.target_for(consumer)),
+        "MessageTypes": message_types_text(consumer.message_types),  # filters: as the PUT takes them
     }
     if show_secret:
         body["SigningSecret"] = consumer.signing_secret
@@ -67,46 +74,39 @@ def consumer_repr(consumer: Consumer, *, show_secret: bool) -> dict:
 
 
 def _positive_int(request, name: str, *, allow_zero: bool = False) -> int | None:
-    raw = form_value(request, name)
-    if raw is None or raw.strip() == "":
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InvalidInput(f"invalid_{name}", f"{name} must be an integer") from None
-    if value < 0 or (value == 0 and not allow_zero) or value > 2**31 - 1:
-        raise InvalidInput(f"invalid_{name}", f"{name} is out of range")
-    return value
+    return form_number(request, name, int, lambda v: (0 if allow_zero else 1) <= v <= 2**31 - 1)
 
 
 def _positive_float(request, name: str) -> float | None:
-    raw = form_value(request, name)
-    if raw is None or raw.strip() == "":
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise InvalidInput(f"invalid_{name}", f"{name} must be a number") from None
-    if not 0 < value < 1e9:
-        raise InvalidInput(f"invalid_{name}", f"{name} must be positive")
-    return value
+    return form_number(request, name, float, lambda v: 0 < v < 1e9, range_text="must be positive")
+
+
+def _non_negative_int(request, name: str) -> int | None:
+    return _positive_int(request, name, allow_zero=True)
+
+
+# (form field, model field, parser), checked in this order
+_FLOW_NUMBERS = (("maxInFlight", "max_in_flight", _positive_int),
+                 ("maxDeliveriesPerSecond", "max_deliveries_per_second", _positive_float),
+                 ("connectionTimeout", "connection_timeout", _positive_float),
+                 ("maxAckPending", "max_ack_pending", _positive_int))
+_RETRY_NUMBERS = (("circuitBreakerFailures", "circuit_breaker_failures", _non_negative_int),  # jobs.circuit; 0 = off
+                  ("circuitBreakerProbeSeconds", "circuit_breaker_probe_seconds", _positive_float),
+                  ("notifyInterval", "notify_interval", _positive_float),
+                  ("maxRetry", "max_retry", _non_negative_int))
+
+
+def _numbers_parse(request, table, fields: dict) -> None:
+    for name, field, parse in table:
+        value = parse(request, name)
+        if value is not None:
+            fields[field] = value
 
 
 def consumer_settings_parse(request) -> dict:
     """Optional delivery settings of the consumer PUT, validated, as model fields."""
     fields: dict = {}
-    value = _positive_int(request, "maxInFlight")
-    if value is not None:
-        fields["max_in_flight"] = value
-    value = _positive_float(request, "maxDeliveriesPerSecond")
-    if value is not None:
-        fields["max_deliveries_per_second"] = value
-    value = _positive_float(request, "connectionTimeout")
-    if value is not None:
-        fields["connection_timeout"] = value
-    value = _positive_int(request, "maxAckPending")
-    if value is not None:
-        fields["max_ack_pending"] = value
+    _numbers_parse(request, _FLOW_NUMBERS, fields)
     raw = form_value(request, "maxQueued")
     if raw is not None and raw.strip().lower() in ("unlimited", "none", "0"):
         fields["max_queued"] = None  # back to unlimited
@@ -120,12 +120,7 @@ def consumer_settings_parse(request) -> dict:
         if flag not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
             raise InvalidInput("invalid_ordered", "ordered must be true or false")
         fields["ordered"] = flag in ("true", "1", "yes", "on")
-    value = _positive_float(request, "notifyInterval")
-    if value is not None:
-        fields["notify_interval"] = value
-    value = _positive_int(request, "maxRetry", allow_zero=True)
-    if value is not None:
-        fields["max_retry"] = value
+    _numbers_parse(request, _RETRY_NUMBERS, fields)
     raw = form_value(request, "retryBackoff")
     if raw is not None and raw.strip():
         try:
@@ -138,6 +133,9 @@ def consumer_settings_parse(request) -> dict:
     raw = form_value(request, "signingSecret")
     if raw is not None and raw.strip():
         fields["signing_secret"] = services.signing_secret_validate(raw.strip())
+    patterns = message_types_parse(form_value(request, "messageTypes"))  # filters; absent: unchanged
+    if patterns is not None:
+        fields["message_types"] = patterns or None  # empty: every message
     return fields
 
 
@@ -172,7 +170,8 @@ class ConsumerView(APIView):
         summary="Get a consumer (admin token, or its channel and consumer tokens)",
         description="Includes statistics: NumPending (queued), NumAckPending (in flight), NumRedelivered, "
                     "NumWaiting (pulls waiting now, all processes), NumDead, NumDelivered; pull consumers with a "
-                    "callbackUrl: Doorbell (Armed, RangAt, Rings, Failures).",
+                    "callbackUrl: Doorbell (Armed, RangAt, Rings, Failures); push consumers: Circuit "
+                    "(State CLOSED|OPEN|HALF_OPEN, Since, Failures).",
         parameters=[ADMIN_PARAM, CHANNEL_TOKEN], responses={200: OBJ, 401: ERROR, 403: ERROR, 404: ERROR},
     )
     def get(self, request, channel_id: str, consumer_id: str):
@@ -184,6 +183,8 @@ class ConsumerView(APIView):
             body.pop("Token", None)
         body.update(consumer_stats(consumer_pk=consumer.pk, sweep=consumer.is_pull))
         body["Backlog"] = body["NumPending"]  # flow control: QUEUED jobs, against MaxQueued
+        if not consumer.is_pull:
+            body["Circuit"] = circuit_state(consumer=consumer)
         if consumer.is_pull and consumer.callback_url:
             from jobs.doorbell import doorbell_state
 
@@ -196,10 +197,13 @@ class ConsumerView(APIView):
                     "maxDeliveriesPerSecond, connectionTimeout, maxRetry, retryBackoff, signingSecret, maxAckPending "
                     "(default 1000), maxQueued (default unlimited; 0 or 'unlimited' clears it), notifyInterval (seconds "
                     "> 0, default 1: the doorbell of a pull consumer with a callbackUrl rings at most once "
-                    "per interval); pull consumers: "
+                    "per interval); push consumers: circuitBreakerFailures (consecutive failed attempts that open "
+                    "the circuit, default 10, 0 = off), circuitBreakerProbeSeconds (seconds between probes while "
+                    "open, default 30); pull consumers: "
                     "priorityPolicy (none|overflow|pinned_client|prioritized), priorityGroups (one group name), "
                     "priorityTimeout (seconds, pinned_client default 120; the only priority field that may "
-                    "change later).",
+                    "change later); messageTypes (comma-separated type patterns: a type, prefix.* for the prefix "
+                    "and anything under it, * for all; empty: all; GET shows them as MessageTypes).",
         parameters=[ADMIN_PARAM, PRECONDITION], request=OpenApiTypes.OBJECT,
         responses={200: OBJ, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 412: ERROR, 415: ERROR},
     )
@@ -233,15 +237,22 @@ class ConsumerView(APIView):
 
 
 
+def consumer_for_admin(request, channel_id: str, consumer_id: str) -> Consumer:
+    """The consumer of an admin-only endpoint (401/403 first, then 404s), with its channel."""
+    require_admin(request)
+    channel = channel_or_404(channel_id)
+    consumer = consumer_or_404(channel, consumer_id)
+    consumer.channel = channel
+    return consumer
+
+
 class ConsumerPauseView(APIView):
     paused = True
 
     @extend_schema(summary="Pause a consumer (admin): jobs keep accumulating, nothing is pushed or pulled",
                    parameters=[ADMIN_PARAM], request=None, responses={200: OBJ, 401: ERROR, 403: ERROR, 404: ERROR})
     def post(self, request, channel_id: str, consumer_id: str):
-        require_admin(request)
-        channel = channel_or_404(channel_id)
-        consumer = consumer_or_404(channel, consumer_id)
+        consumer = consumer_for_admin(request, channel_id, consumer_id)
         services.consumer_pause(consumer=consumer, paused=self.paused)
         return with_last_modified(consumer_repr(consumer, show_secret=False), consumer)
 
@@ -253,3 +264,50 @@ class ConsumerResumeView(ConsumerPauseView):
                    parameters=[ADMIN_PARAM], request=None, responses={200: OBJ, 401: ERROR, 403: ERROR, 404: ERROR})
     def post(self, request, channel_id: str, consumer_id: str):
         return super().post(request, channel_id, consumer_id)
+
+
+def replay_request_parse(data) -> dict:
+    """The replay body: {"since": RFC 3339, "until": optional RFC 3339, "onlyFailed": bool}; 400 otherwise."""
+    if not isinstance(data, dict):
+        raise InvalidInput("malformed_request", "body must be a JSON object")
+    if data.get("since") in (None, ""):
+        raise InvalidInput("invalid_since", "since is required (RFC 3339)")
+    until = data.get("until")
+    only_failed = data.get("onlyFailed", False)
+    if not isinstance(only_failed, bool):
+        raise InvalidInput("invalid_onlyFailed", "onlyFailed must be true or false")
+    return {"since": rfc3339_parse(data["since"], field="since"),
+            "until": None if until in (None, "") else rfc3339_parse(until, field="until"),
+            "only_failed": only_failed}
+
+
+class ConsumerReplayView(APIView):
+    @extend_schema(
+        summary="Replay a window of the channel's messages to this consumer (consumer tokens or admin token)",
+        description='JSON {"since": RFC 3339, "until": RFC 3339 (optional, default now), "onlyFailed": bool}. '
+                    "Every message of the channel received in [since, until] and still stored gets a fresh QUEUED "
+                    "job for this consumer: DELIVERED and DEAD jobs go back to QUEUED (retry count 0), messages "
+                    "without a job of this consumer get one; with onlyFailed only DEAD jobs are replayed. Jobs "
+                    "QUEUED or INFLIGHT now, and partitioned jobs, are skipped. Works in chunks of 10,000 "
+                    'messages. Answers 202 {"Replayed": n, "Skipped": m}; until before since, or a window in the '
+                    "future: 400. Recorded as an advisory (replay).",
+        parameters=[ADMIN_PARAM, CHANNEL_TOKEN, CONSUMER_TOKEN], request={"application/json": OpenApiTypes.OBJECT},
+        responses={202: OBJ, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 415: ERROR},
+    )
+    def post(self, request, channel_id: str, consumer_id: str):
+        channel = channel_or_404(channel_id)
+        consumer = consumer_or_404(channel, consumer_id)
+        admin = require_consumer_or_admin(request, channel, consumer)
+        window = replay_request_parse(request.data)
+        consumer.channel = channel
+        result = consumer_replay(consumer=consumer, source="admin-token" if admin else "consumer-token", **window)
+        return Response(result.as_json(), status=202)
+
+
+class ConsumerCircuitCloseView(APIView):
+    @extend_schema(summary="Close the consumer's circuit breaker now (admin): delivery resumes at once",
+                   parameters=[ADMIN_PARAM], request=None, responses={200: OBJ, 401: ERROR, 403: ERROR, 404: ERROR})
+    def post(self, request, channel_id: str, consumer_id: str):
+        consumer = consumer_for_admin(request, channel_id, consumer_id)
+        consumer_circuit_close(consumer=consumer)
+        return Response({"Circuit": circuit_state(consumer=consumer)})

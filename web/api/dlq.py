@@ -10,6 +10,7 @@ import base64
 from urllib.parse import quote
 
 from django.conf import settings
+from django.db.models import OuterRef, Subquery
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.parsers import FormParser, MultiPartParser
@@ -24,9 +25,10 @@ from broker.xid import job_xid
 from consumers.models import Consumer
 from consumers.services import consumer_rotate_secret
 from jobs import scheduling, state
-from jobs.models import Job, JobStatus
+from jobs.models import Job, JobStatus, JobTransition
 from web.api.common import (
     ADMIN_PARAM, CHANNEL_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, channel_or_404, form_value, require_channel_reader,
+    statuses_param,
 )
 from web.api.consumers import consumer_or_404, require_consumer_or_admin
 from web.api.pagination import paginate
@@ -62,7 +64,11 @@ class DeadLetterQueueView(APIView):
         consumer = consumer_or_404(channel, consumer_id)
         require_consumer_or_admin(request, channel, consumer)
         base = f"/channel/{_q(channel_id)}/consumer/{_q(consumer_id)}"
-        dead = Job.objects.filter(consumer=consumer, status=JobStatus.DEAD).select_related("message")
+        dead = Job.objects.filter(consumer=consumer, status=JobStatus.DEAD).select_related("message").annotate(
+            # why it died: the reason of its last move to DEAD (push, ack, timeout, operator, expired, ...);
+            # evaluated for the page's rows only, each by jobs_jobtransition's job_id index
+            dead_reason=Subquery(JobTransition.objects.filter(job_id=OuterRef("pk"), to_status=JobStatus.DEAD)
+                                 .order_by("-id").values("reason")[:1]))
 
         def item(job: Job) -> dict:
             return {
@@ -75,6 +81,8 @@ class DeadLetterQueueView(APIView):
                 "MessageID": job.message.message_id,
                 "MessageURL": message_url(_q(channel_id), _q(job.message.message_id)),
                 "JobRequeueURL": f"{base}/job/{job_xid(job.pk)}/requeue-dead-job",
+                "Reason": job.dead_reason or "",
+                "ExpiresAt": rfc3339(job.expires_at) if job.expires_at else None,
             }
 
         page = paginate(request, dead, path=f"{base}/dlq", item=item)
@@ -201,22 +209,6 @@ def scheduled_repr(s: ScheduledMessage, channel_id: str) -> dict:
     }
 
 
-def _statuses(request) -> list[int]:
-    result = []
-    for raw in request.query_params.getlist("status"):
-        for part in raw.split(","):
-            part = part.strip().upper()
-            if not part:
-                continue
-            if part.isdigit() and int(part) in ScheduledMessage.Status.values:
-                result.append(int(part))
-            elif part in ScheduledMessage.Status.names:
-                result.append(ScheduledMessage.Status[part].value)
-            else:
-                raise InvalidInput("invalid_status", "status must be SCHEDULED/DISPATCHED/FAILED (or 101/102/103)")
-    return result
-
-
 class ScheduledMessagesView(APIView):
     @extend_schema(
         summary="List a channel's scheduled messages (newest first)",
@@ -228,7 +220,7 @@ class ScheduledMessagesView(APIView):
         channel = channel_or_404(channel_id)
         require_channel_reader(request, channel)
         qs = ScheduledMessage.objects.filter(channel=channel).only("id", "message_id")
-        statuses = _statuses(request)
+        statuses = statuses_param(request, ScheduledMessage.Status)
         if statuses:
             qs = qs.filter(status__in=statuses)
         page = paginate(request, qs, path=f"/channel/{_q(channel_id)}/scheduled-messages", keep_params=("status",),

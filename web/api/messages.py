@@ -14,6 +14,7 @@ from rest_framework.views import APIView
 
 from broker.counters import JOB, MESSAGE, counts_for
 from broker.errors import InvalidInput, NotFound
+from broker.message_types import message_type_parse, ttl_parse
 from broker.models import Message, ScheduledMessage
 from broker.xid import job_xid
 from consumers.models import Consumer
@@ -22,9 +23,10 @@ from jobs import scheduling
 from jobs.models import Job, JobStatus
 from web.api.common import (
     ADMIN_PARAM, CHANNEL_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, channel_or_404, read_body, require_channel_reader,
+    statuses_param,
 )
 from web.api.pagination import paginate
-from web.api.publishing import PARTITION_PARAMS, PUBLISH_PARAMS, batch_parse, publish_context
+from web.api.publishing import FILTER_EXPIRY_PARAMS, PARTITION_PARAMS, PUBLISH_PARAMS, batch_parse, publish_context
 from web.api.representations import message_url, rfc3339
 
 
@@ -40,18 +42,7 @@ class MessagesView(APIView):
         channel = channel_or_404(channel_id)
         require_channel_reader(request, channel)
         qs = Message.objects.filter(channel=channel).only("id", "message_id")
-        statuses = []
-        for raw in request.query_params.getlist("status"):
-            for part in raw.split(","):
-                part = part.strip().upper()
-                if not part:
-                    continue
-                if part.isdigit() and int(part) in Message.Status.values:
-                    statuses.append(int(part))
-                elif part in Message.Status.names:
-                    statuses.append(Message.Status[part].value)
-                else:
-                    raise InvalidInput("invalid_status", "status must be ACKNOWLEDGED/DISPATCHED (or 101/102)")
+        statuses = statuses_param(request, Message.Status)
         if statuses:
             qs = qs.filter(status__in=statuses)
         return Response(paginate(request, qs, path=f"/channel/{channel_id}/messages", keep_params=("status",),
@@ -59,9 +50,10 @@ class MessagesView(APIView):
 
     @extend_schema(
         summary="Publish a batch of up to 1,000 messages in one transaction",
-        description='JSON list of {"MessageID"?, "Priority"?, "ContentType"?, "PartitionKey"?, "Gate"?, "Payload"}. '
-                    "Answers per message: created or duplicate. 201 when at least one was created.",
-        parameters=[*PUBLISH_PARAMS, *PARTITION_PARAMS], request={"application/json": OpenApiTypes.OBJECT},
+        description='JSON list of {"MessageID"?, "Priority"?, "ContentType"?, "PartitionKey"?, "Gate"?, "Type"?, '
+                    '"TTL"?, "Payload"}. X-Broker-Message-Type / X-Broker-Message-TTL apply to items without their '
+                    "own. Answers per message: created or duplicate. 201 when at least one was created.",
+        parameters=[*PUBLISH_PARAMS, *PARTITION_PARAMS, *FILTER_EXPIRY_PARAMS], request={"application/json": OpenApiTypes.OBJECT},
         responses={200: OBJ, 201: OBJ, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 409: ERROR, 413: ERROR,
                    429: ERROR},
     )
@@ -69,10 +61,14 @@ class MessagesView(APIView):
         ctx = publish_context(request, channel_id)
         limit = settings.BROKER_MAX_PAYLOAD_BYTES * 4 + settings.BROKER_MAX_BATCH_MESSAGES * 1024
         partition_key, gate = publishing.partition_headers(request.headers)
+        message_type = message_type_parse(request.headers.get("X-Broker-Message-Type"))
+        ttl = ttl_parse(request.headers.get("X-Broker-Message-TTL"))
         messages = batch_parse(read_body(request, max(limit, 64 * 1024 * 1024)))
-        for m in messages:  # partitions: the request's headers apply to every message of the batch
+        for m in messages:  # partitions, filters, expiry: the request's headers apply to every message of the batch
             if m.partition_key is None and partition_key is not None:
                 m.partition_key, m.gate = partition_key, gate
+            m.type = m.type if m.type is not None else message_type
+            m.ttl = m.ttl if m.ttl is not None else ttl
         results = publishing.messages_publish(ctx=ctx, messages=messages)
         created = sum(1 for _, ok in results if ok)
         body = {
@@ -113,6 +109,8 @@ class MessageView(APIView):
             "DispatchedAt": rfc3339(message.dispatched_at),
             "Status": Message.Status(message.status).name,
             "Headers": message.headers or {},
+            "Type": message.type,
+            "ExpiresAt": rfc3339(message.expires_at) if message.expires_at else None,
             "Jobs": [
                 {
                     "ID": job_xid(j.pk),

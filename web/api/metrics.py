@@ -14,6 +14,7 @@ from broker import delivery_metrics as dm
 from broker.counters import JOB, MESSAGE, REDELIVERED, counts_for
 from broker.models import Channel
 from consumers.models import Consumer
+from jobs.circuit import circuits_open
 from jobs.models import JobStatus
 
 
@@ -42,6 +43,10 @@ class DatabaseCollector:
         redelivered = GaugeMetricFamily("broker_consumer_redelivered", "Jobs being redelivered",
                                         labels=["channel", "consumer"])
         waiting = pull_waiters()
+        open_circuits = circuits_open()
+        circuit = GaugeMetricFamily("broker_consumer_circuit_open",
+                                    "1 while the push consumer's circuit breaker is OPEN or HALF_OPEN",
+                                    labels=["channel", "consumer"])
         delivery_counts = counts_for(scope=dm.DELIVERY)
         waiters = GaugeMetricFamily("broker_consumer_pull_waiters", "Pull requests waiting for jobs now",
                                     labels=["channel", "consumer"])
@@ -57,6 +62,7 @@ class DatabaseCollector:
             counts = job_counts.get(c.pk, {})
             labels = [c.channel.channel_id, c.consumer_id]
             waiters.add_metric(labels, waiting.get(c.pk, 0))
+            circuit.add_metric(labels, 1 if c.pk in open_circuits else 0)
             stats = delivery_counts.get(c.pk, {})
             for code, name in dm.OUTCOME_CODES.items():
                 attempts.add_metric([*labels, name], stats.get(code, 0))
@@ -76,7 +82,8 @@ class DatabaseCollector:
         message_counts = counts_for(scope=MESSAGE)
         for ch in Channel.objects.only("id", "channel_id"):
             messages.add_metric([ch.channel_id], sum(message_counts.get(ch.pk, {}).values()))
-        yield from (jobs, dead, backlog, inflight, redelivered, messages, waiters, attempts, attempt_seconds, latency)
+        yield from (jobs, dead, backlog, inflight, redelivered, messages, waiters, circuit, attempts, attempt_seconds,
+                    latency)
 
 
 class MetricsView(APIView):

@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from broker.errors import InvalidInput, TooLarge
+from broker.message_types import message_type_parse, ttl_parse
 from jobs import publishing
 from jobs.scheduling import scheduled_for_parse, scheduled_message_create
 from web.api.common import CHANNEL_TOKEN, ERROR, read_body
@@ -23,6 +24,16 @@ PUBLISH_PARAMS = [
     CHANNEL_TOKEN,
     OpenApiParameter("X-Broker-Producer-ID", OpenApiTypes.STR, OpenApiParameter.HEADER),
     OpenApiParameter("X-Broker-Producer-Token", OpenApiTypes.STR, OpenApiParameter.HEADER),
+]
+
+
+FILTER_EXPIRY_PARAMS = [
+    OpenApiParameter("X-Broker-Message-Type", OpenApiTypes.STR, OpenApiParameter.HEADER,
+                     description="the message's type (<= 128 chars of A-Z a-z 0-9 . _ : / -): only consumers whose "
+                                 "messageTypes match get a job"),
+    OpenApiParameter("X-Broker-Message-TTL", OpenApiTypes.INT, OpenApiParameter.HEADER,
+                     description="seconds (1..31536000) the message stays deliverable; default the channel's "
+                                 "messageTTL; then its jobs become DEAD with reason expired"),
 ]
 
 
@@ -93,6 +104,7 @@ class BroadcastView(APIView):
                              description="RFC 3339; publish then instead of now (201 with the "
                                          "scheduled-message Location; 400 bad date, 412 too soon)"),
             *PARTITION_PARAMS,
+            *FILTER_EXPIRY_PARAMS,
         ],
         request={"*/*": OpenApiTypes.BINARY},
         responses={201: OpenApiResponse(description="Created; Location header"), 400: ERROR, 401: ERROR,
@@ -111,6 +123,8 @@ class BroadcastView(APIView):
             message_id=parse_message_id(request.headers.get("X-Broker-Message-ID")),
             headers=metadata_headers(request),
             partition_key=partition_key, gate=gate,
+            type=message_type_parse(request.headers.get("X-Broker-Message-Type")),
+            ttl=ttl_parse(request.headers.get("X-Broker-Message-TTL")),
         )
         scheduled_for = (request.headers.get("X-Broker-Scheduled-For") or "").strip()
         if scheduled_for and partition_key is not None:
@@ -168,5 +182,7 @@ def batch_parse(raw: bytes) -> list[publishing.NewMessage]:
         messages.append(publishing.NewMessage(
             payload=data, content_type=content_type or "application/octet-stream", priority=priority,
             message_id=parse_message_id(mid), partition_key=key, gate=gate or 0,
+            type=message_type_parse(item.get("Type"), field=f"message {i}: Type"),
+            ttl=ttl_parse(item.get("TTL"), field=f"message {i}: TTL"),
         ))
     return messages

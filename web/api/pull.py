@@ -1,13 +1,12 @@
 """HTTP API for pull consumers: the spec's endpoints and the fast path (pull, ack, progress).
 
-Views only translate HTTP: parse, call ``jobs.pull``, answer. The hot views (queued-jobs,
-job state, pull, ack) skip DRF's parsers, authenticators and renderers and write JSON bytes
-themselves: per-request framework overhead is a measurable share of a 100-job pull.
+Views only translate HTTP: parse, call ``jobs.pull``, answer. The hot routes (queued-jobs GET,
+job state POST, pull, ack) are plain functions in ``web.api.pull_hot``: these views document them
+and serve what the fast lane (``web.middleware.PullFastLaneMiddleware``) leaves to the full stack.
+All views skip DRF's parsers, authenticators and renderers and write JSON bytes themselves.
 """
 
 from __future__ import annotations
-
-import json
 
 from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
@@ -16,10 +15,12 @@ from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.renderers import JSONRenderer
 from rest_framework.views import APIView
 
-from broker.errors import DomainError, Forbidden, InvalidInput, Locked
-from jobs import pull
-from web.api.common import ADMIN_PARAM, CHANNEL_TOKEN, ERROR, OBJ, read_body
-from web.auth import ADMIN_HEADER, is_admin
+from broker.errors import InvalidInput
+from jobs import groups, pull
+from jobs.advisories import advisories_list
+from web.api import pull_hot
+from web.api.common import ADMIN_PARAM, CHANNEL_TOKEN, ERROR, OBJ
+from web.api.pull_hot import authenticate, json_body, json_response
 
 CONSUMER_TOKEN = OpenApiParameter("X-Broker-Consumer-Token", OpenApiTypes.STR, OpenApiParameter.HEADER)
 TOKENS = [CHANNEL_TOKEN, CONSUMER_TOKEN]
@@ -28,45 +29,6 @@ JOBS = OpenApiResponse(OpenApiTypes.OBJECT, description=(
     '{"Result": [{"ID", "Priority", "IncrementalTimeout", '
     '"Message": {"MessageID", "Payload", "ContentType", "Headers"}}]}'))
 AUTH_ERRORS = {400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 412: ERROR, 413: ERROR}
-# The JSON control bodies are small (an ack of 1,000 jobs is ~60 KB): anything past this is a
-# 413 before it is read or parsed.
-JSON_BODY_LIMIT = 1024 * 1024
-
-
-def json_response(body, status: int = 200) -> HttpResponse:
-    return HttpResponse(json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8"),
-                        status=status, content_type="application/json")
-
-
-def json_body(request, *, empty=None):
-    """The body as JSON; malformed JSON or bytes that are not UTF-8 are a 400, never a 500."""
-    raw = read_body(request, JSON_BODY_LIMIT)
-    if not raw.strip():
-        if empty is None:
-            raise InvalidInput("malformed_request", "a JSON body is required")
-        return empty
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise InvalidInput("malformed_json", "body is not valid JSON") from None
-
-
-def authenticate(request, channel_id: str, consumer_id: str, *, allow_admin: bool = False,
-                 require_pull: bool = True, job_id: str | None = None) -> pull.PullContext:
-    """The channel and consumer tokens (or, where ``allow_admin``, the admin token)."""
-    admin = False
-    if allow_admin and request.headers.get(ADMIN_HEADER) is not None:
-        admin = is_admin(request)
-        if not admin and request.headers.get("X-Broker-Consumer-Token") is None:
-            raise Forbidden("forbidden", "admin token does not match")
-    return pull.pull_authenticate(
-        channel_id=channel_id, consumer_id=consumer_id,
-        channel_token=request.headers.get("X-Broker-Channel-Token"),
-        consumer_token=request.headers.get("X-Broker-Consumer-Token"),
-        admin=admin, require_pull=require_pull, job_id=job_id,
-    )
-
-
 class JsonOnly(BaseContentNegotiation):
     """Always JSON, without parsing the Accept header (our hot views answer JSON bytes anyway)."""
 
@@ -98,9 +60,7 @@ class QueuedJobsView(HotView):
         responses={200: JOBS, **AUTH_ERRORS},
     )
     def get(self, request, channel_id: str, consumer_id: str):
-        ctx = authenticate(request, channel_id, consumer_id, allow_admin=True)
-        limit = pull.limit_parse(request.GET.get("limit"))
-        return json_response({"Result": pull.queued_jobs_list(ctx=ctx, limit=limit)})
+        return pull_hot.queued_jobs_get(request, channel_id, consumer_id)
 
     @extend_schema(
         summary="Purge a consumer's QUEUED jobs (push or pull consumer)",
@@ -135,30 +95,7 @@ class JobView(HotView):
         parameters=TOKENS, request={"application/json": OpenApiTypes.OBJECT}, responses={202: ACCEPTED, **AUTH_ERRORS},
     )
     def post(self, request, channel_id: str, consumer_id: str, job_id: str):
-        try:
-            data = json_body(request)
-            if not isinstance(data, dict):
-                raise InvalidInput("malformed_request", "body must be a JSON object")
-            fields = {str(k).lower(): v for k, v in data.items()}
-            next_state = fields.get("nextstate")
-            if next_state == "QUEUED" and "gate" in fields:  # partitions: a handler-driven gate move
-                gate, payload = pull.gate_parse(fields.get("gate"), fields.get("payload"))
-                ctx = authenticate(request, channel_id, consumer_id, job_id=job_id)
-                pull.job_gate_move(ctx=ctx, gate=gate, payload=payload)
-                return HttpResponse(status=202)
-            if not isinstance(next_state, str) or next_state not in pull.SPEC_STATES:
-                raise InvalidInput("invalid_next_state", "NextState must be INFLIGHT, DELIVERED or DEAD")
-            incremental = pull.timeout_parse(fields.get("incrementaltimeout"))
-        except DomainError:
-            authenticate(request, channel_id, consumer_id, job_id=job_id)  # auth errors come first
-            raise
-        pull.job_transition(
-            channel_id=channel_id, consumer_id=consumer_id, job_id=job_id,
-            channel_token=request.headers.get("X-Broker-Channel-Token"),
-            consumer_token=request.headers.get("X-Broker-Consumer-Token"),
-            next_state=next_state, incremental_timeout=incremental,
-        )
-        return HttpResponse(status=202)
+        return pull_hot.job_state_post(request, channel_id, consumer_id, job_id)
 
     @extend_schema(
         summary="Delete a dead job (push or pull consumer)",
@@ -213,28 +150,7 @@ class PullView(HotView):
         parameters=TOKENS, request={"application/json": OpenApiTypes.OBJECT}, responses={200: JOBS, 423: ERROR, **AUTH_ERRORS},
     )
     def post(self, request, channel_id: str, consumer_id: str):
-        ctx = authenticate(request, channel_id, consumer_id)
-        req = pull.pull_request_parse(json_body(request, empty={}))
-        pull.pull_request_check(ctx=ctx, req=req)
-        if ctx.policy == "none":
-            jobs = pull.jobs_pull(ctx=ctx, req=req)
-            return json_response({"Result": [pull.claimed_repr(j) for j in jobs]})
-        from jobs import groups
-
-        result = groups.jobs_pull_grouped(ctx=ctx, req=req)
-        if result.wrong_pin and not result.jobs:
-            raise Locked("wrong_pin_id", "Nats-Wrong-Pin-Id")
-        items = [pull.claimed_repr(j) for j in result.jobs]
-        body = {"Result": items}
-        pin = result.pin_id if result.jobs and ctx.policy == groups.PINNED else ""
-        if pin:
-            for item in items:
-                item["PinId"] = pin
-            body["PinId"] = pin
-        response = json_response(body)
-        if pin:
-            response["X-Broker-Pin-Id"] = pin
-        return response
+        return pull_hot.pull_post(request, channel_id, consumer_id)
 
 
 class AckView(HotView):
@@ -249,10 +165,7 @@ class AckView(HotView):
         parameters=TOKENS, request={"application/json": OpenApiTypes.OBJECT}, responses={200: OBJ, 413: ERROR, **AUTH_ERRORS},
     )
     def post(self, request, channel_id: str, consumer_id: str):
-        ctx = authenticate(request, channel_id, consumer_id)
-        items = pull.ack_request_parse(json_body(request))
-        return json_response({"Result": pull.jobs_ack(ctx=ctx, items=items)})
-
+        return pull_hot.ack_post(request, channel_id, consumer_id)
 
 
 class UnpinView(HotView):
@@ -264,8 +177,6 @@ class UnpinView(HotView):
         parameters=[*TOKENS, ADMIN_PARAM], request={"application/json": OpenApiTypes.OBJECT}, responses={200: OBJ, **AUTH_ERRORS},
     )
     def post(self, request, channel_id: str, consumer_id: str):
-        from jobs import groups
-
         ctx = authenticate(request, channel_id, consumer_id, allow_admin=True, require_pull=False)
         data = json_body(request, empty={})
         if not isinstance(data, dict):
@@ -285,13 +196,6 @@ class AdvisoriesView(HotView):
         responses={200: OBJ, **AUTH_ERRORS},
     )
     def get(self, request, channel_id: str, consumer_id: str):
-        from jobs.advisories import advisories_list
-
         ctx = authenticate(request, channel_id, consumer_id, allow_admin=True, require_pull=False)
-        raw = request.GET.get("limit")
-        limit = 100
-        if raw not in (None, ""):
-            if not raw.isascii() or not raw.isdigit():
-                raise InvalidInput("invalid_limit", "limit must be a non-negative integer")
-            limit = min(int(raw), 1000)
+        limit = pull.limit_parse(request.GET.get("limit"), default=100, maximum=1000)
         return json_response({"Result": advisories_list(consumer_pk=ctx.consumer_pk, limit=limit)})

@@ -7,29 +7,51 @@ from drf_spectacular.utils import extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from broker.errors import InvalidInput, NotFound
+from broker.errors import NotFound
+from broker.message_types import ttl_parse
 from broker.models import Channel, Producer
 from broker.registry import Precondition, channel_upsert, producer_upsert
 from web.api.common import (
-    ADMIN_PARAM, ERROR, LIST, OBJ, PAGE_PARAMS, PRECONDITION, channel_or_404, form_value, with_last_modified,
+    ADMIN_PARAM, ERROR, LIST, OBJ, PAGE_PARAMS, PRECONDITION, channel_or_404, form_number, form_value,
+    with_last_modified,
 )
 from web.api.pagination import paginate
 from web.api.representations import channel_repr, producer_repr
 from web.auth import require_registry
 
 
+# The OpenAPI description of the three kinds of registry request (producers and channels alike).
+LIST_SCHEMA = {"parameters": [ADMIN_PARAM, *PAGE_PARAMS], "responses": {200: LIST, 400: ERROR, 401: ERROR, 403: ERROR}}
+GET_SCHEMA = {"parameters": [ADMIN_PARAM], "responses": {200: OBJ, 401: ERROR, 403: ERROR, 404: ERROR}}
+PUT_SCHEMA = {"parameters": [ADMIN_PARAM, PRECONDITION], "request": OpenApiTypes.OBJECT,
+              "responses": {200: OBJ, 400: ERROR, 401: ERROR, 403: ERROR, 412: ERROR, 415: ERROR}}
+
+
+def registry_list(request, queryset, *, kind: str, key: str) -> Response:
+    """One page of ``/{kind}s``: the objects' relative URLs, newest first."""
+    require_registry(request)
+    return Response(paginate(request, queryset, path=f"/{kind}s", item=lambda o: f"/{kind}/{getattr(o, key)}"))
+
+
+def registry_put(request, upsert, represent, **fields) -> Response:
+    """Create or update through ``upsert`` (the service checks If-Unmodified-Since); 200 on create
+    too, as webhook-broker."""
+    require_registry(request)
+    obj, _created = upsert(name=form_value(request, "name"), token=form_value(request, "token"),
+                           precondition=Precondition(request.headers.get("If-Unmodified-Since")), **fields)
+    return with_last_modified(represent(obj), obj)
+
+
 # --- producers ------------------------------------------------------------------------------------
 
 class ProducerListView(APIView):
-    @extend_schema(summary="List producers", parameters=[ADMIN_PARAM, *PAGE_PARAMS], responses={200: LIST, 400: ERROR, 401: ERROR, 403: ERROR})
+    @extend_schema(summary="List producers", **LIST_SCHEMA)
     def get(self, request):
-        require_registry(request)
-        return Response(paginate(request, Producer.objects.all(), path="/producers",
-                                 item=lambda p: f"/producer/{p.producer_id}"))
+        return registry_list(request, Producer.objects.all(), kind="producer", key="producer_id")
 
 
 class ProducerView(APIView):
-    @extend_schema(summary="Get a producer", parameters=[ADMIN_PARAM], responses={200: OBJ, 401: ERROR, 403: ERROR, 404: ERROR})
+    @extend_schema(summary="Get a producer", **GET_SCHEMA)
     def get(self, request, producer_id: str):
         require_registry(request)
         producer = Producer.objects.filter(producer_id=producer_id).first()
@@ -42,39 +64,21 @@ class ProducerView(APIView):
         description="Form fields (or JSON): token, name, rateLimitPerSecond (messages per second, empty or 0: "
                     "no limit), burst (bucket size, default max(1, rateLimitPerSecond)). Update needs "
                     "If-Unmodified-Since.",
-        parameters=[ADMIN_PARAM, PRECONDITION], request=OpenApiTypes.OBJECT,
-        responses={200: OBJ, 400: ERROR, 401: ERROR, 403: ERROR, 412: ERROR, 415: ERROR},
+        **PUT_SCHEMA,
     )
     def put(self, request, producer_id: str):
-        require_registry(request)
-        producer, _created = producer_upsert(
-            producer_id=producer_id, name=form_value(request, "name"), token=form_value(request, "token"),
-            precondition=Precondition(request.headers.get("If-Unmodified-Since")),
-            rate=producer_rate_parse(request),
-        )
-        return with_last_modified(producer_repr(producer), producer)  # 200 on create too, as webhook-broker
+        return registry_put(request, producer_upsert, producer_repr, producer_id=producer_id,
+                            rate=producer_rate_parse(request))
 
 
 def producer_rate_parse(request) -> dict:
     """Flow control fields of the producer PUT: rateLimitPerSecond (0 clears it) and burst."""
     fields: dict = {}
-    raw = form_value(request, "rateLimitPerSecond")
-    if raw is not None and raw.strip() != "":
-        try:
-            rate = float(raw)
-        except ValueError:
-            raise InvalidInput("invalid_rateLimitPerSecond", "rateLimitPerSecond must be a number") from None
-        if not 0 <= rate < 1e9:
-            raise InvalidInput("invalid_rateLimitPerSecond", "rateLimitPerSecond is out of range")
+    rate = form_number(request, "rateLimitPerSecond", float, lambda v: 0 <= v < 1e9)
+    if rate is not None:
         fields["rate_limit_per_second"] = rate or None
-    raw = form_value(request, "burst")
-    if raw is not None and raw.strip() != "":
-        try:
-            burst = int(raw)
-        except ValueError:
-            raise InvalidInput("invalid_burst", "burst must be an integer") from None
-        if not 1 <= burst <= 2**31 - 1:
-            raise InvalidInput("invalid_burst", "burst is out of range")
+    burst = form_number(request, "burst", int, lambda v: 1 <= v <= 2**31 - 1)
+    if burst is not None:
         fields["burst"] = burst
     return fields
 
@@ -82,15 +86,13 @@ def producer_rate_parse(request) -> dict:
 # --- channels -------------------------------------------------------------------------------------
 
 class ChannelListView(APIView):
-    @extend_schema(summary="List channels", parameters=[ADMIN_PARAM, *PAGE_PARAMS], responses={200: LIST, 400: ERROR, 401: ERROR, 403: ERROR})
+    @extend_schema(summary="List channels", **LIST_SCHEMA)
     def get(self, request):
-        require_registry(request)
-        return Response(paginate(request, Channel.objects.all(), path="/channels",
-                                 item=lambda c: f"/channel/{c.channel_id}"))
+        return registry_list(request, Channel.objects.all(), kind="channel", key="channel_id")
 
 
 class ChannelView(APIView):
-    @extend_schema(summary="Get a channel", parameters=[ADMIN_PARAM], responses={200: OBJ, 401: ERROR, 403: ERROR, 404: ERROR})
+    @extend_schema(summary="Get a channel", **GET_SCHEMA)
     def get(self, request, channel_id: str):
         require_registry(request)
         channel = channel_or_404(channel_id)
@@ -98,14 +100,20 @@ class ChannelView(APIView):
 
     @extend_schema(
         summary="Create or update a channel",
-        description="Form fields (or JSON): token, name. Update needs If-Unmodified-Since.",
-        parameters=[ADMIN_PARAM, PRECONDITION], request=OpenApiTypes.OBJECT,
-        responses={200: OBJ, 400: ERROR, 401: ERROR, 403: ERROR, 412: ERROR, 415: ERROR},
+        description="Form fields (or JSON): token, name, messageTTL (seconds 1..31536000: default TTL of its "
+                    "messages; 'none' clears it). Update needs If-Unmodified-Since.",
+        **PUT_SCHEMA,
     )
     def put(self, request, channel_id: str):
-        require_registry(request)
-        channel, _created = channel_upsert(
-            channel_id=channel_id, name=form_value(request, "name"), token=form_value(request, "token"),
-            precondition=Precondition(request.headers.get("If-Unmodified-Since")),
-        )
-        return with_last_modified(channel_repr(channel), channel)  # 200 on create too, as webhook-broker
+        return registry_put(request, channel_upsert, channel_repr, channel_id=channel_id,
+                            settings=channel_settings_parse(request))
+
+
+def channel_settings_parse(request) -> dict:
+    """Expiry field of the channel PUT: messageTTL (seconds; 'none' clears it; absent: unchanged)."""
+    raw = form_value(request, "messageTTL")
+    if raw is None:
+        return {}
+    if isinstance(raw, str) and raw.strip().lower() in ("none", "null"):
+        return {"message_ttl": None}
+    return {"message_ttl": ttl_parse(raw, field="messageTTL")} if str(raw).strip() else {}

@@ -34,6 +34,7 @@ def channel_repr(c) -> dict:
         "MessagesURL": f"{base}/messages",
         "BroadcastURL": f"{base}/broadcast",
         "MessagesStatusURL": f"{base}/messages-status",
+        "MessageTTL": c.message_ttl,  # expiry: default TTL (seconds) of its messages; null: none
     }
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from broker.errors import DomainError
+from jobs.management.selection import consumer_arguments, consumers_select
+from jobs.pull import older_than_parse
 from jobs.state import jobs_purge_queued
 
 
@@ -21,33 +23,16 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("--channel", help="channel id (all its consumers unless --consumer is given)")
-        parser.add_argument("--consumer", help="consumer id within --channel")
-        parser.add_argument("--all", action="store_true", help="every consumer of every channel")
+        consumer_arguments(parser)
         parser.add_argument("--older-than", dest="older_than", metavar="TIME_OR_SECONDS",
                             help="only jobs created before this RFC 3339 time, or more than this many seconds ago")
-        parser.add_argument("--batch", type=int, default=5000, help="jobs per statement (default 5000)")
 
     def handle(self, *args, channel=None, consumer=None, all=False, older_than=None, batch=5000, **options):
-        from consumers.models import Consumer
-        from jobs.pull import older_than_parse
-
-        if batch < 1:
-            raise CommandError("--batch must be at least 1")
-        if all == bool(channel):
-            raise CommandError("give --channel (optionally with --consumer) or --all")
-        if consumer and not channel:
-            raise CommandError("--consumer needs --channel")
+        consumers = consumers_select(channel=channel, consumer=consumer, all=all, batch=batch)
         try:
             age = older_than_parse(older_than)
         except DomainError as exc:
             raise CommandError(exc.detail) from None
-        consumers = Consumer.objects.select_related("channel").order_by("channel__channel_id", "consumer_id")
-        if channel:
-            consumers = consumers.filter(channel__channel_id=channel)
-            if consumer:
-                consumers = consumers.filter(consumer_id=consumer)
-        consumers = list(consumers)
         if not consumers:
             raise CommandError("no such consumer")
         grand = 0

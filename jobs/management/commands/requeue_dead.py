@@ -15,6 +15,7 @@ from django.db import connection
 
 from broker.counters import JOB, counts_for
 from broker.xid import job_pk
+from jobs.management.selection import consumer_arguments, consumers_select
 from jobs.queries import Q
 from jobs.state import DEAD, jobs_requeue_dead
 
@@ -35,30 +36,14 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("--channel", help="channel id (all its consumers unless --consumer is given)")
-        parser.add_argument("--consumer", help="consumer id within --channel")
-        parser.add_argument("--all", action="store_true", help="every consumer of every channel")
+        consumer_arguments(parser)
         parser.add_argument("--job", type=job_id_arg, action="append", dest="jobs", metavar="ID",
                             help="only this job (its job ID as the API and the admin show it; repeatable)")
-        parser.add_argument("--batch", type=int, default=5000, help="jobs per statement (default 5000)")
         parser.add_argument("--dry-run", action="store_true", help="only show how many dead jobs there are")
 
     def handle(self, *args, channel=None, consumer=None, all=False, jobs=None, batch=5000, dry_run=False,
                **options):
-        from consumers.models import Consumer
-
-        if batch < 1:
-            raise CommandError("--batch must be at least 1")
-        if all == bool(channel):
-            raise CommandError("give --channel (optionally with --consumer) or --all")
-        if consumer and not channel:
-            raise CommandError("--consumer needs --channel")
-        consumers = Consumer.objects.select_related("channel").order_by("channel__channel_id", "consumer_id")
-        if channel:
-            consumers = consumers.filter(channel__channel_id=channel)
-            if consumer:
-                consumers = consumers.filter(consumer_id=consumer)
-        consumers = list(consumers)
+        consumers = consumers_select(channel=channel, consumer=consumer, all=all, batch=batch)
         if not consumers:
             raise CommandError("no such consumer" if consumer else "no consumers found")
 

@@ -1,0 +1,56 @@
+"""Helpers shared by the suites: polling with a deadline, quiet loopback HTTP servers, and fixtures
+that start background threads and stop them at the end of a test."""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def wait_until(predicate, timeout: float = 20.0, what: str = "condition", detail=lambda: ""):
+    """Poll ``predicate`` every 50 ms until it returns something true (returned); AssertionError
+    naming ``what`` (and ``detail()``) when ``timeout`` seconds pass first."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}{detail()}")
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """HTTP/1.1 keep-alive, no access log on stderr (the receivers and proxies of the tests)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+
+def serve_loopback(handler: type[BaseHTTPRequestHandler]) -> tuple[ThreadingHTTPServer, threading.Thread]:
+    """A threaded server on 127.0.0.1 (a free port), serving in a daemon thread."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    return server, thread
+
+
+@contextmanager
+def stopping(factory):
+    """Yields ``start(*args)``: builds ``factory(*args).start()``; every one started is stopped on exit."""
+    started = []
+
+    def start(*args, **kwargs):
+        thing = factory(*args, **kwargs).start()
+        started.append(thing)
+        return thing
+
+    try:
+        yield start
+    finally:
+        for thing in started:
+            thing.stop()

@@ -1,0 +1,45 @@
+"""The analytics notebook runs top to bottom (nbclient, this interpreter's kernel) against the
+test database, in its own kernel process with its own local Spark."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from urllib.parse import quote
+
+import pytest
+from django.db import connection
+
+from tests.pipeline.spark.workload import workload_report
+from tests.processes import ROOT
+
+pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
+
+NOTEBOOK = ROOT / "notebooks" / "delivery_analytics.ipynb"
+
+
+def test_notebook_runs_top_to_bottom(spark, monkeypatch):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    workload_report(now=datetime.now(timezone.utc), messages_per_channel=20)
+
+    sd = connection.settings_dict
+    auth = quote(sd["USER"]) + (f":{quote(sd['PASSWORD'])}" if sd.get("PASSWORD") else "")
+    monkeypatch.setenv("DATABASE_URL", f"postgres://{auth}@{sd['HOST']}:{sd['PORT']}/{sd['NAME']}")
+    monkeypatch.setenv("SPARK_MASTER", "local[1]")
+    monkeypatch.setenv("BROKER_SPARK_DRIVER_MEMORY", "1g")
+    monkeypatch.setenv("PIPELINE_SINCE", "10d")
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    # kernel "python3" is the ipykernel of the interpreter running the tests (jupyter_client
+    # substitutes sys.executable for "python").
+    client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=300,
+                                     resources={"metadata": {"path": str(NOTEBOOK.parent)}})
+    client.execute()
+
+    outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
+    assert not [o for o in outputs if o.output_type == "error"]
+    svgs = [o for o in outputs if o.output_type == "display_data" and "image/svg+xml" in o.get("data", {})]
+    assert len(svgs) == 5
+    text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+    assert "80 jobs in the window" in text
+    assert f"database: {sd['NAME']}" in text
