@@ -519,10 +519,10 @@ def main() -> int:
                     counters_fold()
                     print(f"backlog {size:,}: measured (load {os.getloadavg()[0]:.1f}): "
                           + json.dumps({k: round(v, 2) for k, v in results[size].items()}), flush=True)
-                from jobs import state
+                from jobs.queries import Q
 
                 pk = consumer_pk("growth", "pull")
-                plans.append(("this jobs/state.py", explain_claim(state._CLAIM_SQL_TYPED, pk)))
+                plans.append(("this jobs/queries.sql", explain_claim(Q.claim_pull.sql, pk)))
                 if args.before_state:
                     import importlib.util
 
@@ -531,6 +531,7 @@ def main() -> int:
                     sys.modules["before_state"] = before  # (its dataclasses look their module up)
                     try:
                         spec.loader.exec_module(before)
+                        # a jobs/state.py from before the named-query registry (jobs/queries.sql)
                         plans.append((args.before_state, explain_claim(before._CLAIM_SQL_TYPED, pk)))
                     except Exception as exc:  # noqa: BLE001 - the table above is the result; say why not
                         plans.append((args.before_state, f"not explained: {exc!r}"))

@@ -47,7 +47,7 @@ class Consumer(models.Model):
     # Partitions: with ``ordered``, at most one job of a partition in flight at a time, in publish order.
     ordered = models.BooleanField(default=False, db_default=False)
     # Filters: type patterns (``order.*``, ``invoice.paid``, ``*``); null = every message. Matched by
-    # the fan-out statement (jobs.state.jobs_fanout_sql); rules in broker.message_types.
+    # the fan-out statements (insert_* in jobs/queries.sql); rules in broker.message_types.
     message_types = ArrayField(models.CharField(max_length=130), null=True, blank=True)
     # Circuit breaker (push; jobs.circuit): OPEN after this many consecutive failed attempts (0: off),
     # then one probe delivery every ``circuit_breaker_probe_seconds``.
@@ -191,7 +191,7 @@ class Circuit(models.Model):
     CLOSED / OPEN / HALF_OPEN (a probe in flight) since when, and when the next probe may go.
 
     A row appears with the consumer's first failed attempt; no row means CLOSED. Written by the
-    push record statement (``jobs.state._PUSH_RECORD_SQL``: one UPDATE per consumer and batch,
+    push record statement (``push_record`` in jobs/queries.sql: one UPDATE per consumer and batch,
     row-locked, so concurrent dispatchers add up) and the push claim (OPEN -> HALF_OPEN). Its own
     small table, like ``DoorbellState``: the consumer row that every publish joins is not written.
     """

@@ -13,6 +13,7 @@ from broker.errors import InvalidInput, PreconditionFailed
 from broker.netpolicy import CallbackDenied, callback_url_check
 from broker.registry import Precondition, row_upsert
 from consumers.models import Consumer
+from consumers.queries import Q
 
 
 def signing_secret_generate() -> str:
@@ -91,16 +92,12 @@ def consumer_delete(*, consumer: Consumer, precondition: Precondition) -> None:
     since = precondition.epoch()
     with transaction.atomic():
         with connection.cursor() as cur:
-            cur.execute(
-                "SELECT id FROM consumers_consumer WHERE id = %s "
-                "AND date_trunc('second', updated_at) = to_timestamp(%s) FOR UPDATE",
-                [consumer.pk, since],
-            )
+            cur.execute(Q.consumer_lock_unmodified.sql, [consumer.pk, since])
             if cur.fetchone() is None:
                 raise PreconditionFailed("precondition_failed", "the consumer was modified since If-Unmodified-Since")
-            cur.execute("DELETE FROM jobs_job WHERE consumer_id = %s", [consumer.pk])
-            cur.execute("DELETE FROM consumers_pullwaiter WHERE consumer_id = %s", [consumer.pk])
-            cur.execute("DELETE FROM consumers_consumer WHERE id = %s", [consumer.pk])
+            cur.execute(Q.consumer_jobs_delete.sql, [consumer.pk])
+            cur.execute(Q.consumer_waiters_delete.sql, [consumer.pk])
+            cur.execute(Q.consumer_delete.sql, [consumer.pk])
         counters_forget(scope=JOB, owner_id=consumer.pk)
 
 
@@ -108,16 +105,7 @@ def consumer_rotate_secret(*, consumer: Consumer, grace_seconds: float = 24 * 36
     """New signing secret; the old one keeps being sent alongside for ``grace_seconds``."""
     new = signing_secret_generate()
     with connection.cursor() as cur:
-        cur.execute(
-            """
-            UPDATE consumers_consumer SET previous_signing_secret = signing_secret,
-                   previous_secret_expires_at = now() + %s * interval '1 second',
-                   signing_secret = %s,
-                   updated_at = GREATEST(now(), date_trunc('second', updated_at) + interval '1 second')
-             WHERE id = %s
-            """,
-            [grace_seconds, new, consumer.pk],
-        )
+        cur.execute(Q.consumer_rotate_secret.sql, [grace_seconds, new, consumer.pk])
     return new
 
 
@@ -125,17 +113,10 @@ def consumer_pause(*, consumer: Consumer, paused: bool) -> Consumer:
     """Flow control: pause (nothing pushed or handed to pulls; jobs keep accumulating) or resume.
     Resuming NOTIFYs the consumer's waiters and the push dispatchers, so delivery starts at once."""
     with connection.cursor() as cur:
-        cur.execute(
-            """
-            UPDATE consumers_consumer SET paused = %s,
-                   updated_at = GREATEST(now(), date_trunc('second', updated_at) + interval '1 second')
-             WHERE id = %s RETURNING updated_at
-            """,
-            [paused, consumer.pk],
-        )
+        cur.execute(Q.consumer_pause.sql, [paused, consumer.pk])
         row = cur.fetchone()
         if not paused:
-            cur.execute("SELECT pg_notify('broker_jobs', %s)", [str(consumer.pk)])
+            cur.execute(Q.consumer_notify.sql, [str(consumer.pk)])
     consumer.paused = paused
     if row:
         consumer.updated_at = row[0]

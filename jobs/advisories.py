@@ -21,6 +21,7 @@ from django.db import connection, transaction
 from broker.models import Channel, Producer
 from consumers.models import Advisory
 from jobs.publishing import NewMessage, PublishContext, messages_publish
+from jobs.queries import Q
 
 logger = logging.getLogger("broker.advisories")
 
@@ -45,8 +46,7 @@ def _publish(body: dict) -> None:
     if producer is None:
         with connection.cursor() as cur:  # concurrent first uses: one insert wins, the others read it
             cur.execute(
-                "INSERT INTO broker_producer (producer_id, name, token, created_at, updated_at) "
-                "VALUES (%s, %s, %s, now(), now()) ON CONFLICT (producer_id) DO NOTHING",
+                Q.advisory_producer_create.sql,
                 [ADVISORY_PRODUCER, "Broker advisories", secrets.token_urlsafe(32)])
         producer = Producer.objects.only("pk").get(producer_id=ADVISORY_PRODUCER)
     ctx = PublishContext(channel_pk=channel.pk, channel_id=target, producer_pk=producer.pk,
@@ -61,8 +61,7 @@ def advisory_record(*, type: str, channel: str, consumer: str = "", consumer_pk:
     transaction; a failing publish is logged and rolled back to a savepoint, the record stays)."""
     with connection.cursor() as cur:
         cur.execute(
-            "INSERT INTO consumers_advisory (type, channel_id, consumer_id, consumer_pk, \"group\", data, created_at) "
-            "VALUES (%s, %s, %s, %s, %s, %s::jsonb, now()) RETURNING id, created_at",
+            Q.advisory_insert.sql,
             [type, channel, consumer, consumer_pk, group, json.dumps(data or {})])
         pk, created_at = cur.fetchone()
     advisory = Advisory(pk=pk, type=type, channel_id=channel, consumer_id=consumer, consumer_pk=consumer_pk,

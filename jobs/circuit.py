@@ -5,18 +5,18 @@ After ``circuitBreakerFailures`` consecutive failed attempts (5xx, timeout, conn
 spending retries, except one probe job every ``circuitBreakerProbeSeconds`` (HALF_OPEN while the
 probe is in flight). A failed probe re-opens it without spending the probe job's retry; a
 successful one closes it. The state lives in ``consumers_circuit`` and is moved inside the push
-statements themselves (``jobs.state._CLAIM_PUSH_SQL``, ``_PUSH_RECORD_SQL``); this module holds the
+statements themselves (``claim_push``, ``push_record`` in jobs/queries.sql); this module holds the
 rules around them: which answers count, the tallies per batch, advisories, the operator's
 "close now", and the read side (consumer GET, admin, /metrics).
 """
 
 from __future__ import annotations
 
-from django.db import connection
-
+from broker.db.run import query_fetchall, query_fetchone
 from broker.times import rfc3339
 from consumers.models import CircuitState, Consumer
 from jobs.advisories import advisory_record
+from jobs.queries import Q
 from jobs.state import CircuitTally
 
 _STATE_NAMES = {s.value: s.name for s in CircuitState}
@@ -54,23 +54,14 @@ def circuit_tallies(attempts) -> list[CircuitTally]:
     return [t for t in tallies.values() if t.consumer_pk in wanted]
 
 
-_CONSUMERS_SQL = """
-SELECT c.id, c.consumer_id, ch.channel_id, cb.failures, c.circuit_breaker_failures
-  FROM consumers_consumer c JOIN broker_channel ch ON ch.id = c.channel_id
-  LEFT JOIN consumers_circuit cb ON cb.consumer_id = c.id
- WHERE c.id = ANY(%s)
-"""
-
-
 def circuit_changes_advise(*, changes) -> None:
     """Advisories ``circuit_opened`` / ``circuit_closed`` for the (consumer pk, new state) pairs the
     push record returned (in the dispatcher's transaction, like the record itself)."""
     changes = [(pk, st) for pk, st in changes if st in (CircuitState.OPEN, CircuitState.CLOSED)]
     if not changes:
         return
-    with connection.cursor() as cur:
-        cur.execute(_CONSUMERS_SQL, [[pk for pk, _ in changes]])
-        known = {row[0]: row[1:] for row in cur.fetchall()}
+    rows = query_fetchall(Q.circuit_consumers, {"consumers": [pk for pk, _ in changes]})
+    known = {row[0]: row[1:] for row in rows}
     for pk, new_state in changes:
         if pk not in known:
             continue
@@ -82,23 +73,11 @@ def circuit_changes_advise(*, changes) -> None:
                               "reason": "failures" if opened else "probe_succeeded"})
 
 
-_CLOSE_SQL = """
-WITH old AS (SELECT state FROM consumers_circuit WHERE consumer_id = %(consumer)s FOR UPDATE)
-UPDATE consumers_circuit cb SET state = %(closed)s, failures = 0, since = now(), next_probe_at = NULL
-  FROM old WHERE cb.consumer_id = %(consumer)s AND (old.state <> %(closed)s OR cb.failures > 0)
-RETURNING old.state
-"""
-
-
 def consumer_circuit_close(*, consumer: Consumer, reason: str = "operator") -> bool:
     """Close a consumer's circuit now (the admin's "close now"): failures forgotten, delivery
     resumes at once (the push dispatchers are woken). Returns whether it was open or counting;
     an open circuit that closes is an advisory ``circuit_closed``."""
-    with connection.cursor() as cur:
-        cur.execute(_CLOSE_SQL, {"consumer": consumer.pk, "closed": CircuitState.CLOSED.value})
-        row = cur.fetchone()
-        if row is not None:
-            cur.execute("SELECT pg_notify('broker_jobs', %s)", [str(consumer.pk)])
+    row = query_fetchone(Q.circuit_close, {"consumer": consumer.pk})
     if row is None:
         return False
     if row[0] != CircuitState.CLOSED:
@@ -110,9 +89,7 @@ def consumer_circuit_close(*, consumer: Consumer, reason: str = "operator") -> b
 def circuit_state(*, consumer: Consumer) -> dict:
     """``Circuit`` of the consumer GET: {State, Since, Failures} (CLOSED since the consumer was
     created while it never failed)."""
-    with connection.cursor() as cur:
-        cur.execute("SELECT state, since, failures FROM consumers_circuit WHERE consumer_id = %s", [consumer.pk])
-        row = cur.fetchone()
+    row = query_fetchone(Q.circuit_read, {"consumer": consumer.pk})
     if row is None:
         return {"State": "CLOSED", "Since": rfc3339(consumer.created_at), "Failures": 0}
     return {"State": _STATE_NAMES.get(row[0], "CLOSED"), "Since": rfc3339(row[1]), "Failures": row[2]}
@@ -120,6 +97,4 @@ def circuit_state(*, consumer: Consumer) -> dict:
 
 def circuits_open() -> set[int]:
     """Consumers whose circuit is OPEN or HALF_OPEN (/metrics: one small table, no job rows)."""
-    with connection.cursor() as cur:
-        cur.execute("SELECT consumer_id FROM consumers_circuit WHERE state <> %s", [CircuitState.CLOSED.value])
-        return {row[0] for row in cur.fetchall()}
+    return {row[0] for row in query_fetchall(Q.circuits_open)}

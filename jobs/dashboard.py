@@ -25,6 +25,7 @@ from django.db import connection
 from broker.counters import JOB, MESSAGE, REDELIVERED, counts_for
 from broker.models import Channel
 from consumers.models import Consumer
+from jobs.queries import Q
 from jobs.state import DEAD, DELIVERED, INFLIGHT, QUEUED
 
 MINUTES = 60  # the charts' window
@@ -250,46 +251,14 @@ def pin_churn(s: ConsumerStats):
         yield Alert("warning", "pin-churn", f"pin changing often ({s.pin_changes} pins in the last hour)")
 
 
-# --- queries -----------------------------------------------------------------------------------------
-
-_MINUTES_SQL = """
-SELECT consumer_id,
-       (extract(epoch FROM date_trunc('minute', now()) - minute) / 60)::int AS ago,
-       sum(created), sum(delivered), sum(retried), sum(dead), sum(requeued)
-  FROM jobs_minutestat
- WHERE minute > date_trunc('minute', now()) - %(window)s * interval '1 minute'
-   AND consumer_id = ANY(%(ids)s::bigint[])
- GROUP BY 1, 2
-"""
-
-# The oldest QUEUED job of each consumer: one backward probe of job_consumer_status (consumer,
-# status, id DESC). Ranges, not equalities, keep the sort keys only that index provides: ordered by
-# id alone, a correlated probe walked the primary key over every other consumer's jobs (3.9 s per
-# dashboard at a 1M backlog).
-_OLDEST_SQL = """
-SELECT c.id, extract(epoch FROM now() - (
-           SELECT j.created_at FROM jobs_job j
-            WHERE j.consumer_id BETWEEN c.id AND c.id AND j.status BETWEEN %(queued)s AND %(queued)s
-            ORDER BY j.consumer_id DESC, j.status DESC, j.id LIMIT 1))
-  FROM unnest(%(ids)s::bigint[]) AS c(id)
-"""
-
-_OVERDUE_SQL = """
-SELECT count(*) FROM (
-    SELECT 1 FROM jobs_job
-     WHERE status = %(inflight)s AND deadline < now() - %(grace)s * interval '1 second'
-     LIMIT %(cap)s) x
-"""
-
-
 def minute_series(*, consumer_pks: list[int]) -> dict[int, Series]:
     """{consumer pk: Series} of the last hour, from ``jobs_minutestat``."""
     result: dict[int, Series] = {}
     if not consumer_pks:
         return result
     with connection.cursor() as cur:
-        cur.execute("SELECT jobs_minutestat_prune()")
-        cur.execute(_MINUTES_SQL, {"window": MINUTES, "ids": consumer_pks})
+        cur.execute(Q.minute_stats_prune.sql)
+        cur.execute(Q.minute_stats.sql, {"window": MINUTES, "ids": consumer_pks})
         for pk, ago, created, delivered, retried, dead, requeued in cur.fetchall():
             if not 0 <= ago < MINUTES:
                 continue
@@ -300,21 +269,13 @@ def minute_series(*, consumer_pks: list[int]) -> dict[int, Series]:
     return result
 
 
-_PINS_SQL = """
-SELECT consumer_pk, count(*) FROM consumers_advisory
- WHERE consumer_pk = ANY(%(ids)s::bigint[]) AND type = 'consumer_group_pinned'
-   AND created_at > now() - interval '1 hour'
- GROUP BY consumer_pk
-"""
-
-
 def pin_changes(*, consumer_pks: list[int]) -> dict[int, int]:
     """{consumer pk: pins taken in the last hour}, from the advisories (bounded by the
     ``advisory_consumer`` index and the hour)."""
     if not consumer_pks:
         return {}
     with connection.cursor() as cur:
-        cur.execute(_PINS_SQL, {"ids": consumer_pks})
+        cur.execute(Q.pin_changes.sql, {"ids": consumer_pks})
         return {pk: int(n) for pk, n in cur.fetchall()}
 
 
@@ -324,7 +285,7 @@ def oldest_queued_ages(*, consumer_pks: list[int]) -> dict[int, float | None]:
     if not consumer_pks:
         return {}
     with connection.cursor() as cur:
-        cur.execute(_OLDEST_SQL, {"queued": QUEUED, "ids": consumer_pks})
+        cur.execute(Q.oldest_queued.sql, {"ids": consumer_pks})
         return {pk: (float(age) if age is not None else None) for pk, age in cur.fetchall()}
 
 
@@ -332,13 +293,13 @@ def overdue_inflight_count() -> int:
     """In-flight jobs past their deadline by more than OVERDUE_GRACE (capped): the timeout sweep
     moves them within seconds, so any number here means the sweep is not running."""
     with connection.cursor() as cur:
-        cur.execute(_OVERDUE_SQL, {"inflight": INFLIGHT, "grace": OVERDUE_GRACE, "cap": OVERDUE_CAP})
+        cur.execute(Q.overdue_inflight.sql, {"grace": OVERDUE_GRACE, "cap": OVERDUE_CAP})
         return int(cur.fetchone()[0])
 
 
 def db_now() -> datetime:
     with connection.cursor() as cur:
-        cur.execute("SELECT now()")
+        cur.execute(Q.db_now.sql)
         return cur.fetchone()[0]
 
 

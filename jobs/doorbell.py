@@ -56,6 +56,7 @@ from consumers.models import DoorbellState
 from jobs.models import JobStatus
 from jobs.push import delivery
 from jobs.push.http import Client, ProtocolError
+from jobs.queries import Q
 from jobs.wakeup import CHANNEL
 
 logger = logging.getLogger("consumers.doorbell")  # its name before the move: what operators filter on
@@ -128,71 +129,14 @@ class Ring:
 # the throttled ones' remaining wait. "ready" is the claim's own probe (the job_claim partial
 # index, in claim order, first ready job); mark is one primary-key lookup; the newest and oldest
 # QUEUED job come from the job_consumer_status index (LIMIT 1 each, only for consumers that ring).
-# Newest / oldest QUEUED job of one consumer, written so that only the job_consumer_status index
-# (consumer, status, id DESC) can serve it: with plain equalities the ORDER BY collapses to "id"
-# and, in a correlated subquery (generic row estimates), the planner may walk the primary key
-# filtering every other consumer's rows (measured: 16 ms per 100k rows). Ranges keep the sort keys,
-# and only a scan of that index (forward or backward) returns them in order.
-_ONE_CONSUMER_QUEUED = ("WHERE {t}.consumer_id BETWEEN {pk} AND {pk} "
-                        f"AND {{t}}.status BETWEEN {QUEUED} AND {QUEUED}")
-
-_RING_SQL = f"""
-WITH c AS MATERIALIZED (
-    SELECT c.id, c.paused, c.notify_interval, d.consumer_id IS NULL AS fresh, d.armed, d.mark, d.next_ring_at,
-           (SELECT j.id FROM jobs_job j WHERE j.consumer_id = c.id AND j.status = {QUEUED}
-                AND j.next_attempt_at <= now() AND (j.expires_at IS NULL OR j.expires_at > now())  -- expiry
-              ORDER BY j.priority DESC, j.id LIMIT 1) IS NOT NULL AS ready
-      FROM consumers_consumer c LEFT JOIN consumers_doorbellstate d ON d.consumer_id = c.id
-     WHERE c.type = 'pull' AND c.callback_url <> ''
-       AND (%(ids)s::bigint[] IS NULL OR c.id = ANY(%(ids)s::bigint[]))
-), decided AS (
-    SELECT c.*, CASE
-        WHEN NOT c.ready THEN CASE WHEN c.fresh OR NOT c.armed THEN 'arm' END
-        WHEN c.paused THEN NULL
-        WHEN c.fresh OR c.armed OR c.mark IS NULL
-             OR NOT EXISTS (SELECT 1 FROM jobs_job m WHERE m.id = c.mark AND m.status = {QUEUED})
-        THEN CASE WHEN c.next_ring_at IS NULL OR c.next_ring_at <= now() THEN 'ring' ELSE 'wait' END
-    END AS action
-      FROM c
-), written AS (
-    INSERT INTO consumers_doorbellstate AS d (consumer_id, armed, mark, rang_at, next_ring_at, rings, failures)
-    SELECT x.id, x.action = 'arm',
-           CASE WHEN x.action = 'ring' THEN (SELECT q.id FROM jobs_job q {_ONE_CONSUMER_QUEUED.format(pk="x.id", t="q")}
-                                              ORDER BY q.consumer_id, q.status, q.id DESC LIMIT 1) END,
-           CASE WHEN x.action = 'ring' THEN now() END,
-           CASE WHEN x.action = 'ring' THEN now() + x.notify_interval * interval '1 second' END,
-           CASE WHEN x.action = 'ring' THEN 1 ELSE 0 END, 0
-      FROM decided x WHERE x.action IN ('arm', 'ring')
-    ON CONFLICT (consumer_id) DO UPDATE SET
-        armed = EXCLUDED.armed,
-        mark = COALESCE(EXCLUDED.mark, d.mark),
-        rang_at = COALESCE(EXCLUDED.rang_at, d.rang_at),
-        next_ring_at = COALESCE(EXCLUDED.next_ring_at, d.next_ring_at),
-        rings = d.rings + EXCLUDED.rings
-     WHERE EXCLUDED.armed OR d.next_ring_at IS NULL OR d.next_ring_at <= now()
-    RETURNING d.consumer_id, d.armed, d.rang_at, d.next_ring_at
-)
-SELECT w.consumer_id, w.rang_at, ch.channel_id, c.consumer_id, c.callback_url, c.token, c.signing_secret,
-       c.previous_signing_secret, c.previous_secret_expires_at,
-       (SELECT o.created_at FROM jobs_job o {_ONE_CONSUMER_QUEUED.format(pk="w.consumer_id", t="o")}
-         ORDER BY o.consumer_id DESC, o.status DESC, o.id LIMIT 1),
-       extract(epoch FROM w.next_ring_at - now())::float8
-  FROM written w JOIN consumers_consumer c ON c.id = w.consumer_id JOIN broker_channel ch ON ch.id = c.channel_id
- WHERE NOT w.armed
-UNION ALL
-SELECT x.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       extract(epoch FROM x.next_ring_at - now())::float8
-  FROM decided x WHERE x.action = 'wait'
-"""
-
-
+# The statement is ``doorbell_ring`` in jobs/queries.sql.
 def doorbell_ring_due(*, consumer_pks=None) -> tuple[list[Ring], list[float]]:
     """Decide and record, in one statement, which pull consumers with a callback URL ring now
     (all of them, or only ``consumer_pks``). Returns the rings to send (with NumPending from the
     maintained counters) and the seconds until each throttled or rung consumer may ring again."""
     ids = None if consumer_pks is None else [int(pk) for pk in consumer_pks]
     with connection.cursor() as cur:
-        cur.execute(_RING_SQL, {"ids": ids})
+        cur.execute(Q.doorbell_ring.sql, {"ids": ids})
         rows = cur.fetchall()
     rings, waits = [], []
     for (pk, rang_at, channel_id, consumer_id, url, token, secret, previous, previous_expires, oldest,
@@ -220,27 +164,14 @@ def doorbell_failed(*, failed: list[tuple[int, datetime]]) -> int:
     if not failed:
         return 0
     with connection.cursor() as cur:
-        cur.execute(
-            """
-            UPDATE consumers_doorbellstate d SET armed = true, failures = d.failures + 1
-              FROM unnest(%s::bigint[], %s::timestamptz[]) f(id, at)
-             WHERE d.consumer_id = f.id AND d.rang_at = f.at
-            """,
-            [[pk for pk, _ in failed], [at for _, at in failed]],
-        )
+        cur.execute(Q.doorbell_failed.sql, [[pk for pk, _ in failed], [at for _, at in failed]])
         return cur.rowcount
 
 
 def doorbell_prune() -> int:
     """Drop the state of consumers that were deleted or no longer have a doorbell."""
     with connection.cursor() as cur:
-        cur.execute(
-            """
-            DELETE FROM consumers_doorbellstate d WHERE NOT EXISTS (
-                SELECT 1 FROM consumers_consumer c WHERE c.id = d.consumer_id AND c.type = 'pull'
-                   AND c.callback_url <> '')
-            """
-        )
+        cur.execute(Q.doorbell_prune.sql)
         return cur.rowcount
 
 
@@ -255,7 +186,7 @@ def doorbell_state(*, consumer_pk: int) -> dict:
 
 def doorbell_consumers() -> set[int]:
     with connection.cursor() as cur:
-        cur.execute("SELECT id FROM consumers_consumer WHERE type = 'pull' AND callback_url <> ''")
+        cur.execute(Q.doorbell_consumers.sql)
         return {row[0] for row in cur.fetchall()}
 
 

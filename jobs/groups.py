@@ -30,8 +30,8 @@ from broker.errors import InvalidInput, Locked, NotFound
 from consumers.priority import DEFAULT_PIN_TIMEOUT, GROUP_NAME, NONE, OVERFLOW, PINNED, PRIORITIZED
 from jobs import state
 from jobs.advisories import advisory_record
-from jobs.pull import _NEXT_SQL as pull_next_sql
 from jobs.pull import WAIT_SAFETY_NET, WAIT_UNLISTENED, consumer_sweep, pull_wait_begin
+from jobs.queries import Q
 from jobs.state import INFLIGHT, QUEUED
 from jobs.wakeup import wakeups
 
@@ -47,7 +47,7 @@ UNPINNED_ADVISORY = "consumer_group_unpinned"
 
 def _lock(cur, consumer_pk: int) -> None:
     """Serialize every decision about this consumer's waiters and pins, across all processes."""
-    cur.execute("SELECT pg_advisory_xact_lock(%s::bigint)", [LOCK_BASE + int(consumer_pk)])
+    cur.execute(Q.group_lock.sql, [LOCK_BASE + int(consumer_pk)])
 
 
 @dataclass
@@ -77,18 +77,13 @@ def target_for(consumer) -> Target:
 
 
 def _notify(cur, consumer_pk: int) -> None:
-    cur.execute("SELECT pg_notify('broker_jobs', %s)", [str(consumer_pk)])
+    cur.execute(Q.jobs_notify.sql, [str(consumer_pk)])
 
 
 def _group_state(cur, target: Target, group: str) -> GroupState:
     """The group's pin, released first if its timer ran out (UNPINNED, reason timeout)."""
-    cur.execute(
-        'INSERT INTO consumers_prioritygroupstate (consumer_id, "group", pinned_client_id) VALUES (%s, %s, \'\') '
-        "ON CONFLICT (consumer_id, \"group\") DO NOTHING", [target.consumer_pk, group])
-    cur.execute(
-        'SELECT pinned_client_id, pinned_ts, EXTRACT(EPOCH FROM renewed_at + %s * interval \'1 second\' - now()) '
-        'FROM consumers_prioritygroupstate WHERE consumer_id = %s AND "group" = %s',
-        [target.timeout or DEFAULT_PIN_TIMEOUT, target.consumer_pk, group])
+    cur.execute(Q.group_state_ensure.sql, [target.consumer_pk, group])
+    cur.execute(Q.group_state_read.sql, [target.timeout or DEFAULT_PIN_TIMEOUT, target.consumer_pk, group])
     pin, pinned_ts, expires_in = cur.fetchone()
     gs = GroupState(group=group, pin=pin or "", pinned_ts=pinned_ts,
                     expires_in=float(expires_in) if pin and expires_in is not None else None)
@@ -98,8 +93,7 @@ def _group_state(cur, target: Target, group: str) -> GroupState:
 
 
 def _unpin(cur, target: Target, gs: GroupState, *, reason: str) -> None:
-    cur.execute('UPDATE consumers_prioritygroupstate SET pinned_client_id = \'\', pinned_ts = NULL, renewed_at = NULL '
-                'WHERE consumer_id = %s AND "group" = %s', [target.consumer_pk, gs.group])
+    cur.execute(Q.group_unpin.sql, [target.consumer_pk, gs.group])
     advisory_record(type=UNPINNED_ADVISORY, channel=target.channel_id, consumer=target.consumer_id,
                     consumer_pk=target.consumer_pk, group=gs.group, data={"reason": reason})
     gs.pin, gs.pinned_ts, gs.expires_in = "", None, None
@@ -107,8 +101,7 @@ def _unpin(cur, target: Target, gs: GroupState, *, reason: str) -> None:
 
 
 def _pin(cur, target: Target, gs: GroupState, pin: str) -> None:
-    cur.execute('UPDATE consumers_prioritygroupstate SET pinned_client_id = %s, pinned_ts = now(), renewed_at = now() '
-                'WHERE consumer_id = %s AND "group" = %s RETURNING pinned_ts', [pin, target.consumer_pk, gs.group])
+    cur.execute(Q.group_pin.sql, [pin, target.consumer_pk, gs.group])
     gs.pin, gs.pinned_ts, gs.expires_in = pin, cur.fetchone()[0], target.timeout or DEFAULT_PIN_TIMEOUT
     advisory_record(type=PINNED_ADVISORY, channel=target.channel_id, consumer=target.consumer_id,
                     consumer_pk=target.consumer_pk, group=gs.group, data={"pinned_id": pin})
@@ -172,19 +165,6 @@ class Waiter:
         return 0 if self.done else self.batch - self.have
 
 
-_WAITERS_SQL = """
-SELECT id, pin_id, priority, min_pending, min_ack_pending, batch, max_bytes, incremental_timeout,
-       cardinality(job_ids), turn
-  FROM consumers_pullwaiter
- WHERE consumer_id = %s AND state = 0 AND expires_at > now()
-"""  # pullwaiter_live; arrival order (id) is sorted in Python: an ORDER BY id let fresh statistics pick the pkey
-# Is a job due? The claim's own first step (job_claim, in claim order, first due job): an EXISTS
-# was planned as a scan of the whole table when the statistics were those of a smaller one.
-_DUE_SQL = (f"SELECT (SELECT id FROM jobs_job WHERE consumer_id = %s AND status = {QUEUED} "
-            "AND next_attempt_at <= now() AND (expires_at IS NULL OR expires_at > now())  "  # expiry
-            "ORDER BY priority DESC, id LIMIT 1) IS NOT NULL")
-
-
 @dataclass
 class Dispatch:
     target: Target
@@ -211,15 +191,14 @@ class Dispatch:
         w.done = w.have >= w.batch or w.max_bytes is not None
         self.max_turn += 1
         w.turn = self.max_turn
-        self.cur.execute(
-            "UPDATE consumers_pullwaiter SET job_ids = job_ids || %s::bigint[], state = %s, pin_id = %s, turn = %s "
-            "WHERE id = %s", [[j.id for j in jobs], SERVED if w.done else WAITING, w.pin_id, w.turn, w.id])
+        self.cur.execute(Q.group_waiter_serve.sql,
+                         [[j.id for j in jobs], SERVED if w.done else WAITING, w.pin_id, w.turn, w.id])
         self.changed = True
         return len(jobs)
 
     def wrong_pin(self, w: Waiter) -> None:
         w.done = True
-        self.cur.execute("UPDATE consumers_pullwaiter SET state = %s WHERE id = %s", [WRONG_PIN, w.id])
+        self.cur.execute(Q.group_waiter_wrong_pin.sql, [WRONG_PIN, w.id])
         self.changed = True
 
 
@@ -228,13 +207,13 @@ def _dispatch(cur, target: Target, group: str) -> GroupState:
     waiter is considered a bounded number of times (every hand-out claims at least one job or
     ends the loop), so ineligible waiters never make it spin."""
     gs = _group_state(cur, target, group)
-    cur.execute(_WAITERS_SQL, [target.consumer_pk])
+    cur.execute(Q.group_waiters.sql, [target.consumer_pk])
     waiters = sorted((Waiter(*row) for row in cur.fetchall()), key=lambda w: w.id)
     if not waiters:
         return gs
     d = Dispatch(target=target, cur=cur, gs=gs, max_turn=max(w.turn for w in waiters))
     if target.policy == PINNED:
-        cur.execute(_DUE_SQL, [target.consumer_pk])
+        cur.execute(Q.group_due.sql, [target.consumer_pk])
         if not cur.fetchone()[0]:
             return gs
         for w in waiters:  # an id that is not the current pin is stale: 423 when a job is dispatched
@@ -300,36 +279,17 @@ class GroupPull:
     wrong_pin: bool = False
 
 
-_INSERT_SQL = """
-WITH gc AS (
-    DELETE FROM consumers_pullwaiter WHERE consumer_id = %(consumer)s AND expires_at < now() - interval '5 seconds'
-)
-INSERT INTO consumers_pullwaiter ("group", priority, pin_id, min_pending, min_ack_pending, batch, max_bytes,
-                                  job_ids, state, turn, incremental_timeout, arrived_at, expires_at, consumer_id)
-VALUES (%(group)s, %(priority)s, %(pin)s, %(min_pending)s, %(min_ack_pending)s, %(batch)s, %(max_bytes)s,
-        '{}', 0, 0, %(inc)s, now(), now() + %(expires)s * interval '1 second', %(consumer)s)
-RETURNING id
-"""
-
-_JOBS_SQL = """
-SELECT j.id, j.priority, j.retry_count, j.incremental_timeout, j.deadline,
-       m.message_id, COALESCE(j.payload, m.payload), m.content_type, m.headers,
-       (SELECT pt.key FROM jobs_partition pt WHERE pt.id = j.partition_id), j.gate, m.type  -- partitions, type
-  FROM jobs_job j JOIN broker_message m ON m.id = j.message_id
- WHERE j.id = ANY(%s::bigint[]) AND j.status = %s
- ORDER BY j.priority DESC, j.id
-"""
 
 def _jobs(cur, ids) -> list[state.ClaimedJob]:
     if not ids:
         return []
-    cur.execute(_JOBS_SQL, [list(ids), INFLIGHT])
+    cur.execute(Q.group_jobs.sql, [list(ids), INFLIGHT])
     return state.claimed_jobs(cur.fetchall())
 
 
 def _finish(cur, waiter_id: int) -> GroupPull:
     """Remove the waiter (under the lock, so no dispatch hands it a job it would never answer)."""
-    cur.execute("DELETE FROM consumers_pullwaiter WHERE id = %s RETURNING job_ids, state, pin_id", [waiter_id])
+    cur.execute(Q.group_waiter_finish.sql, [waiter_id])
     row = cur.fetchone()
     if row is None:
         return GroupPull()
@@ -353,11 +313,10 @@ def jobs_pull_grouped(*, ctx, req) -> GroupPull:
             if req.pin_id != gs.pin:
                 mismatch = True  # answered after commit: a timeout release above must stay recorded
             else:  # the pinned client is alive: reset the pin timer
-                cur.execute('UPDATE consumers_prioritygroupstate SET renewed_at = now() '
-                            'WHERE consumer_id = %s AND "group" = %s', [ctx.consumer_pk, req.group])
+                cur.execute(Q.group_pin_renew.sql, [ctx.consumer_pk, req.group])
                 gs.expires_in = target.timeout or DEFAULT_PIN_TIMEOUT
         if not mismatch:
-            cur.execute(_INSERT_SQL, {
+            cur.execute(Q.group_waiter_insert.sql, {
                 "consumer": ctx.consumer_pk, "group": req.group, "priority": req.priority, "pin": req.pin_id,
                 "min_pending": req.min_pending or None, "min_ack_pending": req.min_ack_pending or None,
                 "batch": req.batch, "max_bytes": req.max_bytes, "inc": req.incremental_timeout,
@@ -367,10 +326,10 @@ def jobs_pull_grouped(*, ctx, req) -> GroupPull:
             gs = _dispatch(cur, target, req.group)
             if not wait:
                 return _finish(cur, waiter_id)
-            cur.execute("SELECT state FROM consumers_pullwaiter WHERE id = %s", [waiter_id])
+            cur.execute(Q.group_waiter_state.sql, [waiter_id])
             if cur.fetchone()[0] != WAITING:
                 return _finish(cur, waiter_id)
-            cur.execute(pull_next_sql, {"consumer": ctx.consumer_pk, "queued": QUEUED, "inflight": INFLIGHT})
+            cur.execute(Q.pull_next.sql, {"consumer": ctx.consumer_pk})
             due_in, deadline_in = cur.fetchone()
     if mismatch:
         raise Locked("pin_id_mismatch", "Nats-Pin-Id mismatch")
@@ -395,11 +354,11 @@ def jobs_pull_grouped(*, ctx, req) -> GroupPull:
             with transaction.atomic(), connection.cursor() as cur:
                 _lock(cur, ctx.consumer_pk)
                 gs = _dispatch(cur, target, req.group)
-                cur.execute("SELECT state FROM consumers_pullwaiter WHERE id = %s", [waiter_id])
+                cur.execute(Q.group_waiter_state.sql, [waiter_id])
                 row = cur.fetchone()
                 if row is None or row[0] != WAITING:
                     return _finish(cur, waiter_id)
-                cur.execute(pull_next_sql, {"consumer": ctx.consumer_pk, "queued": QUEUED, "inflight": INFLIGHT})
+                cur.execute(Q.pull_next.sql, {"consumer": ctx.consumer_pk})
                 due_in, deadline_in = cur.fetchone()
     except BaseException:
         with transaction.atomic(), connection.cursor() as cur:

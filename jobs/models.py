@@ -1,6 +1,7 @@
 """Jobs (one per message and consumer), their append-only history, and maintained counters.
 
-Only ``jobs/state.py`` changes a job's status; admin forms show it read-only.
+Only ``jobs/state.py`` changes a job's status (moves checked against ``jobs/transitions.py``; the
+database trigger of migration 0017 writes the history); admin forms show it read-only.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ class Job(models.Model):
                                   related_name="+", db_constraint=False, db_index=False)
     gate = models.IntegerField(default=0, db_default=0)
     payload = models.BinaryField(null=True, blank=True)
+    # The reason of the last status change, set by the UPDATE that makes it and copied into the
+    # history row by the history trigger (migration 0017, jobs.transitions); NULL until the first.
+    last_reason = models.CharField(max_length=32, null=True, blank=True)
     # Expiry: the message's expires_at, copied at fan-out so claims test it on the job row.
     expires_at = models.DateTimeField(null=True, blank=True)
 

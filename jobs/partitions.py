@@ -2,7 +2,7 @@
 
 A message published with ``X-Broker-Partition-Key`` (and ``X-Broker-Gate``, default 0) gives each
 consumer of its channel a job in that consumer's partition of the key, at that gate. Only jobs at the
-partition's current gate are claimable (``jobs.state.partition_gate_sql``); when every job there is
+partition's current gate are claimable (the claims in ``jobs/queries.sql``); when every job there is
 DELIVERED the partition advances to the next gate that has jobs (``partition_settle``). A DEAD job
 at the current gate marks the partition FAILED until it is requeued (resumes) or skipped.
 
@@ -29,8 +29,10 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db import connection, transaction
 
+from broker.db.run import query_execute, query_fetchall, query_fetchone
 from broker.errors import Conflict, NotFound
 from jobs.models import JobStatus, PartitionStatus
+from jobs.queries import Q
 
 logger = logging.getLogger(__name__)
 
@@ -55,17 +57,6 @@ def lease_seconds() -> float:
 
 # --- reading ------------------------------------------------------------------------------------
 
-_ROW_SQL = """
-SELECT p.id, p.consumer_id, p.key, p.gate, p.status, p.version, p.closed, p.auto_close,
-       p.manual_checkpoint, p.owner, p.lease_until, p.created_at, p.updated_at,
-       c.consumer_id, ch.channel_id, p.lease_until > now(), p.completed_at
-  FROM jobs_partition p
-  JOIN consumers_consumer c ON c.id = p.consumer_id
-  JOIN broker_channel ch ON ch.id = c.channel_id
- WHERE {WHERE}
-"""
-
-
 @dataclass
 class Row:
     id: int
@@ -88,12 +79,10 @@ class Row:
 
 
 def _row(*, partition_pk: int | None = None, consumer_pk: int | None = None, key: str | None = None) -> Row | None:
-    with connection.cursor() as cur:
-        if partition_pk is not None:
-            cur.execute(_ROW_SQL.replace("{WHERE}", "p.id = %s"), [partition_pk])
-        else:
-            cur.execute(_ROW_SQL.replace("{WHERE}", "p.consumer_id = %s AND p.key = %s"), [consumer_pk, key])
-        r = cur.fetchone()
+    if partition_pk is not None:
+        r = query_fetchone(Q.partition_row, [partition_pk])
+    else:
+        r = query_fetchone(Q.partition_row_by_key, [consumer_pk, key])
     return Row(*r[:15], leased=bool(r[15]), completed_at=r[16]) if r else None
 
 
@@ -104,26 +93,10 @@ def _require(partition_pk=None, consumer_pk=None, key=None) -> Row:
     return row
 
 
-# served by job_partition_gate (partition, gate, status)
-_COUNTS_SQL = ("SELECT gate, status, count(*) FROM jobs_job WHERE partition_id = %s AND gate >= %s "
-               "GROUP BY gate, status")
-
-
 def _counts(partition_pk: int, from_gate: int = 0) -> dict[tuple[int, int], int]:
     """{(gate, status): n} of the partition's jobs at ``from_gate`` or above (the partial index
     ``job_partition_gate``: a bounded scan of one partition, never of the job table)."""
-    with connection.cursor() as cur:
-        cur.execute(_COUNTS_SQL, [partition_pk, from_gate])
-        return {(g, s): n for g, s, n in cur.fetchall()}
-
-
-# Is the current gate's work under way (a job there QUEUED or INFLIGHT) and none DEAD? Then a settle
-# changes nothing for an AVAILABLE partition: the common case after a job finishes, answered by two
-# probes of job_partition_gate instead of counting every job of the partition.
-_GATE_BUSY_SQL = f"""
-SELECT EXISTS (SELECT 1 FROM jobs_job WHERE partition_id = %s AND gate = %s AND status = {DEAD}),
-       EXISTS (SELECT 1 FROM jobs_job WHERE partition_id = %s AND gate = %s AND status IN ({QUEUED}, {INFLIGHT}))
-"""
+    return {(g, s): n for g, s, n in query_fetchall(Q.partition_counts, [partition_pk, from_gate])}
 
 
 def counts_repr(counts: dict[tuple[int, int], int]) -> dict:
@@ -198,20 +171,9 @@ def _next_state(row: Row, counts: dict) -> tuple[int, int]:
         return gate, status
 
 
-_WRITE_SQL = """
-UPDATE jobs_partition SET gate = %s, status = %s, version = version + 1, updated_at = now(),
-       owner = CASE WHEN %s = {COMPLETE} THEN '' ELSE owner END,
-       lease_until = CASE WHEN %s = {COMPLETE} THEN NULL ELSE lease_until END,
-       completed_at = CASE WHEN %s = {COMPLETE} THEN now() END
- WHERE id = %s AND version = %s
-RETURNING version
-""".format(COMPLETE=COMPLETE)
-
-
 def _notify(consumer_pk: int) -> None:
     """Wake waiting pulls and push dispatchers (delivered on commit, like publish's NOTIFY)."""
-    with connection.cursor() as cur:
-        cur.execute("SELECT pg_notify('broker_jobs', %s)", [str(consumer_pk)])
+    query_execute(Q.jobs_notify, [str(consumer_pk)])
 
 
 def _advise(row: Row, type_: str, gate: int) -> None:
@@ -235,18 +197,15 @@ def partition_settle(*, partition_pk: int) -> Settled | None:
             if row.status == COMPLETE:
                 return Settled(row.id, row.gate, row.status, row.version, False, attempt)
             if row.status == AVAILABLE:
-                with connection.cursor() as cur:
-                    cur.execute(_GATE_BUSY_SQL, [row.id, row.gate, row.id, row.gate])
-                    dead, busy = cur.fetchone()
+                dead, busy = query_fetchone(Q.partition_gate_busy, [row.id, row.gate, row.id, row.gate])
                 if busy and not dead:  # what _next_state would answer: unchanged
                     return Settled(row.id, row.gate, row.status, row.version, False, attempt)
             counts = _counts(row.id, row.gate)
             gate, status = _next_state(row, counts)
             if (gate, status) == (row.gate, row.status):
                 return Settled(row.id, gate, status, row.version, False, attempt)
-            with connection.cursor() as cur:
-                cur.execute(_WRITE_SQL, [gate, status, status, status, status, row.id, row.version])
-                written = cur.fetchone()
+            written = query_fetchone(Q.partition_settle_write,
+                                     [gate, status, status, status, status, row.id, row.version])
             if written is None:
                 continue  # someone wrote first: re-read, never overwrite
             if status == FAILED:
@@ -275,27 +234,6 @@ def partitions_settle(*, partition_ids) -> list[Settled]:
     return out
 
 
-# Partitions a settle would change (nothing claimable at the current gate, yet: a DEAD job there,
-# later gates waiting, a FAILED one whose dead jobs are gone, or all done and closing). Each test
-# is a probe of one partition on job_partition_gate ("(SELECT 1 ... LIMIT 1)", which the planner
-# cannot turn into a join: as NOT EXISTS it merge-joined every partitioned job of the table).
-_HAS = "(SELECT 1 FROM jobs_job j WHERE j.partition_id = p.id AND {} LIMIT 1) IS NOT NULL"
-_STALE_SQL = """
-SELECT p.id FROM jobs_partition p
- WHERE p.status IN ({AVAILABLE}, {FAILED}) AND p.updated_at < now() - interval '2 seconds'
-   AND NOT {WORK}
-   AND CASE WHEN p.status = {FAILED} THEN NOT {DEAD_HERE}
-            ELSE {DEAD_HERE}
-                 OR (NOT p.manual_checkpoint AND {LATER})
-                 OR ((p.closed OR p.auto_close) AND NOT {LEFT})
-       END
- ORDER BY p.updated_at LIMIT %s
-""".replace("{WORK}", _HAS.format("j.gate = p.gate AND j.status IN ({QUEUED}, {INFLIGHT})")).replace(
-    "{DEAD_HERE}", _HAS.format("j.gate = p.gate AND j.status = {DEAD}")).replace(
-    "{LATER}", _HAS.format("j.gate > p.gate AND j.status <> {DELIVERED}")).replace(
-    "{LEFT}", _HAS.format("j.gate >= p.gate AND j.status <> {DELIVERED}")).format(
-    AVAILABLE=AVAILABLE, FAILED=FAILED, QUEUED=QUEUED, INFLIGHT=INFLIGHT, DELIVERED=DELIVERED, DEAD=DEAD)
-
 STALE_EVERY = 10.0  # seconds between safety-net settles in one process
 _stale_next = 0.0
 
@@ -310,9 +248,7 @@ def partitions_settle_stale(*, limit: int = 100, force: bool = False) -> int:
     if not force and time.monotonic() < _stale_next:
         return 0
     _stale_next = time.monotonic() + STALE_EVERY
-    with connection.cursor() as cur:
-        cur.execute(_STALE_SQL, [limit])
-        ids = [r[0] for r in cur.fetchall()]
+    ids = [r[0] for r in query_fetchall(Q.partitions_stale, [limit])]
     return sum(1 for s in partitions_settle(partition_ids=ids) if s.changed)
 
 
@@ -328,29 +264,20 @@ def partition_write(*, partition_pk: int, version: int, **fields) -> int | None:
     unknown = set(fields) - _WRITABLE
     if unknown:
         raise ValueError(f"not writable: {sorted(unknown)}")
-    sets = ", ".join(f"{name} = %s" for name in fields) or "gate = gate"
-    with connection.cursor() as cur:
-        cur.execute(f"UPDATE jobs_partition SET {sets}, version = version + 1, updated_at = now() "
-                    "WHERE id = %s AND version = %s RETURNING version", [*fields.values(), partition_pk, version])
-        r = cur.fetchone()
+    r = query_fetchone(Q.partition_write, {**dict.fromkeys(_WRITABLE), **fields, "id": partition_pk,
+                                           "version": version})
     return r[0] if r else None
 
-def _write(row: Row, sets: str, params: list) -> int | None:
-    with connection.cursor() as cur:
-        cur.execute(f"UPDATE jobs_partition SET {sets}, version = version + 1, updated_at = now() "
-                    "WHERE id = %s AND version = %s RETURNING version", [*params, row.id, row.version])
-        r = cur.fetchone()
-    return r[0] if r else None
 
 
 def _occ(partition_pk, consumer_pk, key, change) -> dict:
-    """Run ``change(row) -> (sets, params) | None`` with the version check, retrying lost races;
-    then settle and answer the partition."""
+    """Run ``change(row) -> {field: value} | None`` (``partition_write``'s fields) with the version
+    check, retrying lost races; then settle and answer the partition."""
     for _ in range(OCC_RETRIES):
         with transaction.atomic():
             row = _require(partition_pk, consumer_pk, key)
             update = change(row)
-            if update is None or _write(row, *update) is not None:
+            if update is None or partition_write(partition_pk=row.id, version=row.version, **update) is not None:
                 break
     else:
         raise Conflict("version_conflict", "the partition changed concurrently too often; try again")
@@ -361,21 +288,19 @@ def _occ(partition_pk, consumer_pk, key, change) -> dict:
 def partition_close(*, consumer_pk: int | None = None, key: str | None = None, partition_pk: int | None = None) -> dict:
     """The producer says no more items: the partition completes once all its jobs are delivered,
     and later publishes to the key are refused (409 ``partition_closed``)."""
-    return _occ(partition_pk, consumer_pk, key, lambda row: None if row.closed else ("closed = true", []))
+    return _occ(partition_pk, consumer_pk, key, lambda row: None if row.closed else {"closed": True})
 
 
 def partition_update(*, consumer_pk: int | None = None, key: str | None = None, partition_pk: int | None = None,
                      auto_close: bool | None = None, manual_checkpoint: bool | None = None) -> dict:
     """Set ``auto_close`` / ``manual_checkpoint`` (None leaves a flag as it is)."""
     def change(row):
-        sets, params = [], []
+        fields = {}
         if auto_close is not None and auto_close != row.auto_close:
-            sets.append("auto_close = %s")
-            params.append(bool(auto_close))
+            fields["auto_close"] = bool(auto_close)
         if manual_checkpoint is not None and manual_checkpoint != row.manual_checkpoint:
-            sets.append("manual_checkpoint = %s")
-            params.append(bool(manual_checkpoint))
-        return (", ".join(sets), params) if sets else None
+            fields["manual_checkpoint"] = bool(manual_checkpoint)
+        return fields or None
 
     return _occ(partition_pk, consumer_pk, key, change)
 
@@ -396,7 +321,7 @@ def partition_advance(*, consumer_pk: int | None = None, key: str | None = None,
         higher = sorted({g for (g, s), n in counts.items() if g > row.gate and s != DELIVERED and n})
         if not higher:
             raise Conflict("no_next_gate", "no higher gate has jobs")
-        return "gate = %s", [higher[0]]
+        return {"gate": higher[0]}
 
     body = _occ(partition_pk, consumer_pk, key, change)
     row = _require(partition_pk, consumer_pk, key)
@@ -411,9 +336,7 @@ def partition_retry(*, consumer_pk: int | None = None, key: str | None = None,
     from jobs import state
 
     row = _require(partition_pk, consumer_pk, key)
-    with connection.cursor() as cur:
-        cur.execute("SELECT id FROM jobs_job WHERE partition_id = %s AND status = %s", [row.id, DEAD])
-        ids = [r[0] for r in cur.fetchall()]
+    ids = [r[0] for r in query_fetchall(Q.partition_dead_jobs, [row.id])]
     requeued = state.jobs_requeue_dead(consumer_pk=row.consumer_pk, job_ids=ids, reason="partition-retry") if ids else 0
     partition_settle(partition_pk=row.id)
     return {**partition_repr(_require(row.id)), "requeued": requeued}
@@ -427,33 +350,13 @@ def partition_skip(*, consumer_pk: int | None = None, key: str | None = None,
     from jobs import state
 
     row = _require(partition_pk, consumer_pk, key)
-    with connection.cursor() as cur:
-        cur.execute("SELECT id FROM jobs_job WHERE partition_id = %s AND gate = %s AND status = %s",
-                    [row.id, row.gate, DEAD])
-        ids = [r[0] for r in cur.fetchall()]
-    skipped = state.jobs_delete_dead(consumer_pk=row.consumer_pk, job_ids=ids) if ids else 0
+    ids = [r[0] for r in query_fetchall(Q.partition_gate_dead_jobs, [row.id, row.gate])]
+    skipped = state.jobs_delete_dead(consumer_pk=row.consumer_pk, job_ids=ids, reason="partition-skip") if ids else 0
     partition_settle(partition_pk=row.id)
     return {**partition_repr(_require(row.id)), "skipped": skipped}
 
 
 # --- publish (called by jobs.publishing in the publish transaction) -----------------------
-
-_UPSERT_SQL = """
-INSERT INTO jobs_partition (consumer_id, key, gate, status, owner, version, closed, auto_close,
-                            manual_checkpoint, created_at, updated_at)
-SELECT c.id, k.key, k.gate, {AVAILABLE}, '', 0, false, false, false, now(), now()
-  FROM consumers_consumer c CROSS JOIN unnest(%(keys)s::text[], %(gates)s::int[]) AS k(key, gate)
- WHERE c.channel_id = %(channel)s
- ORDER BY c.id, k.key  -- one lock order for every publisher: no deadlocks between them
-ON CONFLICT (consumer_id, key) DO UPDATE SET
-    version = jobs_partition.version + 1, updated_at = now(),
-    status = CASE WHEN jobs_partition.status = {COMPLETE} AND NOT jobs_partition.closed
-                  THEN {AVAILABLE} ELSE jobs_partition.status END,
-    completed_at = CASE WHEN jobs_partition.status = {COMPLETE} AND NOT jobs_partition.closed
-                        THEN NULL ELSE jobs_partition.completed_at END
-RETURNING id, consumer_id, key, gate, status, closed
-""".format(AVAILABLE=AVAILABLE, COMPLETE=COMPLETE)
-
 
 def partitions_for_publish(*, channel_pk: int, gates_by_key: dict[str, list[int]]) -> list[int]:
     """Create or touch each consumer's partition of every key (one INSERT .. ON CONFLICT; a touch
@@ -463,10 +366,8 @@ def partitions_for_publish(*, channel_pk: int, gates_by_key: dict[str, list[int]
     was not closed (auto-close) is reopened. Returns the partition ids to settle after the jobs
     are inserted (those whose current gate is below a published gate)."""
     keys = sorted(gates_by_key)
-    with connection.cursor() as cur:
-        cur.execute(_UPSERT_SQL, {"channel": channel_pk, "keys": keys,
-                                  "gates": [min(gates_by_key[k]) for k in keys]})
-        rows = cur.fetchall()
+    rows = query_fetchall(Q.partitions_upsert, {"channel": channel_pk, "keys": keys,
+                                                 "gates": [min(gates_by_key[k]) for k in keys]})
     settle = []
     for pk, _consumer, key, gate, status, closed in rows:
         if closed:
@@ -480,71 +381,6 @@ def partitions_for_publish(*, channel_pk: int, gates_by_key: dict[str, list[int]
 
 
 # --- push leases ----------------------------------------------------------------------------------
-
-_RENEW_SQL = """
-UPDATE jobs_partition p SET lease_until = now() + %(lease)s * interval '1 second', version = p.version + 1
-  FROM (SELECT id, version FROM jobs_partition
-         WHERE owner = %(worker)s AND lease_until > now() AND status = {AVAILABLE}
-           AND lease_until < now() + %(renew_before)s * interval '1 second' ORDER BY id) m
- WHERE p.id = m.id AND p.version = m.version AND p.owner = %(worker)s  -- version-checked
-RETURNING p.id, p.version
-""".format(AVAILABLE=AVAILABLE)
-
-# Own leases with nothing to do (no QUEUED/INFLIGHT job at the current gate, or no longer
-# AVAILABLE) are given back, so fair shares count only partitions with work.
-_RELEASE_IDLE_SQL = """
-UPDATE jobs_partition p SET owner = '', lease_until = NULL, version = p.version + 1
-  FROM (SELECT id, version FROM jobs_partition q
-         WHERE q.owner = %(worker)s
-           AND (q.status <> {AVAILABLE} OR q.lease_until <= now() OR NOT EXISTS (
-                SELECT 1 FROM jobs_job j WHERE j.partition_id = q.id AND j.gate = q.gate
-                   AND j.status IN ({QUEUED}, {INFLIGHT}))) ORDER BY id) m
- WHERE p.id = m.id AND p.version = m.version AND p.owner = %(worker)s
-RETURNING p.id, p.version
-""".format(AVAILABLE=AVAILABLE, QUEUED=QUEUED, INFLIGHT=INFLIGHT)
-
-_RELEASE_ALL_SQL = """
-UPDATE jobs_partition p SET owner = '', lease_until = NULL, version = p.version + 1
-  FROM (SELECT id, version FROM jobs_partition WHERE owner = %(worker)s ORDER BY id) m
- WHERE p.id = m.id AND p.version = m.version AND p.owner = %(worker)s
-RETURNING p.id, p.version
-"""
-
-_OWNERS_SQL = """
-SELECT owner, count(*) FROM jobs_partition
- WHERE owner <> '' AND lease_until > now() GROUP BY owner
-"""
-
-# Free or expired AVAILABLE partitions of push consumers with a QUEUED job at the current gate and
-# none in flight (a job still in flight belongs to the worker that claimed it: taking the lease
-# now could let two workers deliver the partition's jobs at once).
-_FREE_SQL = """
-SELECT p.id, p.version FROM jobs_partition p
-  JOIN consumers_consumer c ON c.id = p.consumer_id
- WHERE c.type = 'push' AND NOT c.paused AND p.status = {AVAILABLE}
-   AND (p.owner = '' OR p.lease_until <= now())
-   AND EXISTS (SELECT 1 FROM jobs_job j WHERE j.partition_id = p.id AND j.gate = p.gate AND j.status = {QUEUED})
-   AND NOT EXISTS (SELECT 1 FROM jobs_job j WHERE j.partition_id = p.id AND j.gate = p.gate
-                      AND j.status = {INFLIGHT})
- LIMIT %(limit)s
-""".format(AVAILABLE=AVAILABLE, QUEUED=QUEUED, INFLIGHT=INFLIGHT)
-
-_TAKE_SQL = """
-UPDATE jobs_partition p SET owner = %(worker)s, lease_until = now() + %(lease)s * interval '1 second',
-       version = p.version + 1
-  FROM unnest(%(ids)s::bigint[], %(versions)s::bigint[]) AS v(id, version)
- WHERE p.id = v.id AND p.version = v.version AND p.status = {AVAILABLE}
-RETURNING p.id, p.version
-""".format(AVAILABLE=AVAILABLE)
-
-_STEAL_CANDIDATE_SQL = """
-SELECT p.id, p.version FROM jobs_partition p
- WHERE p.owner = %(victim)s AND p.lease_until > now() AND p.status = {AVAILABLE}
-   AND NOT EXISTS (SELECT 1 FROM jobs_job j WHERE j.partition_id = p.id AND j.gate = p.gate
-                      AND j.status = {INFLIGHT})
- ORDER BY random() LIMIT 1
-""".format(AVAILABLE=AVAILABLE, INFLIGHT=INFLIGHT)
-
 
 @dataclass
 class LeaseCycle:
@@ -574,9 +410,9 @@ def partition_leases_cycle(*, worker: str, lease: float | None = None, acquire: 
     params = {"worker": worker, "lease": lease, "renew_before": lease * 2.0 / 3.0}
 
     def plan(cur):
-        cur.execute(_OWNERS_SQL)
+        cur.execute(Q.leases_owners.sql)
         owners = dict(cur.fetchall())
-        cur.execute(_FREE_SQL, {"limit": candidates})
+        cur.execute(Q.partitions_free.sql, {"limit": candidates})
         free = cur.fetchall()
         mine = owners.get(worker, 0)
         total = sum(owners.values()) + len(free)
@@ -588,11 +424,11 @@ def partition_leases_cycle(*, worker: str, lease: float | None = None, acquire: 
         owners, free, mine, fair, victims = plan(cur) if acquire else ({}, [], 0, 0, [])
         take = acquire and mine < fair and (free or victims)
         if take:  # first, before any partition row lock: one lock order (lock, rows) for every cycle
-            cur.execute("SELECT pg_advisory_xact_lock(%s)", [PUSH_CLAIM_LOCK])
-        cur.execute(_RENEW_SQL, params)
+            cur.execute(Q.push_claim_lock.sql, [PUSH_CLAIM_LOCK])
+        cur.execute(Q.leases_renew.sql, params)
         out.writes += cur.fetchall()
         out.renewed = len(out.writes)
-        cur.execute(_RELEASE_IDLE_SQL, params)
+        cur.execute(Q.leases_release_idle.sql, params)
         released = cur.fetchall()
         out.writes += released
         out.released = len(released)
@@ -605,16 +441,16 @@ def partition_leases_cycle(*, worker: str, lease: float | None = None, acquire: 
         if want > 0 and free:
             random.shuffle(free)  # concurrent workers rarely fight over the same rows
             pick = sorted(free[:want])  # id order: the lock order of every multi-row partition write
-            cur.execute(_TAKE_SQL, {**params, "ids": [p[0] for p in pick], "versions": [p[1] for p in pick]})
+            cur.execute(Q.leases_take.sql, {**params, "ids": [p[0] for p in pick], "versions": [p[1] for p in pick]})
             taken = cur.fetchall()
             out.writes += taken
             out.taken = len(taken)
             mine += out.taken
         if mine < fair and victims:
-            cur.execute(_STEAL_CANDIDATE_SQL, {"victim": victims[0][1]})
+            cur.execute(Q.lease_steal_candidate.sql, {"victim": victims[0][1]})
             cand = cur.fetchone()
             if cand is not None:
-                cur.execute(_TAKE_SQL, {**params, "ids": [cand[0]], "versions": [cand[1]]})
+                cur.execute(Q.leases_take.sql, {**params, "ids": [cand[0]], "versions": [cand[1]]})
                 stolen = cur.fetchall()
                 out.writes += stolen
                 out.stolen = len(stolen)
@@ -625,6 +461,4 @@ def partition_leases_cycle(*, worker: str, lease: float | None = None, acquire: 
 
 def partition_leases_release(*, worker: str) -> int:
     """Give back every lease of ``worker`` (clean shutdown). Returns how many."""
-    with connection.cursor() as cur:
-        cur.execute(_RELEASE_ALL_SQL, {"worker": worker})
-        return cur.rowcount
+    return len(query_fetchall(Q.leases_release_all, {"worker": worker}))

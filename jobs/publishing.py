@@ -17,8 +17,9 @@ from psycopg.types.json import Jsonb
 from broker.errors import Conflict, Forbidden, InvalidInput, NotFound, RateLimited, Unauthenticated
 from broker.tokens import tokens_equal
 from broker.xid import xid_new
-from jobs import state
 from jobs.partitions import partition_settle, partitions_for_publish
+from broker.db.run import query_fetchall
+from jobs.queries import Q
 
 DISPATCHED = 102
 BACKLOG_RETRY_AFTER = 1  # seconds: a full backlog drains at the consumer's pace
@@ -41,30 +42,12 @@ def message_id_generate() -> str:
     return xid_new()
 
 
-# The last column is flow control's backlog cap, in the auth statement (no extra round trip): the
-# first consumer of the channel whose QUEUED count (maintained counters, never COUNT(*) over jobs)
-# has reached its maxQueued. Channels without caps pay one probe of the consumer index by channel.
-_AUTH_SQL = """
-SELECT c.id, c.token, p.id, p.token,
-       (SELECT k.consumer_id FROM consumers_consumer k
-         WHERE k.channel_id = c.id AND k.max_queued IS NOT NULL
-           AND k.max_queued <= COALESCE((SELECT sum(x.n) FROM (
-                   SELECT count AS n FROM broker_counter
-                    WHERE scope = 1 AND owner_id = k.id AND status = 1001
-                   UNION ALL
-                   SELECT delta FROM broker_counterdelta
-                    WHERE scope = 1 AND owner_id = k.id AND status = 1001) x), 0)
-         ORDER BY k.consumer_id LIMIT 1),
-       p.rate_limit_per_second, p.burst
-  FROM broker_channel c LEFT JOIN broker_producer p ON p.producer_id = %(producer)s::text
- WHERE c.channel_id = %(channel)s::text
-"""
 
 
 def publish_authenticate(*, channel_id: str, channel_token: str | None, producer_id: str | None,
                          producer_token: str | None) -> PublishContext:
     """webhook-broker's order of checks: channel 404, channel token 403, producer 401, token 403."""
-    rows = state.prepared_fetchall(_AUTH_SQL, {"producer": producer_id or "", "channel": channel_id})
+    rows = query_fetchall(Q.publish_auth, {"producer": producer_id or "", "channel": channel_id}, prepare=True)
     row = rows[0] if rows else None
     if row is None:
         raise NotFound("channel_not_found", "channel not found")
@@ -82,22 +65,6 @@ def publish_authenticate(*, channel_id: str, channel_token: str | None, producer
                           rate=row[5], burst=row[6])
 
 
-# Flow control: the producer's token bucket, in its row, taken in ONE conditional UPDATE so the limit
-# holds across every web process: the row lock serializes concurrent publishes and PostgreSQL
-# re-checks the WHERE on the newest row version, so two processes never spend the same tokens.
-# Elapsed time comes from the database clock. No row returned: not enough tokens.
-_RATE_TAKE_SQL = """
-UPDATE broker_producer SET
-    rate_tokens = LEAST(%(burst)s::float8,
-                        COALESCE(rate_tokens + extract(epoch FROM now() - rate_at) * %(rate)s::float8,
-                                 %(burst)s::float8)) - %(n)s::float8,
-    rate_at = now()
- WHERE id = %(producer)s::bigint
-   AND LEAST(%(burst)s::float8,
-             COALESCE(rate_tokens + extract(epoch FROM now() - rate_at) * %(rate)s::float8,
-                      %(burst)s::float8)) >= %(n)s::float8
-RETURNING rate_tokens
-"""
 
 
 def producer_rate_take(*, ctx: PublishContext, n: int) -> None:
@@ -106,8 +73,8 @@ def producer_rate_take(*, ctx: PublishContext, n: int) -> None:
     pay nothing."""
     rate = float(ctx.rate)
     burst = float(ctx.burst or max(1, math.ceil(rate)))
-    rows = state.prepared_fetchall(_RATE_TAKE_SQL, {"producer": ctx.producer_pk, "rate": rate,
-                                                    "burst": burst, "n": n})
+    rows = query_fetchall(Q.producer_rate_take, {"producer": ctx.producer_pk, "rate": rate,
+                                                    "burst": burst, "n": n}, prepare=True)
     if not rows:
         wait = max(1, math.ceil(min(n, burst) / rate))
         raise RateLimited("rate_limited",
@@ -161,60 +128,9 @@ def partition_parse(key: str | None, raw_gate: str | None) -> tuple[str | None, 
     return key, gate
 
 
-# Expiry: now + the message's TTL, else the channel's messageTTL (its row by primary key), else never.
-_EXPIRES = ("now() + COALESCE({ttl}, (SELECT message_ttl FROM broker_channel WHERE id = %(channel)s::bigint))"
-            " * interval '1 second'")
-
-_INSERT_MANY_SQL = f"""
-WITH m AS (
-    INSERT INTO broker_message (channel_id, message_id, producer_id, payload, content_type, priority,
-                                headers, status, received_at, dispatched_at, type, expires_at)
-    SELECT %(channel)s::bigint, t.mid, %(producer)s::bigint, t.payload, t.ctype, t.prio, t.headers, {DISPATCHED}, now(), now(),
-           t.type, {_EXPIRES.format(ttl="t.ttl")}
-      FROM unnest(%(mids)s::text[], %(payloads)s::bytea[], %(ctypes)s::text[], %(prios)s::int[],
-                  %(headers)s::jsonb[], %(types)s::text[], %(ttls)s::int[])
-           WITH ORDINALITY AS t(mid, payload, ctype, prio, headers, type, ttl, ord)
-     ORDER BY t.ord
-    ON CONFLICT (channel_id, message_id) DO NOTHING
-    RETURNING id, message_id, priority, channel_id, type, expires_at
-), {state.jobs_fanout_sql("m")}
-SELECT m.message_id, (SELECT count(*) FROM jobs_notified) FROM m
-"""
-
-_INSERT_ONE_SQL = f"""
-WITH m AS (
-    INSERT INTO broker_message (channel_id, message_id, producer_id, payload, content_type, priority,
-                                headers, status, received_at, dispatched_at, type, expires_at)
-    VALUES (%(channel)s::bigint, %(mid)s::text, %(producer)s::bigint, %(payload)s::bytea, %(ctype)s::text,
-            %(prio)s::int, %(headers)s::jsonb, {DISPATCHED}, now(), now(),
-            %(type)s::text, {_EXPIRES.format(ttl="%(ttl)s::int")})
-    ON CONFLICT (channel_id, message_id) DO NOTHING
-    RETURNING id, message_id, priority, channel_id, type, expires_at
-), {state.jobs_fanout_sql("m")}
-SELECT m.message_id, (SELECT count(*) FROM jobs_notified) FROM m
-"""
 
 
-_INSERT_PARTITIONED_SQL = f"""
-WITH m AS (
-    INSERT INTO broker_message (channel_id, message_id, producer_id, payload, content_type, priority,
-                                headers, status, received_at, dispatched_at, type, expires_at)
-    SELECT %(channel)s::bigint, t.mid, %(producer)s::bigint, t.payload, t.ctype, t.prio, t.headers, {DISPATCHED}, now(), now(),
-           t.type, {_EXPIRES.format(ttl="t.ttl")}
-      FROM unnest(%(mids)s::text[], %(payloads)s::bytea[], %(ctypes)s::text[], %(prios)s::int[],
-                  %(headers)s::jsonb[], %(types)s::text[], %(ttls)s::int[])
-           WITH ORDINALITY AS t(mid, payload, ctype, prio, headers, type, ttl, ord)
-     ORDER BY t.ord
-    ON CONFLICT (channel_id, message_id) DO NOTHING
-    RETURNING id, message_id, priority, channel_id, type, expires_at
-), src AS (
-    SELECT DISTINCT ON (m.id) m.id, m.priority, m.channel_id, m.type, m.expires_at, k.pkey, k.gate
-      FROM m JOIN unnest(%(mids)s::text[], %(pkeys)s::text[], %(gates)s::int[]) WITH ORDINALITY
-                  AS k(mid, pkey, gate, ord) ON k.mid = m.message_id
-     ORDER BY m.id, k.ord
-), {state.jobs_fanout_sql("src", partitioned=True)}
-SELECT m.message_id, (SELECT count(*) FROM jobs_notified) FROM m
-"""
+
 
 
 def _publish_partitioned(ctx: PublishContext, messages: list[NewMessage], ids: list[str]) -> list[tuple]:
@@ -228,13 +144,13 @@ def _publish_partitioned(ctx: PublishContext, messages: list[NewMessage], ids: l
             gates.setdefault(m.partition_key, []).append(int(m.gate))
     with transaction.atomic():
         settle = partitions_for_publish(channel_pk=ctx.channel_pk, gates_by_key=gates)
-        rows = state.prepared_fetchall(_INSERT_PARTITIONED_SQL, {
+        rows = query_fetchall(Q.insert_partitioned, {
             "channel": ctx.channel_pk, "producer": ctx.producer_pk, "mids": ids,
             "payloads": [m.payload for m in messages], "ctypes": [m.content_type for m in messages],
             "prios": [m.priority for m in messages], "headers": [Jsonb(m.headers or {}) for m in messages],
             "types": [m.type for m in messages], "ttls": [m.ttl for m in messages],
             "pkeys": [m.partition_key for m in messages], "gates": [int(m.gate) for m in messages],
-        })
+        }, prepare=True)
         for pk in settle:
             partition_settle(partition_pk=pk)
     return rows
@@ -254,13 +170,13 @@ def messages_publish(*, ctx: PublishContext, messages: list[NewMessage]) -> list
         rows = _publish_partitioned(ctx, messages, ids)
     elif len(messages) == 1:
         m = messages[0]
-        rows = state.prepared_fetchall(_INSERT_ONE_SQL, {
+        rows = query_fetchall(Q.insert_one, {
             "channel": ctx.channel_pk, "producer": ctx.producer_pk, "mid": ids[0], "payload": m.payload,
             "ctype": m.content_type, "prio": m.priority, "headers": Jsonb(m.headers or {}),
             "type": m.type, "ttl": m.ttl,
-        })
+        }, prepare=True)
     else:
-        rows = state.prepared_fetchall(_INSERT_MANY_SQL, {
+        rows = query_fetchall(Q.insert_many, {
             "channel": ctx.channel_pk,
             "producer": ctx.producer_pk,
             "mids": ids,
@@ -270,7 +186,7 @@ def messages_publish(*, ctx: PublishContext, messages: list[NewMessage]) -> list
             "headers": [Jsonb(m.headers or {}) for m in messages],
             "types": [m.type for m in messages],
             "ttls": [m.ttl for m in messages],
-        })
+        }, prepare=True)
     created = {r[0] for r in rows}
     result = []
     for mid in ids:

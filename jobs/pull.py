@@ -22,11 +22,13 @@ from django.db import connection
 
 from broker import xid
 from broker.counters import JOB, REDELIVERED, counts_for
+from broker.db.run import query_execute, query_fetchall, query_fetchone
 from broker.errors import Conflict, InvalidInput, NotFound, PreconditionFailed, TooLarge
 from broker.tokens import token_require
 from broker.xid import job_xid
 from jobs import pull_moves, state
 from jobs.expiry import job_expired_status
+from jobs.queries import Q
 from jobs.state import DEAD, DELIVERED, INFLIGHT, QUEUED
 from jobs.wakeup import wakeups
 
@@ -68,24 +70,12 @@ def job_id_parse(raw: str) -> int | None:
     return xid.job_pk(raw)
 
 
-_AUTH_SQL = """
-SELECT ch.id, ch.token, c.id, c.token, c.type, c.max_retry,
-       j.id, j.status, j.retry_count, j.incremental_timeout, j.deadline < now(),
-       c.priority_policy, c.priority_groups, c.priority_timeout
-  FROM broker_channel ch
-  LEFT JOIN consumers_consumer c ON c.channel_id = ch.id AND c.consumer_id = %(consumer)s
-  LEFT JOIN jobs_job j ON j.id = %(job)s AND j.consumer_id = c.id
- WHERE ch.channel_id = %(channel)s
-"""
-_AUTH_SQL = state.typed_sql(_AUTH_SQL, {"consumer": "text", "job": "bigint", "channel": "text"})
-
-
 def pull_authenticate(*, channel_id: str, consumer_id: str, channel_token: str | None,
                       consumer_token: str | None, admin: bool = False, require_pull: bool = True,
                       job_id: str | None = None) -> PullContext:
     """One query for channel, consumer (and job), then ``auth_check``."""
     job_pk = job_id_parse(job_id) if job_id is not None else None
-    rows = state.prepared_fetchall(_AUTH_SQL, {"channel": channel_id, "consumer": consumer_id, "job": job_pk})
+    rows = query_fetchall(Q.pull_auth, {"channel": channel_id, "consumer": consumer_id, "job": job_pk}, prepare=True)
     return auth_check(rows[0] if rows else None, channel_id=channel_id, consumer_id=consumer_id,
                       channel_token=channel_token, consumer_token=consumer_token, admin=admin,
                       require_pull=require_pull, with_job=job_id is not None)
@@ -93,7 +83,7 @@ def pull_authenticate(*, channel_id: str, consumer_id: str, channel_token: str |
 
 def auth_check(row, *, channel_id: str, consumer_id: str, channel_token: str | None, consumer_token: str | None,
                admin: bool = False, require_pull: bool = True, with_job: bool = False) -> PullContext:
-    """Checks in the spec's order on an auth row (``_AUTH_SQL``'s columns): channel 404, channel
+    """Checks in the spec's order on an auth row (``pull_auth``'s columns): channel 404, channel
     token 401/403, consumer 404, consumer token 401/403, push consumer 412, job 404 (unknown, not
     an integer, or another consumer's). ``admin`` (already verified) skips the token checks."""
     if row is None:
@@ -195,20 +185,6 @@ def limit_parse(raw: str | None, *, default: int = QUEUED_JOBS_DEFAULT, maximum:
     return min(int(text), maximum)
 
 
-# job_claim walked in its order; each job's message by primary key (LATERAL ... LIMIT 1 is never
-# turned into a join: a generic plan guesses an unknown LIMIT at 10% of the backlog and hash-joined
-# the whole message table, 600 ms at a 1M backlog)
-_QUEUED_SQL = """
-SELECT j.id, j.priority, j.incremental_timeout, m.message_id, m.payload, m.content_type, m.headers, m.type
-  FROM (SELECT id, priority, incremental_timeout, message_id FROM jobs_job
-         WHERE consumer_id = %(consumer)s AND status = %(queued)s AND next_attempt_at <= now()
-           AND (expires_at IS NULL OR expires_at > now())  -- expiry: never listed once expired
-         ORDER BY priority DESC, id LIMIT %(limit)s) j
-  CROSS JOIN LATERAL (SELECT message_id, payload, content_type, headers, type FROM broker_message
-                       WHERE id = j.message_id LIMIT 1) m
- ORDER BY j.priority DESC, j.id
-"""
-_QUEUED_SQL = state.typed_sql(state.statuses_inline(_QUEUED_SQL), {"consumer": "bigint", "queued": "smallint", "limit": "int"})
 
 
 def queued_jobs_list(*, ctx: PullContext, limit: int) -> list[dict]:
@@ -217,7 +193,7 @@ def queued_jobs_list(*, ctx: PullContext, limit: int) -> list[dict]:
     if limit <= 0:
         return []
     consumer_sweep(consumer_pk=ctx.consumer_pk)
-    rows = state.prepared_fetchall(_QUEUED_SQL, {"consumer": ctx.consumer_pk, "queued": QUEUED, "limit": limit})
+    rows = query_fetchall(Q.queued_jobs, {"consumer": ctx.consumer_pk, "limit": limit}, prepare=True)
     result = []
     for r in rows:
         item = {"ID": job_xid(r[0]), "Priority": r[1], "IncrementalTimeout": seconds_repr(r[2]),
@@ -248,7 +224,7 @@ def job_transition(*, channel_id: str, consumer_id: str, job_id: str, channel_to
     which is then a 400 - the ``pull`` endpoint is the safe way to claim). IncrementalTimeout only
     with INFLIGHT from QUEUED or DEAD. Everything else, and a lost race, is a 400.
 
-    One round trip: ``state.job_move_pull_authenticated`` reads the auth row and attempts the
+    One round trip: ``state.job_move_pull_authenticated_grouped`` reads the auth row and attempts the
     move (guarded by the tokens and the job's status) in one statement; the checks below then
     decide the answer from the row as it was before the move. Committed asynchronously unless
     ``BROKER_PULL_ASYNC_COMMIT`` is off (``jobs.pull_moves`` says why that is safe)."""
@@ -282,15 +258,6 @@ def job_transition(*, channel_id: str, consumer_id: str, job_id: str, channel_to
     raise InvalidInput("invalid_transition", "invalid transition request")
 
 
-_JOB_SQL = """
-SELECT j.id, j.status, j.retry_count, j.priority, j.incremental_timeout, j.deadline, j.status_changed_at,
-       j.next_attempt_at, m.message_id, p.producer_id, c.callback_url, c.name
-  FROM jobs_job j
-  JOIN broker_message m ON m.id = j.message_id
-  JOIN broker_producer p ON p.id = m.producer_id
-  JOIN consumers_consumer c ON c.id = j.consumer_id
- WHERE j.id = %s AND j.consumer_id = %s
-"""
 
 
 def job_detail(*, ctx: PullContext) -> dict:
@@ -298,9 +265,7 @@ def job_detail(*, ctx: PullContext) -> dict:
     in-flight job past its deadline is swept first, so the answer never shows a stale lease."""
     if ctx.job[1] == INFLIGHT and ctx.job[4]:
         consumer_sweep(consumer_pk=ctx.consumer_pk, force=True)
-    with connection.cursor() as cur:
-        cur.execute(_JOB_SQL, [ctx.job[0], ctx.consumer_pk])
-        row = cur.fetchone()
+    row = query_fetchone(Q.pull_job, [ctx.job[0], ctx.consumer_pk])
     if row is None:
         raise NotFound("job_not_found", "job not found")
 
@@ -425,42 +390,6 @@ def _claim(ctx: PullContext, req: PullRequest) -> list[state.ClaimedJob]:
                                      incremental_timeout=req.incremental_timeout, reason="pull")
 
 
-# When the next QUEUED job becomes due (seconds; <= 0: one is due now) and when the next in-flight
-# deadline passes, for a pull that found nothing and waits. A first attempt is due from its creation
-# (job_push_fresh: the first one in claim order), a retry at its next_attempt_at (job_push_retry, by
-# time); in-flight deadlines from job_inflight_consumer. Each is one short index probe, never a
-# scan of the backlog (a paused consumer's waiting pulls run this on every wake-up).
-_NEXT_PROBES = f"""
-       EXTRACT(EPOCH FROM LEAST(
-           (SELECT f.next_attempt_at FROM jobs_job f
-             WHERE f.consumer_id = %(consumer)s AND f.status = {QUEUED} AND f.retry_count = 0
-               AND f.partition_id IS NULL AND (f.expires_at IS NULL OR f.expires_at > now())
-             ORDER BY f.priority DESC, f.id LIMIT 1),
-           (SELECT min(r.next_attempt_at) FROM jobs_job r
-             WHERE r.consumer_id = %(consumer)s AND r.status = {QUEUED} AND r.retry_count > 0
-               AND (r.partition_id IS NULL OR r.next_attempt_at > now())
-               AND (r.expires_at IS NULL OR r.expires_at > now()))) - now()),
-       EXTRACT(EPOCH FROM (SELECT min(i.deadline) FROM jobs_job i
-                            WHERE i.consumer_id = %(consumer)s AND i.status = {INFLIGHT}) - now())"""
-
-_WAITER_SQL = """
-WITH gc AS (
-    DELETE FROM consumers_pullwaiter WHERE consumer_id = %(consumer)s AND expires_at < now() - interval '5 seconds'
-), w AS (
-    INSERT INTO consumers_pullwaiter ("group", priority, pin_id, min_pending, min_ack_pending, batch, max_bytes,
-                                      arrived_at, expires_at, consumer_id)
-    VALUES (%(group)s, %(priority)s, %(pin)s, NULL, NULL, %(batch)s, %(max_bytes)s,
-            now(), now() + %(expires)s * interval '1 second', %(consumer)s)
-    RETURNING id
-)
-SELECT (SELECT id FROM w),""" + _NEXT_PROBES
-
-_NEXT_SQL = "SELECT" + _NEXT_PROBES
-
-
-# In _WAITER_SQL / _NEXT_SQL a partitioned job counts as "due" only while delayed (retry backoff):
-# one waiting behind its partition's gate would otherwise look overdue and make the waiter spin;
-# a gate advance NOTIFYs the waiters instead (jobs.partitions).
 
 
 def _next_check(due_in, deadline_in, remaining: float) -> float:
@@ -497,13 +426,10 @@ def jobs_pull(*, ctx: PullContext, req: PullRequest) -> list[state.ClaimedJob]:
         return jobs
     waiter_id = None
     try:
-        with connection.cursor() as cur:
-            cur.execute(_WAITER_SQL, {
-                "consumer": ctx.consumer_pk, "group": req.group, "priority": req.priority, "pin": req.pin_id,
-                "batch": req.batch, "max_bytes": req.max_bytes, "expires": req.expires,
-                "queued": QUEUED, "inflight": INFLIGHT,
-            })
-            waiter_id, due_in, deadline_in = cur.fetchone()
+        waiter_id, due_in, deadline_in = query_fetchone(Q.pull_waiter, {
+            "consumer": ctx.consumer_pk, "group": req.group, "priority": req.priority, "pin": req.pin_id,
+            "batch": req.batch, "max_bytes": req.max_bytes, "expires": req.expires,
+        })
         while True:
             now = time.monotonic()
             remaining = end - now
@@ -520,13 +446,10 @@ def jobs_pull(*, ctx: PullContext, req: PullRequest) -> list[state.ClaimedJob]:
             jobs = _claim(ctx, req)
             if jobs:
                 return jobs
-            with connection.cursor() as cur:
-                cur.execute(_NEXT_SQL, {"consumer": ctx.consumer_pk, "queued": QUEUED, "inflight": INFLIGHT})
-                due_in, deadline_in = cur.fetchone()
+            due_in, deadline_in = query_fetchone(Q.pull_next, {"consumer": ctx.consumer_pk})
     finally:
         if waiter_id is not None:
-            with connection.cursor() as cur:
-                cur.execute("DELETE FROM consumers_pullwaiter WHERE id = %s", [waiter_id])
+            query_execute(Q.pull_waiter_delete, [waiter_id])
 
 
 @dataclass
@@ -627,10 +550,7 @@ def jobs_ack(*, ctx: PullContext, items: list[AckItem]) -> list[dict]:
     current = {}
     missed = [it.job_id for it in moves if it.job_id not in moved_gate]
     if missed:
-        with connection.cursor() as cur:
-            cur.execute("SELECT id, status FROM jobs_job WHERE id = ANY(%s) AND consumer_id = %s",
-                        [missed, ctx.consumer_pk])
-            current = dict(cur.fetchall())
+        current = dict(query_fetchall(Q.ack_current, [missed, ctx.consumer_pk]))
     result = []
     for it in items:
         if it.gate is not None and it.job_id is not None:
@@ -665,9 +585,6 @@ def job_progress(*, ctx: PullContext, incremental_timeout: float | None) -> dict
 
 # --- statistics --------------------------------------------------------------------------------------
 
-_WAITING_SQL = "SELECT count(*) FROM consumers_pullwaiter WHERE consumer_id = %s AND expires_at > now()"  # pullwaiter_live
-
-
 def consumer_stats(*, consumer_pk: int, sweep: bool = False) -> dict:
     """Maintained counters (never COUNT(*) over jobs) plus the live waiter rows. ``sweep`` (pull
     consumers) first requeues expired leases, at most once a second per process, so the numbers
@@ -675,9 +592,7 @@ def consumer_stats(*, consumer_pk: int, sweep: bool = False) -> dict:
     if sweep:
         consumer_sweep(consumer_pk=consumer_pk)
     counts = counts_for(scope=JOB, owner_ids=[consumer_pk]).get(consumer_pk, {})
-    with connection.cursor() as cur:
-        cur.execute(_WAITING_SQL, [consumer_pk])
-        waiting = int(cur.fetchone()[0])
+    waiting = int(query_fetchone(Q.pull_waiting, [consumer_pk])[0])
     return {
         "NumPending": counts.get(QUEUED, 0),
         "NumAckPending": counts.get(INFLIGHT, 0),

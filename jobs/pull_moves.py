@@ -16,16 +16,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from jobs import state
-
-# state._PULL_MOVE_AUTH_GROUPED_SQL plus set_config(..., is_local => true): SET LOCAL for the
-# statement's own transaction (autocommit), read when it commits. Same plan: the job by primary
-# key (jobs_job_pkey), channel and consumer by their unique keys.
-_GROUPED_TAIL = "(SELECT u.partition_id FROM u) FROM a"
-PULL_MOVE_AUTH_ASYNC_SQL = state._PULL_MOVE_AUTH_GROUPED_SQL.replace(
-    _GROUPED_TAIL, "(SELECT u.partition_id FROM u), set_config('synchronous_commit', 'off', true) FROM a")
-assert PULL_MOVE_AUTH_ASYNC_SQL.count("set_config") == 1, "_PULL_MOVE_AUTH_GROUPED_SQL changed: update this copy"
-MOVED_COLUMN = 12  # as in the grouped statement: the auth row, the policy, moved, partition
+from jobs.acks import pull_move_auth_run
 
 
 def job_move_pull_authenticated_async(*, channel_id: str, consumer_id: str, job_id: int | None,
@@ -33,13 +24,11 @@ def job_move_pull_authenticated_async(*, channel_id: str, consumer_id: str, job_
                                       from_statuses: Sequence[int], to_status: int,
                                       incremental_timeout: float | None = None, reason: str = "pull",
                                       connection_timeout: float | None = None) -> tuple[tuple | None, bool, str]:
-    """``state.job_move_pull_authenticated_grouped`` committed asynchronously (same checks and
-    answer: (auth row, moved, the consumer's priority policy or ''))."""
-    row = state._pull_move_auth_run(PULL_MOVE_AUTH_ASYNC_SQL, MOVED_COLUMN, channel_id=channel_id,
-                                    consumer_id=consumer_id, job_id=job_id, channel_token=channel_token,
-                                    consumer_token=consumer_token, from_statuses=from_statuses,
-                                    to_status=to_status, incremental_timeout=incremental_timeout,
-                                    reason=reason, connection_timeout=connection_timeout)
-    if row is None:
-        return None, False, ""
-    return row[:11], bool(row[MOVED_COLUMN]), row[11] or ""
+    """``state.job_move_pull_authenticated_grouped`` committed asynchronously (``pull_move_auth`` with
+    ``async_commit``: set_config('synchronous_commit', 'off', true) in the same statement; same
+    checks and answer: (auth row, moved, the consumer's priority policy or ''))."""
+    return pull_move_auth_run(channel_id=channel_id, consumer_id=consumer_id,
+                              job_id=job_id, channel_token=channel_token, consumer_token=consumer_token,
+                              from_statuses=from_statuses, to_status=to_status,
+                              incremental_timeout=incremental_timeout, reason=reason,
+                              connection_timeout=connection_timeout, async_commit=True)

@@ -3,7 +3,7 @@
 ``consumer_replay`` is the one service behind ``POST /channel/{c}/consumer/{k}/replay``, the admin
 page's "Replay" form and ``manage.py replay``. It walks the channel's messages received in
 [since, until] in chunks of ``CHUNK`` (one statement and one short transaction each,
-``jobs.state.jobs_replay_chunk``), so a replay of a million messages never holds long locks and
+``jobs.replay_moves.jobs_replay_chunk``), so a replay of a million messages never holds long locks and
 publishing goes on beside it. Every replay is recorded as an advisory (``replay``).
 """
 
@@ -13,13 +13,13 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import connection
-
+from broker.db.run import query_fetchone
 from broker.errors import InvalidInput
 from broker.times import rfc3339
 from consumers.models import Consumer
 from jobs.advisories import advisory_record
-from jobs.state import jobs_replay_chunk
+from jobs.queries import Q
+from jobs.replay_moves import jobs_replay_chunk
 
 CHUNK = 10_000  # messages per statement (and per transaction)
 # After each chunk the replay rests this many seconds per second the chunk took, so it uses at
@@ -54,9 +54,7 @@ def replay_window_check(*, since: datetime, until: datetime | None, now: datetim
 
 
 def _db_now() -> datetime:
-    with connection.cursor() as cur:
-        cur.execute("SELECT now()")
-        return cur.fetchone()[0]
+    return query_fetchone(Q.db_now)[0]
 
 
 def consumer_replay(*, consumer: Consumer, since: datetime, until: datetime | None = None,

@@ -18,9 +18,11 @@ from django.conf import settings
 from django.db import connection, transaction
 from psycopg.types.json import Jsonb
 
+from broker.db.run import query_fetchone
 from broker.errors import Conflict, InvalidInput, NotFound, PreconditionFailed
 from broker.models import ScheduledMessage
 from jobs import publishing
+from jobs.queries import Q
 
 logger = logging.getLogger(__name__)
 
@@ -48,23 +50,6 @@ def scheduled_for_parse(raw: str) -> datetime:
         raise InvalidInput("invalid_scheduled_for", "X-Broker-Scheduled-For is out of range") from None
 
 
-_CREATE_SQL = """
-WITH chk AS (
-    SELECT %(at)s >= now() + %(min_delay)s * interval '1 second' AS in_time,
-           EXISTS (SELECT 1 FROM broker_message WHERE channel_id = %(channel)s AND message_id = %(mid)s) AS taken
-), ins AS (
-    INSERT INTO broker_scheduledmessage (channel_id, message_id, producer_id, payload, content_type, priority,
-                                         headers, status, dispatch_at, created_at, error, type, ttl)
-    SELECT %(channel)s, %(mid)s, %(producer)s, %(payload)s, %(ctype)s, %(prio)s, %(headers)s, %(scheduled)s,
-           %(at)s, now(), '', %(type)s, %(ttl)s
-      FROM chk WHERE in_time AND NOT taken
-    ON CONFLICT (channel_id, message_id) DO NOTHING
-    RETURNING id
-)
-SELECT in_time, taken, (SELECT count(*) FROM ins) FROM chk
-"""
-
-
 def scheduled_message_create(*, ctx: publishing.PublishContext, message: publishing.NewMessage,
                              dispatch_at: datetime) -> str:
     """Store a message to publish at ``dispatch_at`` (at least BROKER_MIN_SCHEDULE_DELAY ahead by
@@ -72,7 +57,7 @@ def scheduled_message_create(*, ctx: publishing.PublishContext, message: publish
     message or another scheduled message. Returns the message id."""
     mid = message.message_id or publishing.message_id_generate()
     with connection.cursor() as cur:
-        cur.execute(_CREATE_SQL, {
+        cur.execute(Q.scheduled_create.sql, {
             "at": dispatch_at, "min_delay": float(settings.BROKER_MIN_SCHEDULE_DELAY), "channel": ctx.channel_pk,
             "mid": mid, "producer": ctx.producer_pk, "payload": message.payload, "ctype": message.content_type,
             "prio": message.priority, "headers": Jsonb(message.headers or {}), "scheduled": SCHEDULED,
@@ -87,25 +72,6 @@ def scheduled_message_create(*, ctx: publishing.PublishContext, message: publish
     return mid
 
 
-_DUE_SQL = """
-SELECT s.id, s.channel_id, ch.channel_id, s.producer_id, p.producer_id, s.message_id, s.payload,
-       s.content_type, s.priority, s.headers, s.type, s.ttl
-  FROM broker_scheduledmessage s
-  JOIN broker_channel ch ON ch.id = s.channel_id
-  JOIN broker_producer p ON p.id = s.producer_id
- WHERE s.status = %(scheduled)s AND s.dispatch_at <= now()
- ORDER BY s.dispatch_at
- LIMIT %(limit)s
-   FOR UPDATE OF s SKIP LOCKED
-"""
-
-_MARK_SQL = """
-UPDATE broker_scheduledmessage s SET status = v.status, dispatched_at = now(), error = v.error
-  FROM unnest(%(ids)s::bigint[], %(statuses)s::smallint[], %(errors)s::text[]) AS v(id, status, error)
- WHERE s.id = v.id AND s.status = %(scheduled)s
-"""
-
-
 def _json(value) -> dict:
     """A jsonb column read through a raw cursor (Django leaves jsonb undecoded; JSONField decodes)."""
     if isinstance(value, (str, bytes)):
@@ -118,7 +84,7 @@ def scheduled_dispatch_due(*, limit: int = 100) -> int:
     nothing is due (partial index on ``dispatch_at WHERE status = SCHEDULED``). Returns how many
     were published."""
     with transaction.atomic(), connection.cursor() as cur:
-        cur.execute(_DUE_SQL, {"scheduled": SCHEDULED, "limit": limit})
+        cur.execute(Q.scheduled_due.sql, {"scheduled": SCHEDULED, "limit": limit})
         rows = cur.fetchall()
         if not rows:
             return 0
@@ -141,7 +107,7 @@ def scheduled_dispatch_due(*, limit: int = 100) -> int:
                 published += bool(created)
                 if not created:
                     logger.warning("scheduled message %s/%s not published: id already used", channel_id, row[5])
-        cur.execute(_MARK_SQL, {"ids": ids, "statuses": statuses, "errors": errors, "scheduled": SCHEDULED})
+        cur.execute(Q.scheduled_mark.sql, {"ids": ids, "statuses": statuses, "errors": errors, "scheduled": SCHEDULED})
     return published
 
 
@@ -150,15 +116,10 @@ def scheduled_message_cancel(*, channel_pk: int, message_id: str) -> None:
     A dispatch in progress holds the row lock, so the DELETE waits for it and then finds the
     row no longer SCHEDULED (409)."""
     with connection.cursor() as cur:
-        cur.execute(
-            "DELETE FROM broker_scheduledmessage WHERE channel_id = %s AND message_id = %s AND status = %s "
-            "RETURNING id",
-            [channel_pk, message_id, SCHEDULED],
-        )
+        cur.execute(Q.scheduled_cancel.sql, [channel_pk, message_id, SCHEDULED])
         if cur.fetchone() is not None:
             return
-        cur.execute("SELECT status FROM broker_scheduledmessage WHERE channel_id = %s AND message_id = %s",
-                    [channel_pk, message_id])
+        cur.execute(Q.scheduled_status.sql, [channel_pk, message_id])
         row = cur.fetchone()
     if row is None:
         raise NotFound("scheduled_message_not_found", "scheduled message not found")
@@ -167,7 +128,4 @@ def scheduled_message_cancel(*, channel_pk: int, message_id: str) -> None:
 
 def scheduled_next_at(*, channel_pk: int):
     """Due time of the channel's next pending scheduled message (None when there is none)."""
-    with connection.cursor() as cur:
-        cur.execute("SELECT min(dispatch_at) FROM broker_scheduledmessage WHERE channel_id = %s AND status = %s",
-                    [channel_pk, SCHEDULED])
-        return cur.fetchone()[0]
+    return query_fetchone(Q.scheduled_next, [channel_pk, SCHEDULED])[0]

@@ -45,6 +45,7 @@ from jobs.push import delivery
 from jobs.push.delivery import Result, Target
 from jobs.push.http import Client as HttpClient
 from jobs.push.http import ProtocolError
+from jobs.queries import Q
 from jobs.wakeup import CHANNEL
 
 logger = logging.getLogger(__name__)
@@ -54,15 +55,6 @@ logger = logging.getLogger(__name__)
 COALESCE = 0.002
 LEASE_KICK = 0.2  # seconds: the soonest a NOTIFY brings the next partition lease cycle after the last
 
-_TARGETS_SQL = """
-SELECT c.id, c.consumer_id, ch.channel_id, c.callback_url, c.token, c.signing_secret,
-       c.previous_signing_secret, c.previous_secret_expires_at, c.connection_timeout, c.max_retry,
-       c.retry_backoff, c.max_deliveries_per_second, c.updated_at
-  FROM consumers_consumer c JOIN broker_channel ch ON ch.id = c.channel_id
- WHERE c.id = ANY(%s)
-"""
-
-
 def _clean(text: str) -> str:
     return text.replace("\x00", "\ufffd")  # PostgreSQL text cannot hold NUL
 
@@ -70,7 +62,7 @@ def _clean(text: str) -> str:
 def targets_load(pks) -> dict[int, Target]:
     """Push consumers by pk, as the callbacks need them."""
     with connection.cursor() as cur:
-        cur.execute(_TARGETS_SQL, [list(pks)])
+        cur.execute(Q.push_targets.sql, [list(pks)])
         rows = cur.fetchall()
     targets = {}
     for (pk, consumer_id, channel_id, url, token, secret, previous, previous_expires, timeout, max_retry,
@@ -268,7 +260,7 @@ class Engine:
             return True
         if time.monotonic() - self._pull_loaded > 5.0:
             with connection.cursor() as cur:
-                cur.execute("SELECT id FROM consumers_consumer WHERE type = 'pull'")
+                cur.execute(Q.pull_consumer_ids.sql)
                 self.pull_pks = {row[0] for row in cur.fetchall()}
             self._pull_loaded = time.monotonic()
         share = self.wake_share

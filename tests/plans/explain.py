@@ -2,7 +2,7 @@
 judge the plan (which indexes it uses; no Seq Scan and no unbounded Sort over the big tables).
 
 Two ways a statement runs:
-- ``prepared``: a server-side prepared statement (``jobs.state.prepared_fetchall``, the push
+- ``prepared``: a server-side prepared statement (``broker.db.run.query_fetchall(..., prepare=True)``, the push
   dispatcher's bound cursor) planned with ``plan_cache_mode = force_generic_plan``, as every
   broker connection sets it (``broker.apps``). Tested with ``PREPARE`` + ``EXPLAIN EXECUTE``
   under that setting, so the test sees the generic plan that actually runs (and, for robustness

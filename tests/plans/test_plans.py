@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.plans.cases import CASES, statement_sql
+from tests.plans.cases import CASES, hot_queries, statement_sql
 from tests.plans.explain import explain_plain, explain_prepared, plan_problems, plan_text
 
 # Marked for the database so pytest-django sets up the test database; the cases read the big
@@ -31,3 +31,12 @@ def test_statement_plan(case, mode, stats, big_world, pg):
     problems = plan_problems(plan, index=case.index, sorts=bool(case.sorts))
     assert not problems, f"{case.name} ({stats} statistics, {mode or 'literals'}):\n" + "\n".join(problems) \
         + "\n" + plan_text(plan)
+
+
+def test_every_hot_query_of_every_registry_has_a_plan_case():
+    """A query marked ``-- hot`` in a ``<app>/queries.sql`` without a case here fails: its plan is
+    never checked otherwise."""
+    covered = {case.name for case in CASES}
+    hot = hot_queries()
+    assert hot, "no hot queries found: the registries did not load"
+    assert not [name for name in hot if name not in covered]

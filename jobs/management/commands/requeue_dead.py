@@ -16,6 +16,7 @@ from django.db import connection
 from broker.counters import JOB, counts_for
 from broker.xid import job_pk
 from jobs.management.selection import consumer_arguments, consumers_select
+from jobs.queries import Q
 from jobs.state import DEAD, jobs_requeue_dead
 
 
@@ -73,11 +74,7 @@ def _dead_id_batches(*, consumer_pk: int, batch: int, only: list[int] | None):
     last = 0
     while True:
         with connection.cursor() as cur:
-            cur.execute(
-                "SELECT id FROM jobs_job WHERE consumer_id = %s AND status = %s AND id > %s "
-                "AND (%s::bigint[] IS NULL OR id = ANY(%s::bigint[])) ORDER BY id LIMIT %s",
-                [consumer_pk, DEAD, last, only, only, batch],
-            )
+            cur.execute(Q.dead_id_batch.sql, [consumer_pk, DEAD, last, only, only, batch])
             ids = [row[0] for row in cur.fetchall()]
         if not ids:
             return

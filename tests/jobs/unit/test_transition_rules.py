@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from jobs import state
 from jobs.models import JobStatus
-from jobs.state import ALLOWED, DEAD, DELIVERED, INFLIGHT, QUEUED, IllegalTransition, Move
+from jobs.state import ALLOWED, DEAD, DELIVERED, GONE, INFLIGHT, QUEUED, IllegalTransition, Move
 
 STATUSES = [s.value for s in JobStatus]
 ILLEGAL = sorted(set(itertools.product(STATUSES, STATUSES)) - ALLOWED)
@@ -27,6 +27,8 @@ DOCUMENTED = {
     (DEAD, QUEUED),         # an operator / the DLQ requeues it
     (QUEUED, DEAD),         # its message expired (or an operator marks it dead)
     (DELIVERED, QUEUED),    # a replay delivers it again (jobs/replay.py)
+    (QUEUED, GONE),         # a queued job is purged (deleted, history row to GONE)
+    (DEAD, GONE),           # a dead job is deleted (DLQ delete, partition skip)
 }
 
 
@@ -48,7 +50,7 @@ def test_every_state_is_reachable_from_queued_and_none_is_a_dead_end():
             if a == here and b not in reached:
                 reached.add(b)
                 frontier.append(b)
-    assert reached == set(STATUSES)
+    assert reached == set(STATUSES) | {GONE}
     terminal = {s for s in STATUSES if not any(a == s for a, _ in ALLOWED)}
     assert terminal == set()  # DELIVERED leaves only by a replay, DEAD by a retry or requeue
 
@@ -77,15 +79,3 @@ def test_one_illegal_move_refuses_the_whole_batch(before, bad, after):
 def test_an_empty_batch_moves_nothing_without_sql():
     assert state.jobs_move(moves=[], reason="unit") == {}
 
-
-def test_status_placeholders_become_literals():
-    sql = "status = %(queued)s OR status = %(inflight)s::smallint OR s IN (%(dead)s, %(delivered)s) AND x = %(other)s"
-    assert state.statuses_inline(sql) == (f"status = {QUEUED} OR status = {INFLIGHT} OR s IN ({DEAD}, {DELIVERED}) "
-                                          "AND x = %(other)s")
-
-
-def test_typed_sql_casts_each_named_parameter_once():
-    sql = state.typed_sql("a = %(a)s AND b = %(b)s::int AND c = %(c)s", {"a": "bigint", "b": "text", "c": "text"})
-    assert sql == "a = %(a)s::bigint AND b = %(b)s::int AND c = %(c)s::text"
-    with pytest.raises(KeyError):  # a placeholder without a type is a programming error, found at import
-        state.typed_sql("a = %(a)s", {})

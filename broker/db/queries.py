@@ -1,0 +1,124 @@
+"""Named queries in procrastinate's style: each app keeps its SQL in ``<app>/queries.sql`` and
+reaches it by name through ``<app>/queries.py`` (``Q.name``; ``ALL`` is the dict).
+
+A file is a sequence of blocks::
+
+    -- claim_pull --
+    -- index: job_claim
+    -- hot
+    -- One line or more saying what it does and why it is shaped so.
+    WITH ... ;
+
+The name line opens a block; the comment lines right after it hold the metadata: ``index:`` is
+required (the index that serves the statement, ``pk`` for a primary key lookup, or ``none (why)``
+when none does), ``hot`` marks a hot-path statement (the plan tests must have a case for each),
+and every other comment line is its documentation. The SQL runs to the next name line; ``--``
+comments inside it stay part of it. A missing ``index:``, an empty body or a name used twice is
+an error when the file is loaded, so a broken registry never gets as far as a request.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+_NAME = re.compile(r"^--\s*([A-Za-z_][A-Za-z0-9_]*)\s*--\s*$")
+_INDEX = re.compile(r"^--\s*index:\s*(.*?)\s*$")
+_HOT = re.compile(r"^--\s*hot\s*$")
+
+
+@dataclass(frozen=True)
+class Query:
+    name: str
+    sql: str
+    index: str
+    hot: bool
+    doc: str
+
+    def __str__(self) -> str:
+        return self.sql
+
+
+class QueryFileError(ValueError):
+    """A queries file that breaks the format (the message names the file and line)."""
+
+
+def queries_parse(text: str, *, source: str = "<queries>") -> dict[str, Query]:
+    """The blocks of a queries file, by name (see the module docstring for the format)."""
+    blocks: list[tuple[str, int, list[str]]] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        match = _NAME.match(line.strip())
+        if match:
+            blocks.append((match.group(1), number, []))
+        elif blocks:
+            blocks[-1][2].append(line.rstrip())
+        elif line.strip() and not line.strip().startswith("--"):
+            raise QueryFileError(f"{source}:{number}: SQL before the first '-- name --' line")
+    queries: dict[str, Query] = {}
+    for name, number, lines in blocks:
+        if name in queries:
+            raise QueryFileError(f"{source}:{number}: query {name!r} is defined twice")
+        queries[name] = _block(name, lines, where=f"{source}:{number}")
+    return queries
+
+
+def _block(name: str, lines: list[str], *, where: str) -> Query:
+    index, hot, doc = None, False, []
+    body_start = len(lines)
+    for i, line in enumerate(lines):
+        text = line.strip()
+        if not text.startswith("--"):
+            if text:
+                body_start = i
+                break
+            continue
+        if (match := _INDEX.match(text)) is not None:
+            index = match.group(1)
+        elif _HOT.match(text):
+            hot = True
+        else:
+            doc.append(text[2:].strip())
+    sql = "\n".join(lines[body_start:]).strip()
+    if sql.endswith(";"):
+        sql = sql[:-1].rstrip()
+    if not index:
+        raise QueryFileError(f"{where}: query {name!r} has no '-- index:' line (name the index, 'pk', "
+                             "or 'none (why)')")
+    if not sql:
+        raise QueryFileError(f"{where}: query {name!r} has no SQL")
+    return Query(name=name, sql=sql, index=index, hot=hot, doc=" ".join(doc))
+
+
+def queries_load(path: str | Path) -> dict[str, Query]:
+    """Parse the queries file at ``path``."""
+    path = Path(path)
+    return queries_parse(path.read_text(encoding="utf-8"), source=str(path))
+
+
+class Registry:
+    """An app's queries by attribute (``Q.claim_pull``); iterating yields the Query objects."""
+
+    def __init__(self, queries: dict[str, Query]) -> None:
+        self._queries = dict(queries)
+
+    def __getattr__(self, name: str) -> Query:
+        try:
+            return self.__dict__["_queries"][name]
+        except KeyError:
+            raise AttributeError(f"no query named {name!r}") from None
+
+    def __iter__(self):
+        return iter(self._queries.values())
+
+    def __len__(self) -> int:
+        return len(self._queries)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._queries
+
+
+def app_queries(module_file: str) -> tuple[dict[str, Query], Registry]:
+    """``ALL, Q`` of the app whose ``queries.py`` is ``module_file`` (its ``queries.sql`` beside it)."""
+    queries = queries_load(Path(module_file).with_name("queries.sql"))
+    return queries, Registry(queries)
