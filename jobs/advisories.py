@@ -3,7 +3,9 @@
 ``advisory_record`` is the one entry point (pinned / unpinned priority groups today; partition
 events reuse it). The record is written in the caller's transaction; when
 ``BROKER_ADVISORY_CHANNEL`` names a channel the same JSON is published there, in the same
-transaction, through ``jobs.publishing.messages_publish`` (so subscribers of that
+transaction, by the receiver of the ``advisory_recorded`` signal (``jobs.publishing.advisory_publish``,
+connected in ``jobs.apps``: publishing imports partitions, which record advisories, so this module
+cannot import publishing) (so subscribers of that
 channel get it like any message, and a record is never lost to a failed publish: publishing
 problems are logged, never raised). The publisher is a broker-owned producer, ``broker-advisories``,
 created on first use with a random token nobody needs.
@@ -13,19 +15,21 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
 
 from django.conf import settings
 from django.db import connection, transaction
 
-from broker.models import Channel, Producer
+from django.dispatch import Signal
+
 from consumers.models import Advisory
-from jobs.publishing import NewMessage, PublishContext, messages_publish
 from jobs.queries import Q
 
 logger = logging.getLogger("broker.advisories")
 
 ADVISORY_PRODUCER = "broker-advisories"
+
+# Sent with ``body`` (advisory_repr) when BROKER_ADVISORY_CHANNEL is set, inside a savepoint.
+advisory_recorded = Signal()
 
 
 def advisory_repr(advisory: Advisory) -> dict:
@@ -34,25 +38,6 @@ def advisory_repr(advisory: Advisory) -> dict:
             "group": advisory.group, **advisory.data}
     body["timestamp"] = advisory.created_at.isoformat().replace("+00:00", "Z")
     return body
-
-
-def _publish(body: dict) -> None:
-    target = settings.BROKER_ADVISORY_CHANNEL
-    channel = Channel.objects.filter(channel_id=target).only("pk").first()
-    if channel is None:
-        logger.warning("BROKER_ADVISORY_CHANNEL %r does not exist; advisory %s only recorded", target, body["type"])
-        return
-    producer = Producer.objects.filter(producer_id=ADVISORY_PRODUCER).only("pk").first()
-    if producer is None:
-        with connection.cursor() as cur:  # concurrent first uses: one insert wins, the others read it
-            cur.execute(
-                Q.advisory_producer_create.sql,
-                [ADVISORY_PRODUCER, "Broker advisories", secrets.token_urlsafe(32)])
-        producer = Producer.objects.only("pk").get(producer_id=ADVISORY_PRODUCER)
-    ctx = PublishContext(channel_pk=channel.pk, channel_id=target, producer_pk=producer.pk,
-                         producer_id=ADVISORY_PRODUCER)
-    messages_publish(ctx=ctx, messages=[NewMessage(payload=json.dumps(body).encode(),
-                                                   content_type="application/json")])
 
 
 def advisory_record(*, type: str, channel: str, consumer: str = "", consumer_pk: int | None = None,
@@ -69,7 +54,7 @@ def advisory_record(*, type: str, channel: str, consumer: str = "", consumer_pk:
     if settings.BROKER_ADVISORY_CHANNEL:
         try:
             with transaction.atomic():
-                _publish(advisory_repr(advisory))
+                advisory_recorded.send(sender=Advisory, body=advisory_repr(advisory))
         except Exception:  # noqa: BLE001 - the record must survive any publishing problem
             logger.exception("publishing advisory %s to %s failed", type, settings.BROKER_ADVISORY_CHANNEL)
     return advisory

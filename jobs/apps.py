@@ -12,6 +12,8 @@ class JobsConfig(AppConfig):
         tests/system/architecture/test_no_function_imports.py names this method)."""
         from django_q.signals import post_spawn
 
+        from jobs.advisories import advisory_recorded
+        from jobs.publishing import advisory_publish
         from jobs.state import connection_plan_setup
         from jobs.tasks import on_worker_spawn
 
@@ -19,3 +21,5 @@ class JobsConfig(AppConfig):
         post_spawn.connect(on_worker_spawn, dispatch_uid="jobs.push_dispatch_on_spawn")
         # How the hot prepared statements are planned (jobs.state.PLAN_CACHE_MODE).
         connection_created.connect(connection_plan_setup, dispatch_uid="jobs.plan_cache_mode")
+        # Advisories published to BROKER_ADVISORY_CHANNEL (jobs.advisories cannot import publishing).
+        advisory_recorded.connect(advisory_publish, dispatch_uid="jobs.advisory_publish")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from broker.db.run import query_fetchall, query_fetchone
+from jobs import partitions
 from jobs.queries import Q
 from jobs.settling import settle_on_commit
 from jobs.transitions import DEAD, GONE, INFLIGHT, QUEUED, transition_check, transitions_check
@@ -86,3 +87,28 @@ def jobs_mark_dead(*, job_ids: Iterable[int], reason: str = "operator",
                                            "consumer": consumer_pk, "reason": reason[:32]})
     settle_on_commit(row[2] for row in rows)
     return {row[0]: row[1] for row in rows}
+
+
+# --- partition operator actions (jobs.partitions holds the partition rules) ---------------------
+
+def partition_retry(*, consumer_pk: int | None = None, key: str | None = None,
+                    partition_pk: int | None = None) -> dict:
+    """Requeue the partition's DEAD jobs (retry count reset, like the DLQ requeue); the partition
+    is AVAILABLE again (settled after the requeue). Answers the partition plus ``requeued``."""
+    row = partitions.partition_require(partition_pk, consumer_pk, key)
+    ids = [r[0] for r in query_fetchall(Q.partition_dead_jobs, [row.id])]
+    requeued = jobs_requeue_dead(consumer_pk=row.consumer_pk, job_ids=ids, reason="partition-retry") if ids else 0
+    partitions.partition_settle(partition_pk=row.id)
+    return {**partitions.partition_repr(partitions.partition_require(row.id)), "requeued": requeued}
+
+
+def partition_skip(*, consumer_pk: int | None = None, key: str | None = None,
+                   partition_pk: int | None = None) -> dict:
+    """Give up on the DEAD jobs at the partition's current gate: they are deleted (as the DLQ's
+    delete does; their history rows stay), so the gate counts as finished and the partition moves
+    on (AVAILABLE, next gate or COMPLETE). Answers the partition plus ``skipped``."""
+    row = partitions.partition_require(partition_pk, consumer_pk, key)
+    ids = [r[0] for r in query_fetchall(Q.partition_gate_dead_jobs, [row.id, row.gate])]
+    skipped = jobs_delete_dead(consumer_pk=row.consumer_pk, job_ids=ids, reason="partition-skip") if ids else 0
+    partitions.partition_settle(partition_pk=row.id)
+    return {**partitions.partition_repr(partitions.partition_require(row.id)), "skipped": skipped}

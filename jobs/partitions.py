@@ -24,6 +24,7 @@ import logging
 import math
 import os
 import random
+import time
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -31,6 +32,8 @@ from django.db import connection, transaction
 
 from broker.db.run import query_execute, query_fetchall, query_fetchone
 from broker.errors import Conflict, NotFound
+from jobs.advisories import advisory_record
+from jobs.locks import PUSH_CLAIM_LOCK
 from jobs.models import JobStatus, PartitionStatus
 from jobs.queries import Q
 
@@ -86,7 +89,7 @@ def _row(*, partition_pk: int | None = None, consumer_pk: int | None = None, key
     return Row(*r[:15], leased=bool(r[15]), completed_at=r[16]) if r else None
 
 
-def _require(partition_pk=None, consumer_pk=None, key=None) -> Row:
+def partition_require(partition_pk=None, consumer_pk=None, key=None) -> Row:
     row = _row(partition_pk=partition_pk, consumer_pk=consumer_pk, key=key)
     if row is None:
         raise NotFound("partition_not_found", "partition not found")
@@ -132,7 +135,7 @@ def partition_repr(row: Row, *, counts: bool = True) -> dict:
 def partition_get(*, consumer_pk: int | None = None, key: str | None = None,
                   partition_pk: int | None = None) -> dict:
     """A partition with its counts per gate and status (NotFound for an unknown one)."""
-    return partition_repr(_require(partition_pk, consumer_pk, key))
+    return partition_repr(partition_require(partition_pk, consumer_pk, key))
 
 
 # --- settle (the OCC state change after job moves) -------------------------------------------------
@@ -177,8 +180,6 @@ def _notify(consumer_pk: int) -> None:
 
 
 def _advise(row: Row, type_: str, gate: int) -> None:
-    from jobs.advisories import advisory_record
-
     counts = counts_repr(_counts(row.id))
     advisory_record(type=type_, channel=row.channel_id, consumer=row.consumer_id, consumer_pk=row.consumer_pk,
                     data={"key": row.key, "gate": gate, "counts": counts["total"], "gates": counts["gates"]})
@@ -242,8 +243,6 @@ def partitions_settle_stale(*, limit: int = 100, force: bool = False) -> int:
     """Safety net (run with the dispatcher's timeout sweep, at most every ``STALE_EVERY`` seconds
     per process): settle partitions a settle would change, in case a settle after commit was lost
     (its process died between the commit and the settle). Returns how many changed."""
-    import time
-
     global _stale_next
     if not force and time.monotonic() < _stale_next:
         return 0
@@ -275,14 +274,14 @@ def _occ(partition_pk, consumer_pk, key, change) -> dict:
     check, retrying lost races; then settle and answer the partition."""
     for _ in range(OCC_RETRIES):
         with transaction.atomic():
-            row = _require(partition_pk, consumer_pk, key)
+            row = partition_require(partition_pk, consumer_pk, key)
             update = change(row)
             if update is None or partition_write(partition_pk=row.id, version=row.version, **update) is not None:
                 break
     else:
         raise Conflict("version_conflict", "the partition changed concurrently too often; try again")
     partition_settle(partition_pk=row.id)
-    return partition_repr(_require(row.id))
+    return partition_repr(partition_require(row.id))
 
 
 def partition_close(*, consumer_pk: int | None = None, key: str | None = None, partition_pk: int | None = None) -> dict:
@@ -324,36 +323,10 @@ def partition_advance(*, consumer_pk: int | None = None, key: str | None = None,
         return {"gate": higher[0]}
 
     body = _occ(partition_pk, consumer_pk, key, change)
-    row = _require(partition_pk, consumer_pk, key)
+    row = partition_require(partition_pk, consumer_pk, key)
     _notify(row.consumer_pk)
     return body
 
-
-def partition_retry(*, consumer_pk: int | None = None, key: str | None = None,
-                    partition_pk: int | None = None) -> dict:
-    """Requeue the partition's DEAD jobs (retry count reset, like the DLQ requeue); the partition
-    is AVAILABLE again (settled after the requeue). Answers the partition plus ``requeued``."""
-    from jobs import state
-
-    row = _require(partition_pk, consumer_pk, key)
-    ids = [r[0] for r in query_fetchall(Q.partition_dead_jobs, [row.id])]
-    requeued = state.jobs_requeue_dead(consumer_pk=row.consumer_pk, job_ids=ids, reason="partition-retry") if ids else 0
-    partition_settle(partition_pk=row.id)
-    return {**partition_repr(_require(row.id)), "requeued": requeued}
-
-
-def partition_skip(*, consumer_pk: int | None = None, key: str | None = None,
-                   partition_pk: int | None = None) -> dict:
-    """Give up on the DEAD jobs at the partition's current gate: they are deleted (as the DLQ's
-    delete does; their history rows stay), so the gate counts as finished and the partition moves
-    on (AVAILABLE, next gate or COMPLETE). Answers the partition plus ``skipped``."""
-    from jobs import state
-
-    row = _require(partition_pk, consumer_pk, key)
-    ids = [r[0] for r in query_fetchall(Q.partition_gate_dead_jobs, [row.id, row.gate])]
-    skipped = state.jobs_delete_dead(consumer_pk=row.consumer_pk, job_ids=ids, reason="partition-skip") if ids else 0
-    partition_settle(partition_pk=row.id)
-    return {**partition_repr(_require(row.id)), "skipped": skipped}
 
 
 # --- publish (called by jobs.publishing in the publish transaction) -----------------------
@@ -403,8 +376,6 @@ def partition_leases_cycle(*, worker: str, lease: float | None = None, acquire: 
     Takes the push claim lock (jobs.state.PUSH_CLAIM_LOCK) only when there is something to take,
     so a claim never runs between the "nothing in flight" check and the takeover; a first look
     without the lock keeps the usual cycle (nothing to take) from ever delaying a claim."""
-    from jobs.state import PUSH_CLAIM_LOCK
-
     lease = lease_seconds() if lease is None else float(lease)
     out = LeaseCycle()
     params = {"worker": worker, "lease": lease, "renew_before": lease * 2.0 / 3.0}

@@ -8,18 +8,26 @@ write statement per request, however many messages and consumers.
 
 from __future__ import annotations
 
+import json
+import logging
 import math
+import secrets
 from dataclasses import dataclass, field
 
-from django.db import transaction
+from django.conf import settings
+from django.db import connection, transaction
 from psycopg.types.json import Jsonb
 
+from broker.db.run import query_fetchall
 from broker.errors import Conflict, Forbidden, InvalidInput, NotFound, RateLimited, Unauthenticated
+from broker.models import Channel, Producer
 from broker.tokens import tokens_equal
 from broker.xid import xid_new
+from jobs.advisories import ADVISORY_PRODUCER
 from jobs.partitions import partition_settle, partitions_for_publish
-from broker.db.run import query_fetchall
 from jobs.queries import Q
+
+logger = logging.getLogger("broker.advisories")  # advisory_publish: the name operators filter on
 
 DISPATCHED = 102
 BACKLOG_RETRY_AFTER = 1  # seconds: a full backlog drains at the consumer's pace
@@ -204,3 +212,24 @@ def message_publish(*, ctx: PublishContext, message: NewMessage) -> str:
     if not created:
         raise Conflict("duplicate_message_id", "duplicate message id for channel")
     return mid
+
+
+def advisory_publish(sender=None, body: dict | None = None, **kwargs) -> None:
+    """Receiver of ``jobs.advisories.advisory_recorded``: the advisory as a message of
+    BROKER_ADVISORY_CHANNEL, from the broker-owned producer (created on first use)."""
+    target = settings.BROKER_ADVISORY_CHANNEL
+    channel = Channel.objects.filter(channel_id=target).only("pk").first()
+    if channel is None:
+        logger.warning("BROKER_ADVISORY_CHANNEL %r does not exist; advisory %s only recorded", target, body["type"])
+        return
+    producer = Producer.objects.filter(producer_id=ADVISORY_PRODUCER).only("pk").first()
+    if producer is None:
+        with connection.cursor() as cur:  # concurrent first uses: one insert wins, the others read it
+            cur.execute(
+                Q.advisory_producer_create.sql,
+                [ADVISORY_PRODUCER, "Broker advisories", secrets.token_urlsafe(32)])
+        producer = Producer.objects.only("pk").get(producer_id=ADVISORY_PRODUCER)
+    ctx = PublishContext(channel_pk=channel.pk, channel_id=target, producer_pk=producer.pk,
+                         producer_id=ADVISORY_PRODUCER)
+    messages_publish(ctx=ctx, messages=[NewMessage(payload=json.dumps(body).encode(),
+                                                   content_type="application/json")])

@@ -11,12 +11,12 @@ from django.conf import settings
 from django.db import transaction
 
 from broker.db.run import bound_cursor, transition_errors
+from jobs.locks import PUSH_CLAIM_LOCK
 from jobs.queries import Q
 from jobs.settling import settle_on_commit
 from jobs.transitions import INFLIGHT, QUEUED, transition_check, transitions_check
 
 
-PUSH_CLAIM_LOCK = 0x70757368  # pg_advisory_xact_lock key serializing push claims ("push")
 
 
 # Run first in a push dispatcher's transaction (record outcomes + claim), measured on the 2-core

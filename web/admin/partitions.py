@@ -18,7 +18,7 @@ from django.utils.html import format_html
 
 from broker.errors import DomainError
 from consumers.models import Consumer
-from jobs import partitions
+from jobs import operator_actions, partitions
 from jobs.models import Job, Partition, PartitionStatus
 from web.admin.helpers import VIEW_ONLY, LargeTableAdmin, admin_url, changelist_url, table
 
@@ -27,8 +27,8 @@ logger = logging.getLogger("web.admin.channels")
 ACTIONS = {
     # action name: (service function, past tense for the report)
     "advance": (partitions.partition_advance, "advanced"),
-    "retry": (partitions.partition_retry, "retried"),
-    "skip": (partitions.partition_skip, "skipped"),
+    "retry": (operator_actions.partition_retry, "retried"),
+    "skip": (operator_actions.partition_skip, "skipped"),
     "close": (partitions.partition_close, "closed"),
 }
 

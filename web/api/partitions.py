@@ -17,7 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from broker.errors import InvalidInput
-from jobs import partitions
+from jobs import operator_actions, partitions
 from jobs.models import Partition, PartitionStatus
 from web.api.common import ADMIN_PARAM, CHANNEL_TOKEN, ERROR, PAGE_PARAMS, channel_or_404
 from web.api.consumers import consumer_or_404, require_consumer_or_admin
@@ -129,11 +129,11 @@ PartitionAdvanceView = _action_view(
     "Only when every job at the current gate is delivered; 409 gate_not_finished, no_next_gate, "
     "partition_not_available otherwise.")
 PartitionRetryView = _action_view(
-    "retry", partitions.partition_retry, "Requeue a partition's dead jobs",
+    "retry", operator_actions.partition_retry, "Requeue a partition's dead jobs",
     "DEAD jobs go back to QUEUED with the retry count reset; the partition is AVAILABLE again. Answers the "
     "partition plus requeued.")
 PartitionSkipView = _action_view(
-    "skip", partitions.partition_skip, "Skip the dead jobs at a partition's current gate",
+    "skip", operator_actions.partition_skip, "Skip the dead jobs at a partition's current gate",
     "The DEAD jobs at the current gate are deleted (like the DLQ delete; their history stays), so the gate "
     "counts as finished and the partition moves on. Answers the partition plus skipped.")
 

@@ -21,10 +21,6 @@ ALLOWED_MODULES = {
 }
 ALLOWED_FUNCTIONS = {
     ("jobs/apps.py", "ready"): "signal receivers whose modules import models: only once the app registry is ready",
-    # TEMPORARY (issue 16 items 2+3, branch `trans` rewrites these two modules): the lead removes
-    # these entries at merge, when the rewritten modules import at their top.
-    ("jobs/state.py", "*"): "TEMPORARY: rewritten on branch trans",
-    ("jobs/partitions.py", "*"): "TEMPORARY: rewritten on branch trans",
 }
 
 
