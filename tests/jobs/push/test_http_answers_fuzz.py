@@ -54,25 +54,28 @@ class ScriptServer(LoopbackServer):
     def __init__(self) -> None:
         self.plan: Plan | None = None
         self.release = threading.Event()
+        self.good_on_odd: list[bool] = []  # per plain request: did it come on the odd request's connection
         super().__init__()
 
     def reset(self, plan: Plan) -> None:
         self.release.set()  # let the previous example's hanging connections go
         self.release = threading.Event()
-        self.plan, self.connections = plan, 0
+        self.plan, self.connections, self.good_on_odd = plan, 0, []
 
     def serve_args(self) -> tuple:
         return self.plan, self.release
 
     def serve(self, conn: socket.socket, plan: Plan, release: threading.Event) -> None:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        buf = b""
+        buf, odd_seen = b"", False
         try:
             while (read := request_read(conn, buf)) is not None:
                 request, buf = read
                 if b"\r\nX-Case: good\r\n" in request:
+                    self.good_on_odd.append(odd_seen)
                     conn.sendall(GOOD)
                     continue
+                odd_seen = True
                 for piece, pause in plan.segments or [(plan.data, 0.0)]:
                     if pause:
                         time.sleep(pause)
@@ -98,7 +101,11 @@ def server():
 
 def run(server: ScriptServer, plan: Plan, *, timeout: float = TIMEOUT):
     """The odd request, then a plain one, on a fresh client. Returns (answer or exception, elapsed
-    seconds, plain answer, connections the server saw, exceptions the event loop reported)."""
+    seconds, plain answer, for each plain request the server read whether it came on the odd
+    request's connection, exceptions the event loop reported).
+
+    Pooling is judged per connection, not by counting connections: on a loaded machine a short
+    deadline can pass before the odd request even connects, and then one connection is right."""
     server.reset(plan)
     client = Client()
     loop_errors: list = []
@@ -122,12 +129,12 @@ def run(server: ScriptServer, plan: Plan, *, timeout: float = TIMEOUT):
         assert all(conn.reusable and not conn.closed for conn in idle)
     finally:
         client.stop()
-    return first, elapsed, second, server.connections, loop_errors
+    return first, elapsed, second, list(server.good_on_odd), loop_errors
 
 
-def assert_plain_answer_after(second, connections: int, *, reused: bool) -> None:
+def assert_plain_answer_after(second, good_on_odd: list, *, reused: bool) -> None:
     assert (second.status, second.body, second.headers.get("x-good")) == (200, b"good", "1")
-    assert connections == (1 if reused else 2), "a connection was pooled that should not be, or the reverse"
+    assert good_on_odd == [reused], "a connection was pooled that should not be, or the reverse"
 
 
 def assert_failed_attempt(outcome, *kinds) -> None:
@@ -242,12 +249,12 @@ def test_valid_answers_are_read_exactly_and_pooled_only_when_reusable(server, da
     plan = data.draw(answers())
     if data.draw(st.booleans()):
         plan.segments = data.draw(drips(plan))
-    answer, elapsed, second, connections, loop_errors = run(server, plan)
+    answer, elapsed, second, good_on_odd, loop_errors = run(server, plan)
     assert not isinstance(answer, Exception), f"{answer!r} for {plan.data[:300]!r}"
     assert (answer.status, answer.headers) == (plan.status, plan.headers)
     assert answer.body == plan.body[:MAX_BODY]
     assert elapsed < TIMEOUT
-    assert_plain_answer_after(second, connections, reused=plan.reusable)
+    assert_plain_answer_after(second, good_on_odd, reused=plan.reusable)
     assert loop_errors == []
 
 
@@ -259,7 +266,7 @@ def test_truncated_answers_closed_by_the_server(server, data):
     plan = data.draw(answers(small=True))
     cut = data.draw(st.integers(0, len(plan.data) - 1))
     plan.data, plan.segments, plan.end = plan.data[:cut], [], "close"
-    outcome, elapsed, second, connections, loop_errors = run(server, plan)
+    outcome, elapsed, second, good_on_odd, loop_errors = run(server, plan)
     if plan.framing == "close" and cut >= plan.head_end:
         # close-delimited: the close is the end of the body, whatever came of it
         assert (outcome.status, outcome.body) == (plan.status, plan.body[:cut - plan.head_end])
@@ -267,7 +274,7 @@ def test_truncated_answers_closed_by_the_server(server, data):
         assert_failed_attempt(outcome, ConnectionResetError)
         assert ("before answering" if cut == 0 else "mid-answer") in str(outcome)
     assert elapsed < TIMEOUT
-    assert_plain_answer_after(second, connections, reused=False)
+    assert_plain_answer_after(second, good_on_odd, reused=False)
     assert loop_errors == []
 
 
@@ -277,19 +284,19 @@ def test_truncated_answers_on_a_connection_left_open_time_out(server, data):
     plan = data.draw(answers(small=True))
     cut = data.draw(st.integers(0, len(plan.data) - 1))
     plan.data, plan.segments, plan.end = plan.data[:cut], [], "hang"
-    outcome, elapsed, second, connections, loop_errors = run(server, plan, timeout=HANG_TIMEOUT)
+    outcome, elapsed, second, good_on_odd, loop_errors = run(server, plan, timeout=HANG_TIMEOUT)
     assert_failed_attempt(outcome, TimeoutError)
     assert HANG_TIMEOUT <= elapsed < HANG_TIMEOUT + SLACK
-    assert_plain_answer_after(second, connections, reused=False)
+    assert_plain_answer_after(second, good_on_odd, reused=False)
     assert loop_errors == []
 
 
 @pytest.mark.parametrize("sent", [b"", b"HTTP/1.1 200 OK\r\n", b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc",
                                   b"HTTP/1.1 100 Continue\r\n\r\n"])
 def test_early_close_before_and_after_the_status_line(server, sent):
-    outcome, _, second, connections, loop_errors = run(server, Plan(data=sent, end="close"))
+    outcome, _, second, good_on_odd, loop_errors = run(server, Plan(data=sent, end="close"))
     assert_failed_attempt(outcome, ConnectionResetError)
-    assert_plain_answer_after(second, connections, reused=False)
+    assert_plain_answer_after(second, good_on_odd, reused=False)
     assert loop_errors == []
 
 
@@ -305,11 +312,11 @@ BAD_FIELD = st.binary(min_size=1, max_size=200).map(lambda b: b.replace(b"\r", b
 @given(garbage=st.one_of(GARBAGE, BAD_FIELD.map(lambda b: b"HTTP/1.1 200 OK\r\nX" + b)),
        end=st.sampled_from(["close", "hang"]))
 def test_garbage_is_a_protocol_error_at_once(server, garbage, end):
-    outcome, elapsed, second, connections, loop_errors = run(server, Plan(data=garbage, end=end))
+    outcome, elapsed, second, good_on_odd, loop_errors = run(server, Plan(data=garbage, end=end))
     assert_failed_attempt(outcome, ProtocolError)
     assert "invalid HTTP answer" in str(outcome)
     assert elapsed < TIMEOUT  # no waiting for more bytes, even when the server keeps the connection
-    assert_plain_answer_after(second, connections, reused=False)
+    assert_plain_answer_after(second, good_on_odd, reused=False)
     assert loop_errors == []
 
 
@@ -331,18 +338,18 @@ def test_garbage_is_a_protocol_error_at_once(server, garbage, end):
         "chunk-without-crlf", "chunk-size-overflow", "status-4-digits", "status-below-100", "http2", "rtsp",
         "leading-whitespace-header", "unasked-upgrade"])
 def test_bad_framing_is_a_protocol_error(server, head):
-    outcome, elapsed, second, connections, loop_errors = run(server, Plan(data=head, end="hang"))
+    outcome, elapsed, second, good_on_odd, loop_errors = run(server, Plan(data=head, end="hang"))
     assert_failed_attempt(outcome, ProtocolError)
     assert elapsed < TIMEOUT
-    assert_plain_answer_after(second, connections, reused=False)
+    assert_plain_answer_after(second, good_on_odd, reused=False)
     assert loop_errors == []
 
 
 def test_bytes_after_a_complete_answer_drop_the_connection(server):
     data = b"HTTP/1.1 204 No Content\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
-    answer, _, second, connections, loop_errors = run(server, Plan(data=data, end="keep"))
+    answer, _, second, good_on_odd, loop_errors = run(server, Plan(data=data, end="keep"))
     assert answer.status == 204
-    assert_plain_answer_after(second, connections, reused=False)
+    assert_plain_answer_after(second, good_on_odd, reused=False)
     assert loop_errors == []
 
 
@@ -357,11 +364,11 @@ def test_a_huge_header_section_is_refused_without_waiting(server, size, count, p
     data = (b"HTTP/1.1 100 Continue\r\n\r\n" if interim else b"") + head + b"Content-Length: 0\r\n\r\n"
     step = len(data) // pieces + 1
     plan = Plan(data=data, end=end, segments=[(data[i:i + step], 0.001) for i in range(0, len(data), step)])
-    outcome, elapsed, second, connections, loop_errors = run(server, plan)
+    outcome, elapsed, second, good_on_odd, loop_errors = run(server, plan)
     assert_failed_attempt(outcome, ProtocolError)
     assert "too large" in str(outcome)
     assert elapsed < TIMEOUT
-    assert_plain_answer_after(second, connections, reused=False)
+    assert_plain_answer_after(second, good_on_odd, reused=False)
     assert loop_errors == []
 
 
@@ -370,9 +377,9 @@ def test_a_huge_header_section_is_refused_without_waiting(server, size, count, p
 def test_a_large_header_section_under_the_limit_is_read(server, size, count):
     each = max(1, size // count)
     head = b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-Big-%d: %s\r\n" % (i, _filler(each)) for i in range(count))
-    answer, _, second, connections, loop_errors = run(server, Plan(data=head + b"Content-Length: 2\r\n\r\nok"))
+    answer, _, second, good_on_odd, loop_errors = run(server, Plan(data=head + b"Content-Length: 2\r\n\r\nok"))
     assert (answer.status, answer.body, answer.headers["x-big-0"]) == (200, b"ok", _filler(each).decode())
-    assert_plain_answer_after(second, connections, reused=True)
+    assert_plain_answer_after(second, good_on_odd, reused=True)
     assert loop_errors == []
 
 
@@ -383,10 +390,10 @@ def test_a_large_header_section_under_the_limit_is_read(server, size, count):
 ], ids=["header-value", "chunk-extension", "trailer"])
 def test_endless_head_extension_or_trailer_stops_at_a_bound(server, data):
     """Bytes streamed without an end must not pile up until the deadline (memory) nor wait for it."""
-    outcome, elapsed, second, connections, loop_errors = run(server, Plan(data=data, end="hang"), timeout=5.0)
+    outcome, elapsed, second, good_on_odd, loop_errors = run(server, Plan(data=data, end="hang"), timeout=5.0)
     assert_failed_attempt(outcome, ProtocolError)
     assert elapsed < 5.0
-    assert_plain_answer_after(second, connections, reused=False)
+    assert_plain_answer_after(second, good_on_odd, reused=False)
     assert loop_errors == []
 
 
@@ -395,17 +402,17 @@ def test_endless_head_extension_or_trailer_stops_at_a_bound(server, data):
 def test_a_slow_drip_that_ends_in_time_is_read(server):
     data = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
     plan = Plan(data=data, segments=[(data[i:i + 1], 0.005) for i in range(len(data))])
-    answer, elapsed, second, connections, loop_errors = run(server, plan)
+    answer, elapsed, second, good_on_odd, loop_errors = run(server, plan)
     assert (answer.status, answer.body) == (200, b"hello")
-    assert_plain_answer_after(second, connections, reused=True)
+    assert_plain_answer_after(second, good_on_odd, reused=True)
     assert loop_errors == []
 
 
 def test_a_drip_past_the_deadline_times_out_on_time(server):
     data = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + b"x" * 100
     plan = Plan(data=data, segments=[(data[i:i + 1], 0.02) for i in range(len(data))], end="close")
-    outcome, elapsed, second, connections, loop_errors = run(server, plan, timeout=HANG_TIMEOUT)
+    outcome, elapsed, second, good_on_odd, loop_errors = run(server, plan, timeout=HANG_TIMEOUT)
     assert_failed_attempt(outcome, TimeoutError)
     assert HANG_TIMEOUT <= elapsed < HANG_TIMEOUT + SLACK
-    assert_plain_answer_after(second, connections, reused=False)
+    assert_plain_answer_after(second, good_on_odd, reused=False)
     assert loop_errors == []
