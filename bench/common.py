@@ -106,6 +106,20 @@ def start_gunicorn(env: dict, workers: int = 2, threads: int = 16) -> Server:
     raise RuntimeError("gunicorn did not start")
 
 
+@contextmanager
+def broker_served(*, workers: int = 2):
+    """A migrated throw-away broker behind gunicorn: yields (server, database_url); the server
+    stops before the database."""
+    with broker_database() as database_url:
+        env = base_env(database_url)
+        manage(env, "migrate", "--verbosity", "0")
+        server = start_gunicorn(env, workers=workers)
+        try:
+            yield server, database_url
+        finally:
+            server.stop()
+
+
 # --- a lean keep-alive HTTP client -----------------------------------------------------------------
 
 async def _read_response(reader) -> tuple[int, dict, bytes]:

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import requests  # noqa: E402
 
-from bench.common import ADMIN, base_env, broker_database, manage, smoke_args_parse, start_gunicorn  # noqa: E402
+from bench.common import ADMIN, broker_served, smoke_args_parse  # noqa: E402
 from bench.publish import single  # noqa: E402
 
 SMOKE_TABLE = r"^case +msg/s +ratio$(?s:.*)^\d+ consumers, filtered, type matching 10 +\d+ +[\d.]+$"
@@ -66,26 +66,20 @@ def main() -> None:
     parser.add_argument("--consumers", type=int, default=50)
     parser.add_argument("--workers", type=int, default=2)
     args = smoke_args_parse(parser, messages=100, rounds=1, concurrency=4)
-    with broker_database() as database_url:
-        env = base_env(database_url)
-        manage(env, "migrate", "--verbosity", "0")
-        server = start_gunicorn(env, workers=args.workers)
-        try:
-            setup(server.url, "plain", args.consumers, filtered=False)
-            setup(server.url, "filtered", args.consumers, filtered=True)
-            setup(server.url, "partial", args.consumers, filtered=True)
-            typed = {"plain": MATCH_ALL_TYPE, "filtered": MATCH_ALL_TYPE, "partial": "audit.login"}
-            for channel in ("plain", "filtered"):  # warm-up: connections, prepared statements
-                single(server.url, channel, min(200, args.messages), args.concurrency,
-                       {"X-Broker-Message-Type": typed[channel]})
-            rates: dict[str, list[float]] = {channel: [] for channel in typed}
-            for _ in range(args.rounds):  # alternating, so load on the machine hits every case alike
-                for channel, message_type in typed.items():
-                    rates[channel].append(single(server.url, channel, args.messages, args.concurrency,
-                                                 {"X-Broker-Message-Type": message_type}))
-            fanout = {channel: jobs_per_message(server.url, channel) for channel in rates}
-        finally:
-            server.stop()
+    with broker_served(workers=args.workers) as (server, _database_url):
+        setup(server.url, "plain", args.consumers, filtered=False)
+        setup(server.url, "filtered", args.consumers, filtered=True)
+        setup(server.url, "partial", args.consumers, filtered=True)
+        typed = {"plain": MATCH_ALL_TYPE, "filtered": MATCH_ALL_TYPE, "partial": "audit.login"}
+        for channel in ("plain", "filtered"):  # warm-up: connections, prepared statements
+            single(server.url, channel, min(200, args.messages), args.concurrency,
+                   {"X-Broker-Message-Type": typed[channel]})
+        rates: dict[str, list[float]] = {channel: [] for channel in typed}
+        for _ in range(args.rounds):  # alternating, so load on the machine hits every case alike
+            for channel, message_type in typed.items():
+                rates[channel].append(single(server.url, channel, args.messages, args.concurrency,
+                                             {"X-Broker-Message-Type": message_type}))
+        fanout = {channel: jobs_per_message(server.url, channel) for channel in rates}
     plain = statistics.median(rates["plain"])
     print(f"filters benchmark: gunicorn {args.workers} workers, concurrency {args.concurrency}, "
           f"{args.rounds} alternating rounds of {args.messages} single broadcasts, medians")

@@ -27,7 +27,7 @@ import psycopg  # noqa: E402
 import requests  # noqa: E402
 
 from bench.common import (  # noqa: E402
-    ADMIN, base_env, broker_database, build_request, manage, run_load, smoke_args_parse, start_gunicorn,
+    ADMIN, broker_served, build_request, run_load, smoke_args_parse,
 )
 
 SMOKE_TABLE = r"^case +HTTP msg/s +raw psycopg msg/s +ratio$(?s:.*)^batch of 1000, 5 consumer\(s\) +\d+ +\d+ +[\d.]+$"
@@ -128,25 +128,19 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--workers", type=int, default=2)
     args = smoke_args_parse(parser, messages=200, batches=2, concurrency=4)
-    with broker_database() as database_url:
-        env = base_env(database_url)
-        manage(env, "migrate", "--verbosity", "0")
-        server = start_gunicorn(env, workers=args.workers)
-        try:
-            setup(server.url, "bench-1", 1)
-            setup(server.url, "bench-5", 5)
-            single(server.url, "bench-1", min(500, args.messages), args.concurrency)  # warm-up
-            rows = []
-            for channel, n in (("bench-1", 1), ("bench-5", 5)):
-                http = single(server.url, channel, args.messages, args.concurrency)
-                base = raw(database_url, channel, args.messages, args.concurrency, 1)
-                rows.append((f"single broadcast, {n} consumer(s)", http, base))
-            for channel, n in (("bench-1", 1), ("bench-5", 5)):
-                http = batched(server.url, channel, args.batches, 2)
-                base = raw(database_url, channel, args.batches * 1000, 2, 1000)
-                rows.append((f"batch of 1000, {n} consumer(s)", http, base))
-        finally:
-            server.stop()
+    with broker_served(workers=args.workers) as (server, database_url):
+        setup(server.url, "bench-1", 1)
+        setup(server.url, "bench-5", 5)
+        single(server.url, "bench-1", min(500, args.messages), args.concurrency)  # warm-up
+        rows = []
+        for channel, n in (("bench-1", 1), ("bench-5", 5)):
+            http = single(server.url, channel, args.messages, args.concurrency)
+            base = raw(database_url, channel, args.messages, args.concurrency, 1)
+            rows.append((f"single broadcast, {n} consumer(s)", http, base))
+        for channel, n in (("bench-1", 1), ("bench-5", 5)):
+            http = batched(server.url, channel, args.batches, 2)
+            base = raw(database_url, channel, args.batches * 1000, 2, 1000)
+            rows.append((f"batch of 1000, {n} consumer(s)", http, base))
     print(f"publish benchmark: gunicorn {args.workers} workers, concurrency {args.concurrency}, "
           f"{len(PAYLOAD)}-byte JSON payload")
     print(f"{'case':34} {'HTTP msg/s':>12} {'raw psycopg msg/s':>18} {'ratio':>7}")

@@ -31,8 +31,7 @@ import psycopg  # noqa: E402
 import requests  # noqa: E402
 
 from bench.common import (  # noqa: E402
-    ADMIN, base_env, broker_database, build_request, manage, run_load, smoke_args_parse, smoke_problems_exit,
-    start_gunicorn,
+    ADMIN, broker_served, build_request, run_load, smoke_args_parse, smoke_problems_exit,
 )
 
 SMOKE_TABLE = (r"^phase +msg/s +requests +seconds$(?s:.*)^publishing during the replay +\d+ +\d+ +[\d.]+$"
@@ -129,18 +128,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     args = smoke_args_parse(parser, backlog=3000, round=50, rounds=2, concurrency=4)
     problems: list[str] = []
-    with broker_database() as database_url:
-        env = base_env(database_url)
-        manage(env, "migrate", "--verbosity", "0")
-        server = start_gunicorn(env, workers=2)
-        try:
-            setup(server.url, database_url, args.backlog)
-            publish_round(server.url, args.round, args.concurrency, problems)  # warm-up
-            before = publish_alone(server.url, args.rounds, args.round, args.concurrency, problems)
-            during, answer, replay_seconds = publish_during_replay(server.url, args.round, args.concurrency, problems)
-            after = publish_alone(server.url, args.rounds, args.round, args.concurrency, problems)
-        finally:
-            server.stop()
+    with broker_served(workers=2) as (server, database_url):
+        setup(server.url, database_url, args.backlog)
+        publish_round(server.url, args.round, args.concurrency, problems)  # warm-up
+        before = publish_alone(server.url, args.rounds, args.round, args.concurrency, problems)
+        during, answer, replay_seconds = publish_during_replay(server.url, args.round, args.concurrency, problems)
+        after = publish_alone(server.url, args.rounds, args.round, args.concurrency, problems)
     body = answer.get("body") or {}
     if body.get("Replayed") != args.backlog:
         problems.append(f"replay answered {body}, expected Replayed {args.backlog}")

@@ -41,24 +41,23 @@ def env_bool(name: str, default: bool = False) -> bool:
     raise ImproperlyConfigured(f"{name} must be true or false, got {value!r}")
 
 
-def env_float(name: str, default: float) -> float:
+def _env_number(name: str, default, cast, kind: str):
+    """``cast`` of the variable, ``default`` when unset or empty; anything else fails at start-up."""
     value = _ENV.get(name)
     if value is None or value == "":
         return default
     try:
-        return float(value)
+        return cast(value)
     except ValueError as exc:
-        raise ImproperlyConfigured(f"{name} must be a number, got {value!r}") from exc
+        raise ImproperlyConfigured(f"{name} must be {kind}, got {value!r}") from exc
+
+
+def env_float(name: str, default: float) -> float:
+    return _env_number(name, default, float, "a number")
 
 
 def env_int(name: str, default: int | None) -> int | None:
-    value = _ENV.get(name)
-    if value is None or value == "":
-        return default
-    try:
-        return int(value)
-    except ValueError as exc:
-        raise ImproperlyConfigured(f"{name} must be an integer, got {value!r}") from exc
+    return _env_number(name, default, int, "an integer")
 
 
 # The webhook-broker INI file may also carry broker settings ([broker], [consumer-connection]);

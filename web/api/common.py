@@ -77,6 +77,18 @@ def statuses_param(request, choices) -> list[int]:
     return result
 
 
+def channel_rows_by_status(request, channel_id: str, model):
+    """A channel's rows of ``model`` (Message or ScheduledMessage: both listed by id and message id)
+    for a channel reader, narrowed to the ``status`` query parameters when there are any."""
+    channel = channel_or_404(channel_id)
+    require_channel_reader(request, channel)
+    qs = model.objects.filter(channel=channel).only("id", "message_id")
+    statuses = statuses_param(request, model.Status)
+    if statuses:
+        qs = qs.filter(status__in=statuses)
+    return qs
+
+
 def with_last_modified(body: dict, obj, status: int = 200) -> Response:
     response = Response(body, status=status)
     response["Last-Modified"] = last_modified(obj.updated_at)

@@ -27,8 +27,8 @@ from consumers.services import consumer_rotate_secret
 from jobs import scheduling, state
 from jobs.models import Job, JobStatus, JobTransition
 from web.api.common import (
-    ADMIN_PARAM, CHANNEL_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, channel_or_404, form_value, require_channel_reader,
-    statuses_param,
+    ADMIN_PARAM, CHANNEL_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, channel_or_404, channel_rows_by_status, form_value,
+    require_channel_reader,
 )
 from web.api.consumers import consumer_or_404, require_consumer_or_admin
 from web.api.pagination import paginate
@@ -217,12 +217,7 @@ class ScheduledMessagesView(APIView):
         responses={200: LIST, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR},
     )
     def get(self, request, channel_id: str):
-        channel = channel_or_404(channel_id)
-        require_channel_reader(request, channel)
-        qs = ScheduledMessage.objects.filter(channel=channel).only("id", "message_id")
-        statuses = statuses_param(request, ScheduledMessage.Status)
-        if statuses:
-            qs = qs.filter(status__in=statuses)
+        qs = channel_rows_by_status(request, channel_id, ScheduledMessage)
         page = paginate(request, qs, path=f"/channel/{_q(channel_id)}/scheduled-messages", keep_params=("status",),
                         item=lambda s: scheduled_url(channel_id, s.message_id))
         return Response({"result": page["Result"], "pages": page["Pages"], **page})

@@ -22,8 +22,8 @@ from jobs import publishing
 from jobs import scheduling
 from jobs.models import Job, JobStatus
 from web.api.common import (
-    ADMIN_PARAM, CHANNEL_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, channel_or_404, read_body, require_channel_reader,
-    statuses_param,
+    ADMIN_PARAM, CHANNEL_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, channel_or_404, channel_rows_by_status, read_body,
+    require_channel_reader,
 )
 from web.api.pagination import paginate
 from web.api.publishing import FILTER_EXPIRY_PARAMS, PARTITION_PARAMS, PUBLISH_PARAMS, batch_parse, publish_context
@@ -39,12 +39,7 @@ class MessagesView(APIView):
         responses={200: LIST, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR},
     )
     def get(self, request, channel_id: str):
-        channel = channel_or_404(channel_id)
-        require_channel_reader(request, channel)
-        qs = Message.objects.filter(channel=channel).only("id", "message_id")
-        statuses = statuses_param(request, Message.Status)
-        if statuses:
-            qs = qs.filter(status__in=statuses)
+        qs = channel_rows_by_status(request, channel_id, Message)
         return Response(paginate(request, qs, path=f"/channel/{channel_id}/messages", keep_params=("status",),
                                  item=lambda m: message_url(channel_id, quote(m.message_id, safe="-_.~"))))
 
