@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 from django.db import IntegrityError, transaction
 from django.db.models import DateTimeField, F, Func, Value
-from django.db.models.functions import Greatest, Now
+from django.db.models.functions import Greatest
 from django.utils.http import parse_http_date_safe
 
 from broker.db.run import query_fetchone
@@ -25,7 +25,9 @@ def _bumped_updated_at():
     Last-Modified (second precision) changes on every update and a second writer holding the old
     If-Unmodified-Since is always refused with 412."""
     truncated = Func(Value("second"), F("updated_at"), function="date_trunc", output_field=DateTimeField())
-    return Greatest(Now(), truncated + SECOND, output_field=DateTimeField())
+    # now(), the transaction's time (as db_now): Django's Now() is statement_timestamp()
+    now = Func(function="now", output_field=DateTimeField())
+    return Greatest(now, truncated + SECOND, output_field=DateTimeField())
 
 
 @dataclass
