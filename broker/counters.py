@@ -6,6 +6,7 @@ from collections import defaultdict
 from typing import Iterable
 
 from django.db import connection, transaction
+from django.db.models.expressions import RawSQL
 
 from broker.queries import Q
 
@@ -13,7 +14,12 @@ JOB = 1
 MESSAGE = 2
 REDELIVERED = 2001  # pseudo status: QUEUED/INFLIGHT jobs with retry_count > 0
 
-
+# (owner table of the annotated queryset, with a status?) -> the named scalar subquery
+_COLUMNS = {
+    ("consumer", True): Q.counter_column_consumer_status,
+    ("channel", False): Q.counter_column_channel,
+    ("channel", True): Q.counter_column_channel_status,
+}
 
 
 def counts_for(*, scope: int, owner_ids: Iterable[int] | None = None) -> dict[int, dict[int, int]]:
@@ -43,3 +49,13 @@ def counters_forget(*, scope: int, owner_id: int) -> None:
     with connection.cursor() as cur:
         cur.execute(Q.counters_forget.sql, [scope, owner_id])
         cur.execute(Q.counter_deltas_forget.sql, [scope, owner_id])
+
+
+def counter_column(*, owner: str, scope: int, status: int | None = None) -> RawSQL:
+    """A maintained count as a column of a queryset of ``owner`` rows (``"consumer"`` or
+    ``"channel"``): of one ``status``, or of all of them; for the admin's lists, which sort on it."""
+    query = _COLUMNS.get((owner, status is not None))
+    if query is None:
+        raise ValueError(f"no counter column for {owner!r} with status={status!r}")
+    params = (scope, scope) if status is None else (scope, status, scope, status)
+    return RawSQL(query.sql, params)

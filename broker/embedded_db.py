@@ -221,6 +221,7 @@ def _ensure_database(port: int, database: str) -> None:
         try:
             with psycopg.connect(host="127.0.0.1", port=port, user=DB_USER, dbname="postgres",
                                  autocommit=True, connect_timeout=5) as conn:
+                # inline SQL: this bootstrap runs before Django is set up, so no query registry is loaded
                 exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [database]).fetchone()
                 if not exists:
                     conn.execute(f'CREATE DATABASE "{database}"')

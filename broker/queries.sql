@@ -37,3 +37,68 @@ DELETE FROM broker_counter WHERE scope = %s AND owner_id = %s;
 -- index: counterdelta_owner
 -- Drop the pending deltas of a deleted owner.
 DELETE FROM broker_counterdelta WHERE scope = %s AND owner_id = %s;
+
+-- db_now_ms --
+-- index: none (no table)
+-- The database clock to the millisecond: a new channel, producer or consumer row's updated_at, from
+-- the same clock as the Last-Modified bumps of its later updates (broker.registry).
+SELECT date_trunc('milliseconds', now());
+
+-- db_ping --
+-- index: none (no table)
+-- Health: the database answers (/_status; a dispatcher slot's dedicated connection is alive).
+SELECT 1;
+
+-- counter_column_consumer_status --
+-- index: counter_key, counterdelta_owner
+-- A consumer's count of one status as a column of the admin's consumer list (folded count + pending
+-- deltas), correlated to the outer consumers_consumer row: params scope, status, scope, status.
+-- Not hot: one admin page (at most list_per_page consumers).
+SELECT COALESCE(sum(n), 0) FROM (
+    SELECT count AS n FROM broker_counter
+     WHERE scope = %s AND owner_id = consumers_consumer.id AND status = %s
+    UNION ALL
+    SELECT delta FROM broker_counterdelta
+     WHERE scope = %s AND owner_id = consumers_consumer.id AND status = %s
+) c;
+
+-- counter_column_channel --
+-- index: counter_key, counterdelta_owner
+-- A channel's count over every status (messages) as a column of the admin's channel list,
+-- correlated to the outer broker_channel row: params scope, scope. Not hot (one admin page).
+SELECT COALESCE(sum(n), 0) FROM (
+    SELECT count AS n FROM broker_counter WHERE scope = %s AND owner_id = broker_channel.id
+    UNION ALL
+    SELECT delta FROM broker_counterdelta WHERE scope = %s AND owner_id = broker_channel.id
+) c;
+
+-- counter_column_channel_status --
+-- index: counter_key, counterdelta_owner
+-- A channel's count of one status (scheduled messages still SCHEDULED) as a column of the admin's
+-- channel list, correlated to the outer broker_channel row: params scope, status, scope, status.
+-- Not hot (one admin page).
+SELECT COALESCE(sum(n), 0) FROM (
+    SELECT count AS n FROM broker_counter
+     WHERE scope = %s AND owner_id = broker_channel.id AND status = %s
+    UNION ALL
+    SELECT delta FROM broker_counterdelta
+     WHERE scope = %s AND owner_id = broker_channel.id AND status = %s
+) c;
+
+-- message_payload_head --
+-- index: pk
+-- The admin's payload preview of a message: at most %s bytes of it (a 5 MB payload is never
+-- read whole), its size and content type. Params: limit, id.
+SELECT substring(payload FROM 1 FOR %s), octet_length(payload), content_type FROM broker_message WHERE id = %s;
+
+-- scheduled_payload_head --
+-- index: pk
+-- The admin's payload preview of a scheduled message (as message_payload_head).
+SELECT substring(payload FROM 1 FOR %s), octet_length(payload), content_type
+  FROM broker_scheduledmessage WHERE id = %s;
+
+-- plan_cache_mode_set --
+-- index: none (a session setting)
+-- Every broker connection plans its prepared statements generically (broker.db.run.PLAN_CACHE_MODE
+-- says why; tests/broker checks the two agree).
+SET plan_cache_mode = force_generic_plan;

@@ -3,19 +3,31 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
+from django.db.models import DateTimeField, F, Func, Value
+from django.db.models.functions import Greatest
 from django.utils.http import parse_http_date_safe
 
+from broker.db.run import query_fetchone
 from broker.errors import InvalidInput, PreconditionFailed
 from broker.models import Channel, Producer
+from broker.queries import Q
 from broker.tokens import token_generate
 
-# Every successful update moves updated_at to the next whole second at least, so the
-# http-date in Last-Modified (second precision) changes on every update and a second writer
-# holding the old If-Unmodified-Since is always refused with 412.
-_BUMP = "GREATEST(now(), date_trunc('second', updated_at) + interval '1 second')"
+SECOND = timedelta(seconds=1)
+
+
+def _bumped_updated_at():
+    """``GREATEST(now(), date_trunc('second', updated_at) + interval '1 second')``: every
+    successful update moves updated_at to the next whole second at least, so the http-date in
+    Last-Modified (second precision) changes on every update and a second writer holding the old
+    If-Unmodified-Since is always refused with 412."""
+    truncated = Func(Value("second"), F("updated_at"), function="date_trunc", output_field=DateTimeField())
+    # now(), the transaction's time (as db_now): Django's Now() is statement_timestamp()
+    now = Func(function="now", output_field=DateTimeField())
+    return Greatest(now, truncated + SECOND, output_field=DateTimeField())
 
 
 @dataclass
@@ -48,7 +60,7 @@ def row_upsert(*, model, key_field: str, key: str, fields: dict, token: str | No
             with transaction.atomic():
                 obj = model.objects.create(**lookup, **{**(create_defaults or {}), **fields},
                                            token=token or token_generate(),
-                                           updated_at=_db_now())
+                                           updated_at=db_now())
             return obj, True
         except IntegrityError:
             existing = model.objects.filter(**lookup).only("pk").first()
@@ -65,23 +77,22 @@ def row_upsert(*, model, key_field: str, key: str, fields: dict, token: str | No
 
 def row_update(*, model, pk: int, values: dict, unmodified_since: int | None = None) -> bool:
     """UPDATE the row and bump ``updated_at``; with ``unmodified_since`` (epoch seconds) only if
-    its Last-Modified still equals it. True when the row was updated."""
-    table = model._meta.db_table
-    columns = "".join(f'"{model._meta.get_field(k).column}" = %s, ' for k in values)
-    sql = f'UPDATE "{table}" SET {columns}updated_at = {_BUMP} WHERE id = %s'
-    params = [*values.values(), pk]
+    its Last-Modified still equals it. True when the row was updated.
+
+    One ``UPDATE ... WHERE id = %s AND updated_at >= %s AND updated_at < %s`` through the ORM
+    (the Last-Modified second as a range on the column itself, equal to the truncated compare):
+    the check and the write are one statement on one row, so of two writers with the same
+    If-Unmodified-Since the second re-checks the row the first committed and touches nothing."""
+    rows = model.objects.filter(pk=pk)
     if unmodified_since is not None:
-        sql += " AND date_trunc('second', updated_at) = to_timestamp(%s)"
-        params.append(unmodified_since)
-    with connection.cursor() as cur:
-        cur.execute(sql, params)
-        return cur.rowcount == 1
+        start = datetime.fromtimestamp(unmodified_since, tz=timezone.utc)
+        rows = rows.filter(updated_at__gte=start, updated_at__lt=start + SECOND)
+    return rows.update(**values, updated_at=_bumped_updated_at()) == 1
 
 
-def _db_now() -> datetime:
-    with connection.cursor() as cur:
-        cur.execute("SELECT date_trunc('milliseconds', now())")
-        return cur.fetchone()[0]
+def db_now() -> datetime:
+    """The database clock to the millisecond (a new row's updated_at)."""
+    return query_fetchone(Q.db_now_ms)[0]
 
 
 def channel_upsert(*, channel_id: str, name: str | None, token: str | None, precondition: Precondition,

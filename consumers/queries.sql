@@ -43,3 +43,9 @@ UPDATE consumers_consumer SET paused = %s,
 -- index: none (no table)
 -- Wake a resumed consumer's waiting pulls and the push dispatchers (on commit).
 SELECT pg_notify('broker_jobs', %s);
+
+-- pull_waiters_live --
+-- index: none (a scrape reads every live waiter; the table holds only pulls waiting now)
+-- Live waiting pulls per consumer, for /metrics (rows of every web process). A waiter's row is
+-- deleted when its pull ends, and pruned soon after it expires when its process died.
+SELECT consumer_id, count(*) FROM consumers_pullwaiter WHERE expires_at > now() GROUP BY consumer_id;

@@ -31,7 +31,7 @@ from django.utils import timezone
 
 from broker.models import Channel, Producer, SeedState
 from broker.netpolicy import CallbackDenied, callback_url_check
-from broker.registry import _db_now, row_update
+from broker.registry import db_now, row_update
 from consumers.models import Consumer
 from consumers.services import signing_secret_generate
 
@@ -183,7 +183,7 @@ def _apply_row(model, lookup: dict, values: dict):
     """Create the row, or update the fields that differ from the seed."""
     obj = model.objects.filter(**lookup).first()
     if obj is None:
-        return model.objects.create(**lookup, **values, updated_at=_db_now()), True
+        return model.objects.create(**lookup, **values, updated_at=db_now()), True
     changed = {k: v for k, v in values.items() if getattr(obj, k) != v}
     if changed:
         row_update(model=model, pk=obj.pk, values=changed)

@@ -288,7 +288,7 @@ class Ringer:
             return
         try:
             while self.use_lock and not stop.is_set():
-                if conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))", [LOCK_KEY]).fetchone()[0]:
+                if conn.execute(Q.doorbell_lock.sql, [LOCK_KEY]).fetchone()[0]:
                     break
                 stop.wait(LOCK_RETRY)
             if stop.is_set():

@@ -1431,3 +1431,22 @@ SELECT state, since, failures FROM consumers_circuit WHERE consumer_id = %(consu
 -- index: none (consumers_circuit holds one row per push consumer that ever failed: a small table)
 -- Consumers whose circuit is OPEN or HALF_OPEN (/metrics).
 SELECT consumer_id FROM consumers_circuit WHERE state <> 0;
+
+-- job_payload_head --
+-- index: pk (jobs_job, then broker_message)
+-- The admin's preview of a job's own payload (set by a handler-driven gate move): at most %s bytes,
+-- its size, and its message's content type. Params: limit, id. No row when the job has none.
+SELECT substring(j.payload FROM 1 FOR %s), octet_length(j.payload), m.content_type
+  FROM jobs_job j JOIN broker_message m ON m.id = j.message_id
+ WHERE j.id = %s AND j.payload IS NOT NULL;
+
+-- doorbell_lock --
+-- index: none (an advisory lock)
+-- The one doorbell ringer: a session lock on its dedicated connection (freed when that closes).
+SELECT pg_try_advisory_lock(hashtext(%s));
+
+-- dispatcher_slot_lock --
+-- index: none (an advisory lock)
+-- A push dispatcher slot (cluster key, slot number): a session lock on the slot's dedicated
+-- connection, so a worker killed with SIGKILL frees its slot with its connection.
+SELECT pg_try_advisory_lock(hashtext(%s), %s);

@@ -25,9 +25,11 @@ from django.db import connection
 from django_q.tasks import async_task
 
 from broker.db.listen import dedicated_connect
+from broker.queries import Q as BROKER_Q
 from jobs.doorbell import doorbell_thread_start
 from jobs.housekeeping import housekeeping_run
 from jobs.push.dispatcher import engine_get
+from jobs.queries import Q
 
 
 logger = logging.getLogger(__name__)
@@ -48,7 +50,7 @@ class Slot:
         deadline = time.monotonic() + max(0.0, wait)
         while True:
             for n in range(slots):
-                row = self.conn.execute("SELECT pg_try_advisory_lock(hashtext(%s), %s)", [self.key, n]).fetchone()
+                row = self.conn.execute(Q.dispatcher_slot_lock.sql, [self.key, n]).fetchone()
                 if row[0]:
                     self.number = n
                     return n
@@ -58,7 +60,7 @@ class Slot:
 
     def alive(self) -> bool:
         try:
-            self.conn.execute("SELECT 1")
+            self.conn.execute(BROKER_Q.db_ping.sql)
             return True
         except Exception:  # noqa: BLE001
             return False

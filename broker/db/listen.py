@@ -77,6 +77,7 @@ class Listener:
     def listen(self, *channels: str) -> None:
         """LISTEN on more channels (names are code constants, never input)."""
         for channel in channels:
+            # not a registry query: LISTEN takes an identifier, not a parameter, and the names are constants
             self.conn.execute(f"LISTEN {channel}")
 
     def lost(self, exc: BaseException | None = None) -> None:

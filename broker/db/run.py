@@ -25,6 +25,7 @@ from django.db import DatabaseError, connection
 
 from broker.db.queries import Query
 from broker.db.errors import IllegalTransition
+from broker.queries import Q
 
 # The SQLSTATE the job history trigger raises for a status move outside the transition table
 # (jobs/migrations/0017, jobs.transitions): mapped to IllegalTransition, as the Python check raises.
@@ -53,7 +54,7 @@ def connection_plan_setup(sender=None, connection=None, **kwargs) -> None:
     if not getattr(settings, "BROKER_PREPARED_STATEMENTS", True):
         return  # nothing is prepared: every statement is planned with its values
     with connection.cursor() as cur:
-        cur.execute(f"SET plan_cache_mode = {PLAN_CACHE_MODE}")
+        cur.execute(Q.plan_cache_mode_set.sql)  # SET plan_cache_mode = PLAN_CACHE_MODE
 
 
 def _sql(q: Query | str) -> str:

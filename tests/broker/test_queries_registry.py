@@ -8,7 +8,9 @@ import re
 import pytest
 
 from broker.db.queries import QueryFileError, Registry, queries_parse
+from broker.db.run import PLAN_CACHE_MODE
 from broker.queries import ALL as BROKER_QUERIES
+from broker.queries import Q as BROKER_Q
 from consumers.queries import ALL as CONSUMER_QUERIES
 from jobs.queries import ALL, Q
 
@@ -63,3 +65,7 @@ def test_jobs_queries_are_written_out_whole():
     for name in ("claim_pull", "claim_push", "push_record", "ack", "insert_one", "insert_many", "insert_partitioned"):
         assert name in Q
     assert Q.claim_pull.hot and Q.claim_pull.index == "job_claim"
+
+
+def test_the_session_setting_is_the_documented_plan_cache_mode():
+    assert BROKER_Q.plan_cache_mode_set.sql == f"SET plan_cache_mode = {PLAN_CACHE_MODE}"

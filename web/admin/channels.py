@@ -13,8 +13,7 @@ import logging
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count
-from django.db.models.expressions import RawSQL
+from django.db.models import Count, F, Func, IntegerField
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
@@ -22,12 +21,13 @@ from django.utils.html import format_html
 from django.utils.http import http_date
 from django.utils.text import Truncator
 
-from broker.counters import JOB, MESSAGE, counts_for
+from broker.counters import JOB, MESSAGE, counter_column, counts_for
 from broker.errors import DomainError, PreconditionFailed
 from broker.models import Channel, Message, Producer, ScheduledMessage
 from broker.registry import Precondition, channel_upsert, producer_upsert
 from broker.xid import job_xid
 from consumers.models import Consumer
+from jobs.dashboard import SCHEDULED_SCOPE
 from jobs.models import Job
 from jobs.scheduling import scheduled_message_cancel
 from jobs.state import DEAD, INFLIGHT, QUEUED
@@ -38,23 +38,6 @@ from web.admin.helpers import (
 from web.admin.jobs import job_admin_url, status_badge
 
 logger = logging.getLogger("web.admin.channels")
-
-SCHEDULED_SCOPE = 3  # broker_counter scope of scheduled messages (broker/migrations/0002)
-
-
-def _counter_sql(scope: int, table_name: str, status: int | None = None) -> RawSQL:
-    """A maintained count of the row's owner (folded + pending deltas) as a column."""
-    cond = "" if status is None else " AND status = %s"
-    params = (scope, *(() if status is None else (status,)))
-    return RawSQL(  # noqa: S611 - table_name is one of our fixed table names
-        f"SELECT COALESCE(sum(n), 0) FROM ("  # noqa: S608 - fixed table names, values are parameters
-        f" SELECT count AS n FROM broker_counter WHERE scope = %s AND owner_id = {table_name}.id{cond}"
-        f" UNION ALL"
-        f" SELECT delta FROM broker_counterdelta WHERE scope = %s AND owner_id = {table_name}.id{cond}"
-        f") c",
-        params + params,
-    )
-
 
 # --- channels and producers ---------------------------------------------------------------------------
 
@@ -155,8 +138,9 @@ class ChannelAdmin(RegistryAdmin):
     def get_queryset(self, request):
         return super().get_queryset(request).annotate(
             n_consumers=Count("consumers"),
-            n_messages=_counter_sql(MESSAGE, "broker_channel"),
-            n_scheduled=_counter_sql(SCHEDULED_SCOPE, "broker_channel", ScheduledMessage.Status.SCHEDULED))
+            n_messages=counter_column(owner="channel", scope=MESSAGE),
+            n_scheduled=counter_column(owner="channel", scope=SCHEDULED_SCOPE,
+                                       status=ScheduledMessage.Status.SCHEDULED))
 
     @admin.display(description="consumers", ordering="n_consumers")
     def consumers_col(self, obj):
@@ -210,7 +194,7 @@ class MessageColumnsMixin:
     and payload read one row at a time: the list query defers them and reads only their size)."""
 
     def get_queryset(self, request):
-        size = RawSQL(f"octet_length({self.model._meta.db_table}.payload)", ())
+        size = Func(F("payload"), function="octet_length", output_field=IntegerField())
         return super().get_queryset(request).select_related("channel", "producer").defer("payload").annotate(size=size)
 
     def has_add_permission(self, request):

@@ -14,7 +14,6 @@ from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db.models.expressions import RawSQL
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
@@ -23,7 +22,7 @@ from django.utils.html import format_html
 from django.utils.http import http_date
 from django.utils.text import Truncator
 
-from broker.counters import JOB, REDELIVERED, counts_for
+from broker.counters import JOB, REDELIVERED, counter_column, counts_for
 from broker.errors import DomainError, InvalidInput, PreconditionFailed
 from broker.message_types import message_types_parse, message_types_text
 from broker.registry import Precondition
@@ -46,16 +45,9 @@ logger = logging.getLogger("web.admin.channels")
 # purge_queued; priority groups add the group pin state, the "Unpin" action and advisories.
 
 
-def counter_sql(status: int) -> RawSQL:
+def counter_sql(status: int):
     """A consumer's maintained job count for ``status`` as a column (folded count + pending deltas)."""
-    return RawSQL(
-        "SELECT COALESCE(sum(n), 0) FROM ("
-        " SELECT count AS n FROM broker_counter WHERE scope = %s AND owner_id = consumers_consumer.id AND status = %s"
-        " UNION ALL"
-        " SELECT delta FROM broker_counterdelta WHERE scope = %s AND owner_id = consumers_consumer.id AND status = %s"
-        ") c",
-        (JOB, status, JOB, status),
-    )
+    return counter_column(owner="consumer", scope=JOB, status=status)
 
 
 class ConsumerForm(forms.ModelForm):

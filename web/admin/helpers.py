@@ -11,7 +11,6 @@ from django.conf import settings
 from django.contrib import admin, messages
 from django.core.paginator import Paginator
 from django.core.validators import RegexValidator
-from django.db import connection
 from django.http import HttpResponseRedirect
 from django.urls import reverse
 from django.utils.functional import cached_property
@@ -22,7 +21,9 @@ from django.utils.safestring import SafeString, mark_safe
 from broker.counters import counts_for
 from broker.errors import DomainError
 from broker.models import Channel
+from broker.payloads import message_payload_head, scheduled_payload_head
 from broker.registry import Precondition
+from jobs.payloads import job_payload_head
 
 MASK = "\u2022" * 4
 
@@ -185,29 +186,25 @@ class ServiceFormAdmin(admin.ModelAdmin):
 
 # --- payload preview ------------------------------------------------------------------------------
 
-# table -> FROM clause giving payload and content_type for ``id`` (a job's own payload, set by a
-# handler-driven gate move, takes its message's content type)
-_PREVIEW_TABLES = {
-    "broker_message": "broker_message",
-    "broker_scheduledmessage": "broker_scheduledmessage",
-    "jobs_job": "(SELECT j.id, j.payload, m.content_type FROM jobs_job j JOIN broker_message m ON m.id = j.message_id"
-                " WHERE j.payload IS NOT NULL) AS t",
+# table -> the reader of a row's payload head (a job's own payload, set by a handler-driven gate
+# move, takes its message's content type)
+_PREVIEW_READERS = {
+    "broker_message": message_payload_head,
+    "broker_scheduledmessage": scheduled_payload_head,
+    "jobs_job": job_payload_head,
 }
 
 
 def payload_preview(*, table: str, pk: int) -> SafeString:
     """The payload of one message for display: pretty-printed when it is JSON, at most
     BROKER_ADMIN_PAYLOAD_PREVIEW_BYTES read from the database (a 5 MB payload is never loaded)."""
-    if table not in _PREVIEW_TABLES:
+    if table not in _PREVIEW_READERS:
         raise ValueError(table)
     limit = int(getattr(settings, "BROKER_ADMIN_PAYLOAD_PREVIEW_BYTES", 65536))
-    with connection.cursor() as cur:
-        cur.execute(f"SELECT substring(payload FROM 1 FOR %s), octet_length(payload), content_type "  # noqa: S608
-                    f"FROM {_PREVIEW_TABLES[table]} WHERE id = %s", [limit, pk])
-        row = cur.fetchone()
+    row = _PREVIEW_READERS[table](pk=pk, limit=limit)
     if row is None:
         return mark_safe("")
-    head, size, content_type = bytes(row[0] or b""), int(row[1] or 0), row[2] or ""
+    head, size, content_type = row
     truncated = size > len(head)
     text = _utf8(head, truncated)
     if text is None:

@@ -3,7 +3,6 @@ whatever number of web processes and worker clusters run."""
 
 from __future__ import annotations
 
-from django.db import connection
 from django.http import HttpResponse
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from prometheus_client import CollectorRegistry, generate_latest
@@ -14,16 +13,9 @@ from broker import delivery_metrics as dm
 from broker.counters import JOB, MESSAGE, REDELIVERED, counts_for
 from broker.models import Channel
 from consumers.models import Consumer
+from consumers.waiters import pull_waiters_count
 from jobs.circuit import circuits_open
 from jobs.models import JobStatus
-
-
-def pull_waiters() -> dict[int, int]:
-    """Live waiting pulls per consumer (rows of every web process; a dead waiter's row expires)."""
-    with connection.cursor() as cur:
-        cur.execute("SELECT consumer_id, count(*) FROM consumers_pullwaiter WHERE expires_at > now() "
-                    "GROUP BY consumer_id")
-        return dict(cur.fetchall())
 
 
 class DatabaseCollector:
@@ -42,7 +34,7 @@ class DatabaseCollector:
                                      labels=["channel", "consumer"])
         redelivered = GaugeMetricFamily("broker_consumer_redelivered", "Jobs being redelivered",
                                         labels=["channel", "consumer"])
-        waiting = pull_waiters()
+        waiting = pull_waiters_count()
         open_circuits = circuits_open()
         circuit = GaugeMetricFamily("broker_consumer_circuit_open",
                                     "1 while the push consumer's circuit breaker is OPEN or HALF_OPEN",

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from django.db import connection
 from drf_spectacular.utils import extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from broker.health import database_ping
 from broker.models import SeedState
 from consumers.seed import seed_applied
 from web.api.common import OBJ
@@ -24,8 +24,7 @@ class StatusView(APIView):
         responses={200: OBJ, 503: OBJ})
     def get(self, request):
         try:
-            with connection.cursor() as cur:
-                cur.execute("SELECT 1")
+            database_ping()
             database_seeded = SeedState.objects.filter(pk=1, applied_at__isnull=False).exists()
         except Exception:  # noqa: BLE001 - any database failure means unhealthy
             return Response({"Database": "unreachable", "AppStatus": 1}, status=503)

@@ -152,6 +152,17 @@ def test_big_payload_is_cut_and_binary_is_shown_as_hex(admin_client, world, sett
     assert "binary, 256 bytes" in html and "00 01 02 03" in html
 
 
+def test_a_job_with_its_own_payload_shows_that_payload_with_its_message_content_type(admin_client, world):
+    assert world.publish(body=b'{"from": "producer"}', HTTP_X_BROKER_MESSAGE_ID="own").status_code == 201
+    job = Job.objects.get(consumer__consumer_id="c1", message__message_id="own")
+    html = admin_client.get(f"{URL}{job_xid(job.pk)}/change/").content.decode()
+    assert "&quot;producer&quot;" in html and "own payload" not in html
+    Job.objects.filter(pk=job.pk).update(payload=b'{"from": "handler"}')  # as a handler-driven gate move sets it
+    html = admin_client.get(f"{URL}{job_xid(job.pk)}/change/").content.decode()
+    assert "this job&#x27;s own payload" in html and "&quot;handler&quot;" in html
+    assert "JSON, 19 bytes" in html  # pretty-printed: the message's content type (JSON) goes with it
+
+
 def test_posting_the_job_form_changes_nothing(admin_client, broker):
     job = dead_ids()[0]
     r = admin_client.post(f"{URL}{job_xid(job)}/change/", {"status": QUEUED, "retry_count": 0})
