@@ -47,9 +47,6 @@ BENCH_DB = "broker_bench_pipeline"
 SMOKE_TABLE = (r"^report: \d+ jobs in [\d.]+s \([\d.]+s with Spark start-up; JVM CPU .*\)$(?s:.*)"
                r"^archive: \{.*\} in [\d.]+s \(\d+ rows/s, export \+ verify \+ prune; .*\)$")
 SMOKE_NEEDS = ("spark",)
-# --smoke: the C1 JIT only (the time zone option is repeated because this replaces the default
-# one): tiny data never repays C2 compilation; measured about half the JVM CPU of a smoke run.
-SMOKE_SPARK_CONF = {"spark.driver.extraJavaOptions": "-Duser.timezone=UTC -XX:TieredStopAtLevel=1"}
 CHANNELS = ["bench-ch0", "bench-ch1"]
 PRODUCERS = ["bench-producer"]
 CONSUMERS = [(ch, f"{ch}-c{k}", "push", "http://127.0.0.1:9/cb") for ch in CHANNELS for k in range(2)]
@@ -225,7 +222,7 @@ def run(args, url: str, out: Path) -> dict:
     from pipeline.timeparse import moment_parse
 
     t = time.monotonic()
-    spark = spark_session_build(master=args.master, conf=SMOKE_SPARK_CONF if args.smoke else None)
+    spark = spark_session_build(master=args.master)
     results["spark_start_s"] = round(time.monotonic() - t, 1)
     print(f"Spark {spark.version} on {spark.sparkContext.master} started in {results['spark_start_s']}s", flush=True)
 
