@@ -13,17 +13,25 @@ prints wall times, the Spark JVM's CPU seconds and the load average, then drops 
 its output (unless ``--keep``). ``--smoke``: 2,000 jobs, the same steps.
 Target: the report in under 60 s including Spark start-up, on the 2-core machine.
 
-Recorded 2026-11-23 (2 cores, 24 GB, Java 17, pyspark 4.3.0, local[*], driver 4g, embedded
-PostgreSQL 18, fsync on; the machine was shared with four other engineers' test runs):
+Recorded 2026-11-24 (2 cores, 24 GB, Java 17, pyspark 4.3.0, local[*], driver 4g with the C1 JIT
+only, binary JDBC transfer, embedded PostgreSQL 18, fsync on; the machine was shared with other
+engineers' test runs, so the load average is given with each figure):
 
-    rows:    500,000 messages, 1,000,000 jobs, 2,250,000 transitions, 1,110,000 attempts (generated in 99.7 s)
-    report:  1,000,000 jobs in 62.0 s + 16.5 s Spark start-up = 78.5 s, JVM CPU 62.9 s, load average 6.0-7.8
-             phases: JDBC read 18.5 s, Parquet by day/channel 12.9 s, aggregates + HTML 30.1 s
-             (before the shuffle-free Parquet write and the one-scan throughput, at load 2-4:
-             67.6 s + 12.7 s = 80.3 s; a fresh JVM spent 84-94 CPU seconds on the report)
-    archive: --older-than 30d --dead-older-than 45d: 210,016 messages, 420,032 jobs, 962,572 transitions,
-             481,286 attempts (2.07M rows) in 114.7 s = 18.1k rows/s, JVM CPU 61.3 s
-             phases: export 78.9 s, read-back verify 19.7 s, publish 0.2 s, prune 15.8 s
+    rows:    500,000 messages, 1,000,000 jobs, 2,250,000 transitions, 1,110,000 attempts (generated in 47.6 s)
+    report:  1,000,000 jobs in 44.5 s + 7.4 s Spark start-up = 51.9 s, JVM CPU 37.6 s, load average 2.0-3.5
+             phases: JDBC read streamed into Parquet by day/channel 24.6 s, aggregates 19.6 s, HTML 0.3 s
+             (a second run at load 3.4-3.8: 59.5 s + 6.6 s = 66.1 s, JVM CPU 38.9 s)
+    archive: --older-than 30d --dead-older-than 45d: 210,007 messages, 420,014 jobs, 962,530 transitions,
+             481,265 attempts (2.07M rows) in 73.9 s = 28.1k rows/s, JVM CPU 60.7 s
+             phases: export 46.7 s, read-back verify 12.3 s, publish 0.1 s, prune 14.9 s
+
+Before (the code of 5262216: text JDBC results, an in-memory cache of the facts, the C2 JIT), the
+same command in the same session on a quieter machine: report 33.3 s + 10.4 s = 43.7 s, JVM CPU
+45.1 s, load 1.2-1.9 (and 62.0 s + 16.5 s = 78.5 s at load 6-8 the day before); archive 87.1 s,
+JVM CPU 52.8 s (export 40.1 s, verify 25.7 s, prune 20.9 s).
+The report alone, old and new code alternating over one database, three pairs (load 1.9-3.7):
+old 41.9 / 48.6 / 35.5 s with start-up, JVM CPU 58.1 / 63.1 / 56.4 s; new 42.6 / 34.3 / 30.8 s,
+JVM CPU 43.4 / 40.9 / 39.4 s. The CPU (-30%) is the figure load changes least.
 """
 
 from __future__ import annotations
@@ -47,9 +55,6 @@ BENCH_DB = "broker_bench_pipeline"
 SMOKE_TABLE = (r"^report: \d+ jobs in [\d.]+s \([\d.]+s with Spark start-up; JVM CPU .*\)$(?s:.*)"
                r"^archive: \{.*\} in [\d.]+s \(\d+ rows/s, export \+ verify \+ prune; .*\)$")
 SMOKE_NEEDS = ("spark",)
-# --smoke: the C1 JIT only (the time zone option is repeated because this replaces the default
-# one): tiny data never repays C2 compilation; measured about half the JVM CPU of a smoke run.
-SMOKE_SPARK_CONF = {"spark.driver.extraJavaOptions": "-Duser.timezone=UTC -XX:TieredStopAtLevel=1"}
 CHANNELS = ["bench-ch0", "bench-ch1"]
 PRODUCERS = ["bench-producer"]
 CONSUMERS = [(ch, f"{ch}-c{k}", "push", "http://127.0.0.1:9/cb") for ch in CHANNELS for k in range(2)]
@@ -225,7 +230,7 @@ def run(args, url: str, out: Path) -> dict:
     from pipeline.timeparse import moment_parse
 
     t = time.monotonic()
-    spark = spark_session_build(master=args.master, conf=SMOKE_SPARK_CONF if args.smoke else None)
+    spark = spark_session_build(master=args.master)
     results["spark_start_s"] = round(time.monotonic() - t, 1)
     print(f"Spark {spark.version} on {spark.sparkContext.master} started in {results['spark_start_s']}s", flush=True)
 
