@@ -48,15 +48,9 @@ from django.conf import settings
 
 from jobs.models import JobStatus
 from pipeline import prune as prune_module
-from pipeline.readers import (
-    ATTEMPT_COLUMNS,
-    JOB_COLUMNS,
-    TRANSITION_COLUMNS,
-    day_sql,
-    headers_sql,
-    jdbc_read,
-)
-from pipeline.timeparse import duration_parse, sql_timestamp
+from pipeline.queries import Q
+from pipeline.readers import jdbc_read
+from pipeline.timeparse import duration_parse
 
 TABLES = ("messages", "jobs", "transitions", "attempts")
 RUNS = "_runs"
@@ -85,42 +79,21 @@ class ArchiveResult:
     timings: dict = field(default_factory=dict)
 
 
-def archive_eligible_sql(*, cutoff: datetime, dead_cutoff: datetime, alias: str = "m") -> str:
-    """SQL condition on a broker_message row: old enough and every job finished for good."""
-    m = alias
-    return (
-        f"{m}.received_at < {sql_timestamp(cutoff)} "
-        f"AND ({m}.status = {DISPATCHED} OR EXISTS (SELECT 1 FROM jobs_job j0 WHERE j0.message_id = {m}.id)) "
-        f"AND NOT EXISTS (SELECT 1 FROM jobs_job j1 WHERE j1.message_id = {m}.id AND NOT ("
-        f"j1.status = {DELIVERED} OR (j1.status = {DEAD} AND j1.status_changed_at < {sql_timestamp(dead_cutoff)})))"
-    )
-
-
 def _source_frames(*, spark, cutoff: datetime, dead_cutoff: datetime) -> dict:
     """The four tables' rows for archiving (messages filtered by eligibility; the others by the
     cheap superset ``received_at < cutoff`` and then semi-joined to the messages in Spark)."""
-    eligible = archive_eligible_sql(cutoff=cutoff, dead_cutoff=dead_cutoff)
-    joins = ("JOIN broker_message m ON m.id = j.message_id JOIN broker_channel c ON c.id = m.channel_id")
-    day = day_sql("m.received_at")
-    old = f"m.received_at < {sql_timestamp(cutoff)}"
-    messages = jdbc_read(spark=spark, bounds_table="broker_message", sql=(
-        "SELECT m.id, m.message_id, m.channel_id AS channel_pk, c.channel_id AS channel, "
-        "m.producer_id AS producer_pk, p.producer_id AS producer, m.payload, m.content_type, m.priority, "
-        f"{headers_sql('m')} AS headers, m.status, m.received_at, m.dispatched_at, {day} AS day "
-        "FROM broker_message m JOIN broker_channel c ON c.id = m.channel_id "
-        f"JOIN broker_producer p ON p.id = m.producer_id WHERE {eligible}"))
-    job_cols = ", ".join(f"j.{c}" for c in JOB_COLUMNS if c not in ("consumer_id", "channel_id"))
-    jobs = jdbc_read(spark=spark, bounds_table="jobs_job", sql=(
-        f"SELECT {job_cols}, j.consumer_id AS consumer_pk, co.consumer_id AS consumer, "
-        f"j.channel_id AS channel_pk, c.channel_id AS channel, {day} AS day "
-        f"FROM jobs_job j {joins} JOIN consumers_consumer co ON co.id = j.consumer_id WHERE {old}"))
-    transitions = jdbc_read(spark=spark, bounds_table="jobs_jobtransition", sql=(
-        f"SELECT {', '.join('t.' + c for c in TRANSITION_COLUMNS)}, j.message_id, c.channel_id AS channel, "
-        f"{day} AS day FROM jobs_jobtransition t JOIN jobs_job j ON j.id = t.job_id {joins} WHERE {old}"))
-    attempts = jdbc_read(spark=spark, bounds_table="jobs_deliveryattempt", sql=(
-        f"SELECT {', '.join('a.' + c for c in ATTEMPT_COLUMNS)}, j.message_id, c.channel_id AS channel, "
-        f"{day} AS day FROM jobs_deliveryattempt a JOIN jobs_job j ON j.id = a.job_id {joins} WHERE {old}"))
-    return {"messages": messages, "jobs": jobs, "transitions": transitions, "attempts": attempts}
+    eligible = {"cutoff": cutoff, "dead_cutoff": dead_cutoff, "dispatched": DISPATCHED,
+                "delivered": DELIVERED, "dead": DEAD}
+    old = {"cutoff": cutoff}
+    return {
+        "messages": jdbc_read(spark=spark, query=Q.archive_messages_read, params=eligible,
+                              bounds_table="broker_message"),
+        "jobs": jdbc_read(spark=spark, query=Q.archive_jobs_read, params=old, bounds_table="jobs_job"),
+        "transitions": jdbc_read(spark=spark, query=Q.archive_transitions_read, params=old,
+                                 bounds_table="jobs_jobtransition"),
+        "attempts": jdbc_read(spark=spark, query=Q.archive_attempts_read, params=old,
+                              bounds_table="jobs_deliveryattempt"),
+    }
 
 
 def _archived_ids(spark, out: Path):

@@ -11,28 +11,9 @@ from typing import Sequence
 
 from django.db import connection, transaction
 
+from pipeline.queries import Q
+
 ADVISORY_KEY = "broker_pipeline_archive"
-
-_COUNTS_SQL = """
-WITH jj AS (SELECT id, message_id FROM jobs_job WHERE message_id = ANY(%(ids)s::bigint[])),
-nj AS (SELECT message_id, count(*) AS n FROM jj GROUP BY message_id),
-nt AS (SELECT jj.message_id, count(*) AS n FROM jobs_jobtransition t JOIN jj ON jj.id = t.job_id GROUP BY jj.message_id),
-na AS (SELECT jj.message_id, count(*) AS n FROM jobs_deliveryattempt a JOIN jj ON jj.id = a.job_id GROUP BY jj.message_id)
-SELECT m.id, COALESCE(nj.n, 0), COALESCE(nt.n, 0), COALESCE(na.n, 0)
-  FROM broker_message m
-  LEFT JOIN nj ON nj.message_id = m.id
-  LEFT JOIN nt ON nt.message_id = m.id
-  LEFT JOIN na ON na.message_id = m.id
- WHERE m.id = ANY(%(ids)s::bigint[])
-"""
-
-_DELETE_SQL = """
-WITH j AS (DELETE FROM jobs_job WHERE message_id = ANY(%(ids)s::bigint[]) RETURNING id),
-t AS (DELETE FROM jobs_jobtransition WHERE job_id IN (SELECT id FROM j) RETURNING 1),
-a AS (DELETE FROM jobs_deliveryattempt WHERE job_id IN (SELECT id FROM j) RETURNING 1),
-m AS (DELETE FROM broker_message WHERE id = ANY(%(ids)s::bigint[]) RETURNING 1)
-SELECT (SELECT count(*) FROM m), (SELECT count(*) FROM j), (SELECT count(*) FROM t), (SELECT count(*) FROM a)
-"""
 
 
 @dataclass
@@ -72,13 +53,13 @@ def messages_prune(*, expected: Sequence[tuple[int, int, int, int]]) -> PruneCou
     want = {int(i): (int(nj), int(nt), int(na)) for i, nj, nt, na in expected}
     result = PruneCounts()
     with transaction.atomic(), connection.cursor() as cur:
-        cur.execute("SELECT id FROM broker_message WHERE id = ANY(%s::bigint[]) ORDER BY id FOR UPDATE", [ids])
+        cur.execute(Q.prune_messages_lock.sql, {"ids": ids})
         present = [row[0] for row in cur.fetchall()]
         result.already_gone = len(ids) - len(present)
         if not present:
             return result
-        cur.execute("SELECT id FROM jobs_job WHERE message_id = ANY(%s::bigint[]) ORDER BY id FOR UPDATE", [present])
-        cur.execute(_COUNTS_SQL, {"ids": present})
+        cur.execute(Q.prune_jobs_lock.sql, {"ids": present})
+        cur.execute(Q.prune_counts.sql, {"ids": present})
         keep = []
         for message_id, nj, nt, na in cur.fetchall():
             if want[message_id] == (nj, nt, na):
@@ -86,7 +67,7 @@ def messages_prune(*, expected: Sequence[tuple[int, int, int, int]]) -> PruneCou
             else:
                 result.changed.append(message_id)
         if keep:
-            cur.execute(_DELETE_SQL, {"ids": keep})
+            cur.execute(Q.prune_delete.sql, {"ids": keep})
             result.messages, result.jobs, result.transitions, result.attempts = cur.fetchone()
     return result
 
@@ -94,17 +75,17 @@ def messages_prune(*, expected: Sequence[tuple[int, int, int, int]]) -> PruneCou
 def archive_lock_acquire() -> bool:
     """One archive-and-prune at a time per database (session advisory lock)."""
     with connection.cursor() as cur:
-        cur.execute("SELECT pg_try_advisory_lock(hashtext(%s))", [ADVISORY_KEY])
+        cur.execute(Q.archive_lock_acquire.sql, {"key": ADVISORY_KEY})
         return bool(cur.fetchone()[0])
 
 
 def archive_lock_release() -> None:
     with connection.cursor() as cur:
-        cur.execute("SELECT pg_advisory_unlock(hashtext(%s))", [ADVISORY_KEY])
+        cur.execute(Q.archive_lock_release.sql, {"key": ADVISORY_KEY})
 
 
 def database_now():
     """Time comes from the database, as everywhere in the broker."""
     with connection.cursor() as cur:
-        cur.execute("SELECT now()")
+        cur.execute(Q.database_now.sql)
         return cur.fetchone()[0]

@@ -1,77 +1,87 @@
 """Partitioned JDBC readers for the broker tables.
 
-Every reader names its columns: tokens, signing secrets and callback URLs (which may carry
-credentials) are never selected, so they cannot reach a DataFrame, a Parquet file or a report.
-Reads are split on the primary key (``partitionColumn=id``, bounds from the table's min/max id,
-``numPartitions`` from ``BROKER_SPARK_JDBC_PARTITIONS``) and fetched ``fetchsize`` rows at a time,
-so big tables stream through several connections instead of one giant result set. The bounds
-only set the stride; the ``WHERE`` of the subquery does the filtering (in PostgreSQL).
+Every reader names its columns (statements in ``pipeline/queries.sql``): tokens, signing secrets
+and callback URLs (which may carry credentials) are never selected, so they cannot reach a
+DataFrame, a Parquet file or a report. Reads are split on the primary key (``partitionColumn=id``,
+bounds from the table's min/max id, ``numPartitions`` from ``BROKER_SPARK_JDBC_PARTITIONS``) and
+fetched ``fetchsize`` rows at a time, so big tables stream through several connections instead of
+one giant result set. The bounds only set the stride; the filtering happens in PostgreSQL: time
+bounds are Spark filters on the read, which Spark pushes down into the ``WHERE`` it sends.
 """
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 
 from django.conf import settings
 from django.db import connection
 
+from pipeline.queries import Q
 from pipeline.session import jdbc_options_build
 from pipeline.timeparse import sql_timestamp
 
 FETCHSIZE = 10_000
 MIN_ROWS_PER_PARTITION = 20_000  # below this a table is read through one connection
 
-CHANNEL_COLUMNS = ("id", "channel_id", "name", "created_at", "updated_at")
-PRODUCER_COLUMNS = ("id", "producer_id", "name", "created_at", "updated_at")
-CONSUMER_COLUMNS = (
-    "id", "channel_id", "consumer_id", "name", "type", "max_in_flight", "max_deliveries_per_second",
-    "connection_timeout", "max_retry", "retry_backoff", "created_at", "updated_at",
-)
-JOB_COLUMNS = (
-    "id", "message_id", "consumer_id", "channel_id", "status", "priority", "retry_count",
-    "next_attempt_at", "deadline", "incremental_timeout", "status_changed_at", "created_at",
-)
-TRANSITION_COLUMNS = ("id", "job_id", "from_status", "to_status", "retry_count", "reason", "at")
-ATTEMPT_COLUMNS = (
-    "id", "job_id", "attempt", "started_at", "duration_ms", "status_code", "response_excerpt",
-    "error", "request_id", "outcome",
-)
 DELIVERED = 1003  # jobs.models.JobStatus.DELIVERED
 
 SECRET_COLUMNS = frozenset({"token", "signing_secret", "previous_signing_secret", "callback_url"})
 
-# Message headers are kept, minus any that look like credentials.
-SENSITIVE_HEADER = r"(token|secret|authorization|signature|password|passwd|api[-_]?key|cookie)"
+# The tables a read can be split on, each with the statement giving its id bounds.
+ID_BOUNDS = {
+    "broker_message": Q.message_id_bounds,
+    "jobs_job": Q.job_id_bounds,
+    "jobs_jobtransition": Q.transition_id_bounds,
+    "jobs_deliveryattempt": Q.attempt_id_bounds,
+    "jobs_partition": Q.partition_id_bounds,
+}
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 
 
-def headers_sql(alias: str = "m") -> str:
-    """The message's headers as JSON text, without credential-looking keys."""
-    return (
-        f"(CASE WHEN jsonb_typeof({alias}.headers) = 'object' THEN "
-        f"(SELECT COALESCE(jsonb_object_agg(h.k, h.v), '{{}}'::jsonb) FROM jsonb_each({alias}.headers) AS h(k, v) "
-        f"WHERE h.k !~* '{SENSITIVE_HEADER}') ELSE {alias}.headers END)::text"
-    )
+def jdbc_sql_render(sql, params: dict | None = None) -> str:
+    """``sql`` (a Query or text) with each ``%(name)s`` replaced by the literal of ``params[name]``.
+
+    Spark's JDBC reader sends text and binds nothing, so the few values that must sit inside a
+    statement (a bound under NOT EXISTS, a status code) are rendered here and only here: a
+    timezone-aware or naive (UTC) datetime becomes a TIMESTAMPTZ literal, an int its digits.
+    Anything else, a missing value or an unused one is an error: no text ever reaches the SQL."""
+    params = dict(params or {})
+    for name, value in params.items():
+        if isinstance(value, bool) or not isinstance(value, (int, datetime)):
+            raise TypeError(f"{name}: only datetimes and ints go into JDBC SQL, not {type(value).__name__}")
+    used = set()
+
+    def literal(match: re.Match) -> str:
+        name = match.group(1)
+        if name not in params:
+            raise KeyError(f"no value for %({name})s")
+        used.add(name)
+        value = params[name]
+        return sql_timestamp(value) if isinstance(value, datetime) else str(int(value))
+
+    text = _PLACEHOLDER.sub(literal, str(sql))
+    if set(params) - used:
+        raise KeyError(f"values without a placeholder: {sorted(set(params) - used)}")
+    return text
 
 
-def day_sql(column: str) -> str:
-    """The UTC day of a timestamptz as 'YYYY-MM-DD' (a partition value independent of time zones)."""
-    return f"to_char({column} AT TIME ZONE 'UTC', 'YYYY-MM-DD')"
-
-
-def table_bounds(*, table: str, column: str = "id") -> tuple[int | None, int | None]:
-    """min and max of the partition column (an index lookup each on the primary key)."""
+def table_bounds(*, table: str) -> tuple[int | None, int | None]:
+    """min and max id of ``table`` (an index lookup each on the primary key)."""
     with connection.cursor() as cur:
-        cur.execute(f'SELECT min("{column}"), max("{column}") FROM "{table}"')
+        cur.execute(ID_BOUNDS[table].sql)
         low, high = cur.fetchone()
     return low, high
 
 
-def jdbc_read(*, spark, sql: str, bounds_table: str | None = None, partition_column: str = "id",
-              num_partitions: int | None = None):
-    """Read ``sql`` (a SELECT exposing ``partition_column``) as a DataFrame, split into id ranges
-    of ``bounds_table`` when it is big enough (or when ``num_partitions`` is given)."""
+def jdbc_read(*, spark, query, params: dict | None = None, bounds_table: str | None = None,
+              partition_column: str = "id", num_partitions: int | None = None):
+    """Read ``query`` (a registry SELECT exposing ``partition_column``; ``params`` rendered by
+    ``jdbc_sql_render``) as a DataFrame, split into id ranges of ``bounds_table`` when it is big
+    enough (or when ``num_partitions`` is given)."""
     reader = spark.read.format("jdbc").options(**jdbc_options_build())
-    reader = reader.option("dbtable", f"({sql}) AS src").option("fetchsize", str(FETCHSIZE))
+    reader = (reader.option("dbtable", f"({jdbc_sql_render(query, params)}) AS src")
+              .option("fetchsize", str(FETCHSIZE)))
     if bounds_table:
         low, high = table_bounds(table=bounds_table)
         wanted = num_partitions or settings.BROKER_SPARK_JDBC_PARTITIONS or 1
@@ -84,114 +94,77 @@ def jdbc_read(*, spark, sql: str, bounds_table: str | None = None, partition_col
     return reader.load()
 
 
-def _cols(alias: str, columns) -> str:
-    return ", ".join(f"{alias}.{c}" for c in columns)
+def _window(frame, column: str, since: datetime | None = None, until: datetime | None = None):
+    """``frame`` where ``since <= column < until`` (either bound optional), as Spark filters: Spark
+    pushes them down into the WHERE it sends PostgreSQL (the JVM and sessions run in UTC)."""
+    from pyspark.sql import functions as F  # optional heavy dependency: only when Spark runs
 
-
-def _and(conditions: list[str]) -> str:
-    conditions = [c for c in conditions if c]
-    return (" WHERE " + " AND ".join(f"({c})" for c in conditions)) if conditions else ""
+    if since is not None:
+        frame = frame.where(F.col(column) >= F.lit(since))
+    if until is not None:
+        frame = frame.where(F.col(column) < F.lit(until))
+    return frame
 
 
 def channels_read(*, spark):
-    return jdbc_read(spark=spark, sql=f"SELECT {_cols('c', CHANNEL_COLUMNS)} FROM broker_channel c")
+    return jdbc_read(spark=spark, query=Q.channels_read)
 
 
 def producers_read(*, spark):
-    return jdbc_read(spark=spark, sql=f"SELECT {_cols('p', PRODUCER_COLUMNS)} FROM broker_producer p")
+    return jdbc_read(spark=spark, query=Q.producers_read)
 
 
 def consumers_read(*, spark):
-    return jdbc_read(spark=spark, sql=f"SELECT {_cols('c', CONSUMER_COLUMNS)} FROM consumers_consumer c")
+    return jdbc_read(spark=spark, query=Q.consumers_read)
 
 
 def messages_read(*, spark, since: datetime | None = None, until: datetime | None = None,
-                  payload: bool = False, where: str = "", num_partitions: int | None = None):
-    """Messages received in [since, until) (payload only when asked: it is the bulk of the table)."""
-    cols = [
-        "m.id", "m.channel_id", "m.message_id", "m.producer_id", "m.content_type", "m.priority",
-        f"{headers_sql('m')} AS headers", "m.status", "m.received_at", "m.dispatched_at",
-    ]
-    if payload:
-        cols.insert(4, "m.payload")
-    sql = f"SELECT {', '.join(cols)} FROM broker_message m" + _and([
-        since and f"m.received_at >= {sql_timestamp(since)}",
-        until and f"m.received_at < {sql_timestamp(until)}",
-        where,
-    ])
-    return jdbc_read(spark=spark, sql=sql, bounds_table="broker_message", num_partitions=num_partitions)
+                  payload: bool = False, num_partitions: int | None = None):
+    """Messages received in [since, until) (payload only when asked: it is the bulk of the table,
+    and a dropped column is left out of the SELECT Spark sends)."""
+    frame = jdbc_read(spark=spark, query=Q.messages_read, bounds_table="broker_message",
+                      num_partitions=num_partitions)
+    frame = _window(frame, "received_at", since, until)
+    return frame if payload else frame.drop("payload")
 
 
-def jobs_read(*, spark, since: datetime | None = None, until: datetime | None = None, where: str = "",
+def jobs_read(*, spark, since: datetime | None = None, until: datetime | None = None,
               num_partitions: int | None = None):
     """Jobs of the messages received in [since, until), with that ``received_at`` (publish time)."""
-    sql = (f"SELECT {_cols('j', JOB_COLUMNS)}, m.received_at FROM jobs_job j "
-           "JOIN broker_message m ON m.id = j.message_id") + _and([
-        since and f"m.received_at >= {sql_timestamp(since)}",
-        until and f"m.received_at < {sql_timestamp(until)}",
-        where,
-    ])
-    return jdbc_read(spark=spark, sql=sql, bounds_table="jobs_job", num_partitions=num_partitions)
+    frame = jdbc_read(spark=spark, query=Q.jobs_read, bounds_table="jobs_job", num_partitions=num_partitions)
+    return _window(frame, "received_at", since, until)
 
 
 def job_facts_read(*, spark, since: datetime, until: datetime, num_partitions: int | None = None):
     """Jobs of the messages received in [since, until), one row each, with their channel and
-    consumer ids, publish time, first DELIVERED transition and number of delivery attempts.
-
-    The two per-job history figures are index lookups in PostgreSQL (``job_id`` is indexed on
-    both history tables): measured at 1M jobs this reads ~3x faster than shipping the ~3M
-    history rows over JDBC and joining them in Spark. Spark does every aggregate from here on."""
-    sql = (
-        "SELECT j.id, j.message_id, j.channel_id, COALESCE(c.channel_id, '#' || j.channel_id) AS channel, "
-        "j.consumer_id, COALESCE(co.consumer_id, '#' || j.consumer_id) AS consumer, j.status, j.retry_count, "
-        "j.status_changed_at, j.created_at, m.received_at, "
-        f"CASE WHEN j.status = {DELIVERED} THEN (SELECT min(t.at) FROM jobs_jobtransition t "
-        f"WHERE t.job_id = j.id AND t.to_status = {DELIVERED}) END AS delivered_transition_at, "
-        "(SELECT count(*) FROM jobs_deliveryattempt a WHERE a.job_id = j.id) AS attempts "
-        "FROM jobs_job j JOIN broker_message m ON m.id = j.message_id "
-        "LEFT JOIN broker_channel c ON c.id = j.channel_id "
-        "LEFT JOIN consumers_consumer co ON co.id = j.consumer_id "
-        f"WHERE m.received_at >= {sql_timestamp(since)} AND m.received_at < {sql_timestamp(until)}"
-    )
-    return jdbc_read(spark=spark, sql=sql, bounds_table="jobs_job", num_partitions=num_partitions)
+    consumer ids, publish time, first DELIVERED transition and number of delivery attempts
+    (per-job history figures come from PostgreSQL; Spark does every aggregate from here on)."""
+    frame = jdbc_read(spark=spark, query=Q.job_facts_read, params={"delivered": DELIVERED},
+                      bounds_table="jobs_job", num_partitions=num_partitions)
+    return _window(frame, "received_at", since, until)
 
 
 def failed_attempts_read(*, spark, since: datetime, until: datetime, num_partitions: int | None = None):
     """Failed delivery attempts (an error, or a non-2xx status code) of the jobs of the messages
     received in [since, until), with their job's channel and consumer ids and ``error_reason``
     (the error's first line, trimmed, at most 200 characters)."""
-    sql = (
-        "SELECT a.id, a.job_id, a.status_code, "
-        "left(btrim(split_part(btrim(a.error, E' \\t\\r\\n'), E'\\n', 1)), 200) AS error_reason, "
-        "COALESCE(c.channel_id, '#' || j.channel_id) AS channel, "
-        "COALESCE(co.consumer_id, '#' || j.consumer_id) AS consumer "
-        "FROM jobs_deliveryattempt a JOIN jobs_job j ON j.id = a.job_id "
-        "JOIN broker_message m ON m.id = j.message_id "
-        "LEFT JOIN broker_channel c ON c.id = j.channel_id "
-        "LEFT JOIN consumers_consumer co ON co.id = j.consumer_id "
-        f"WHERE m.received_at >= {sql_timestamp(since)} AND m.received_at < {sql_timestamp(until)} "
-        "AND (a.error <> '' OR a.status_code < 200 OR a.status_code >= 300)"
-    )
-    return jdbc_read(spark=spark, sql=sql, bounds_table="jobs_deliveryattempt", num_partitions=num_partitions)
+    frame = jdbc_read(spark=spark, query=Q.failed_attempts_read, bounds_table="jobs_deliveryattempt",
+                      num_partitions=num_partitions)
+    return _window(frame, "received_at", since, until).drop("received_at")
 
 
 def transitions_read(*, spark, since: datetime | None = None, to_status: int | None = None,
-                     where: str = "", num_partitions: int | None = None):
+                     num_partitions: int | None = None):
     """Job history rows at or after ``since`` (optionally only moves into ``to_status``)."""
-    sql = f"SELECT {_cols('t', TRANSITION_COLUMNS)} FROM jobs_jobtransition t" + _and([
-        since and f"t.at >= {sql_timestamp(since)}",
-        to_status is not None and f"t.to_status = {int(to_status)}",
-        where,
-    ])
-    return jdbc_read(spark=spark, sql=sql, bounds_table="jobs_jobtransition", num_partitions=num_partitions)
+    frame = jdbc_read(spark=spark, query=Q.transitions_read, bounds_table="jobs_jobtransition",
+                      num_partitions=num_partitions)
+    frame = _window(frame, "at", since)
+    return frame if to_status is None else frame.where(frame["to_status"] == int(to_status))
 
 
-def attempts_read(*, spark, since: datetime | None = None, where: str = "", columns=ATTEMPT_COLUMNS,
-                  num_partitions: int | None = None):
-    """Delivery attempts started at or after ``since``."""
-    cols = _cols("a", columns)
-    sql = f"SELECT {cols} FROM jobs_deliveryattempt a" + _and([
-        since and f"a.started_at >= {sql_timestamp(since)}",
-        where,
-    ])
-    return jdbc_read(spark=spark, sql=sql, bounds_table="jobs_deliveryattempt", num_partitions=num_partitions)
+def attempts_read(*, spark, since: datetime | None = None, columns=None, num_partitions: int | None = None):
+    """Delivery attempts started at or after ``since`` (only ``columns`` when given)."""
+    frame = jdbc_read(spark=spark, query=Q.attempts_read, bounds_table="jobs_deliveryattempt",
+                      num_partitions=num_partitions)
+    frame = _window(frame, "started_at", since)
+    return frame if columns is None else frame.select(*columns)

@@ -39,6 +39,7 @@ from django.utils.safestring import mark_safe
 from jobs.models import JobStatus
 from pipeline import charts
 from pipeline.latest import pipeline_report_record
+from pipeline.queries import Q
 from pipeline.readers import failed_attempts_read, jdbc_read, job_facts_read
 
 QUEUED, INFLIGHT, DELIVERED, DEAD = (s.value for s in (JobStatus.QUEUED, JobStatus.INFLIGHT,
@@ -170,18 +171,7 @@ def report_partitions_build(*, spark):
 
     if PARTITION_TABLE not in connection.introspection.table_names():
         return None, f"skipped: table {PARTITION_TABLE} does not exist"
-    with connection.cursor() as cur:
-        columns = {c.name for c in connection.introspection.get_table_description(cur, PARTITION_TABLE)}
-    start = next((c for c in ("created_at", "opened_at", "started_at") if c in columns), None)
-    end = next((c for c in ("completed_at", "closed_at", "finished_at", "done_at") if c in columns), None)
-    if not start or not end or "id" not in columns:
-        return None, f"skipped: {PARTITION_TABLE} has no start/completion timestamp columns"
-    status = (", CASE p.status WHEN 1 THEN 'AVAILABLE' WHEN 2 THEN 'FAILED' WHEN 3 THEN 'COMPLETE' "
-              "ELSE p.status::text END AS status" if "status" in columns else ", NULL::text AS status")
-    key = ", p.key" if "key" in columns else ", p.id::text AS key"
-    frame = jdbc_read(spark=spark, bounds_table=PARTITION_TABLE,
-                      sql=f"SELECT p.id, p.{start} AS started_at, p.{end} AS completed_at{status}{key} "
-                          f"FROM {PARTITION_TABLE} p")
+    frame = jdbc_read(spark=spark, query=Q.partitions_read, bounds_table=PARTITION_TABLE)
     frame = frame.withColumn("completion_s", (F.unix_micros("completed_at") - F.unix_micros("started_at")) / 1e6)
     return frame, ""
 

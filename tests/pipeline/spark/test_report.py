@@ -14,6 +14,7 @@ from django.db import connection
 from django.db.models import Count, F, IntegerField, Min, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Coalesce, TruncHour
 
+from broker.models import Message
 from jobs.models import DeliveryAttempt, Job, JobTransition
 from tests.pipeline.spark.workload import SECRET_MARK, workload_report
 
@@ -226,3 +227,27 @@ def test_readers_split_on_id_and_never_read_secrets(spark):
     for row in frames[3].select("headers").collect():
         headers = json.loads(row["headers"])
         assert "X-Trace" in headers and "Authorization" not in headers and "X-Api-Key" not in headers
+
+
+def test_reader_time_bounds_are_pushed_down_to_postgresql(spark):
+    """The registry's statements carry no time bound: the readers filter in Spark, and Spark must
+    send that filter to PostgreSQL (else every read would ship the whole table)."""
+    from pipeline import readers
+
+    now = datetime(2026, 3, 29, 12, tzinfo=timezone.utc)  # a DST change in Europe: UTC must not care
+    workload_report(now=now, messages_per_channel=10, out_of_scope=3)
+    since, until = now - timedelta(hours=30), now - timedelta(minutes=1)
+    window = {"message__received_at__gte": since, "message__received_at__lt": until}
+    facts = readers.job_facts_read(spark=spark, since=since, until=until)
+    pushed = facts._jdf.queryExecution().executedPlan().toString().split("PushedFilters: [")[1].split("]")[0]
+    assert "GreaterThanOrEqual(received_at," in pushed and "LessThan(received_at," in pushed, pushed
+    assert facts.count() == Job.objects.filter(**window).count() > 0
+    assert readers.jobs_read(spark=spark, since=since, until=until).count() == Job.objects.filter(**window).count()
+    failed = readers.failed_attempts_read(spark=spark, since=since, until=until)
+    assert "received_at" not in failed.columns
+    assert failed.count() == DeliveryAttempt.objects.filter(
+        Q(job_id__in=Job.objects.filter(**window).values("id"))
+        & (~Q(error="") | Q(status_code__lt=200) | Q(status_code__gte=300))).count()
+    messages = readers.messages_read(spark=spark, since=since)
+    assert "payload" not in messages.columns and "payload" in readers.messages_read(spark=spark, payload=True).columns
+    assert messages.count() == Message.objects.filter(received_at__gte=since).count() < Message.objects.count()
