@@ -239,8 +239,14 @@ def test_reader_time_bounds_are_pushed_down_to_postgresql(spark):
     since, until = now - timedelta(hours=30), now - timedelta(minutes=1)
     window = {"message__received_at__gte": since, "message__received_at__lt": until}
     facts = readers.job_facts_read(spark=spark, since=since, until=until)
-    pushed = facts._jdf.queryExecution().executedPlan().toString().split("PushedFilters: [")[1].split("]")[0]
-    assert "GreaterThanOrEqual(received_at," in pushed and "LessThan(received_at," in pushed, pushed
+    spark.conf.set("spark.sql.maxMetadataStringLength", "10000")  # the plan's text, untruncated
+    try:
+        plan = facts._jdf.queryExecution().executedPlan().toString()
+    finally:
+        spark.conf.unset("spark.sql.maxMetadataStringLength")
+    pushed = plan.split("PushedFilters: [")[1].split("]")[0]
+    assert "GreaterThanOrEqual(received_at,2026-03-28 06:00:00" in pushed, pushed  # since, in UTC
+    assert "LessThan(received_at,2026-03-29 11:59:00" in pushed, pushed
     assert facts.count() == Job.objects.filter(**window).count() > 0
     assert readers.jobs_read(spark=spark, since=since, until=until).count() == Job.objects.filter(**window).count()
     failed = readers.failed_attempts_read(spark=spark, since=since, until=until)
