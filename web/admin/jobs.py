@@ -1,6 +1,7 @@
 """Admin for jobs: find them (status, channel, consumer, retries, age), see everything about one
 (payload, headers, every attempt, every state change) and act on them (requeue, mark dead, delete
-dead) through the job state machine's functions, the same ones the HTTP API calls.
+dead) through the job state machine's functions, the same ones the HTTP API calls. The list's
+filters are in ``web.admin.job_filters``; the attempt and state-change tables in ``web.admin.history``.
 
 Every field is read-only: a job's status changes only through ``jobs.state``. The tables are
 large, so lists never count them (``LargeTableAdmin``); when the filters are only status,
@@ -16,7 +17,7 @@ from datetime import timedelta
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
-from django.db.models import BooleanField, DateTimeField, DurationField, ExpressionWrapper, F, Q
+from django.db.models import BooleanField, DurationField, ExpressionWrapper, F, Q
 from django.db.models.functions import Now
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
@@ -31,10 +32,9 @@ from consumers.models import Consumer
 from jobs import state
 from jobs.dashboard import duration_text
 from jobs.models import DeliveryAttempt, Job, JobStatus, JobTransition, Partition
-from web.admin.helpers import (
-    VIEW_ONLY, ChannelFilter, LargeTableAdmin, NumberFilter, ReadOnlyAdmin, admin_url, json_block, payload_preview,
-    table,
-)
+from web.admin.helpers import VIEW_ONLY, ChannelFilter, LargeTableAdmin, admin_url, json_block, payload_preview, table
+from web.admin.job_filters import AgeFilter, AttemptsFilter, ConsumerFilter, PriorityGroupFilter
+from web.admin.partitions import JobPartitionFilter
 
 logger = logging.getLogger("web.admin.channels")
 
@@ -61,85 +61,6 @@ def _delta_text(value: timedelta | None, *, future: bool = False) -> str:
         return "due" if seconds <= 0 else f"in {duration_text(seconds)}"
     return duration_text(seconds)
 
-
-# --- filters ------------------------------------------------------------------------------------------
-
-class ConsumerFilter(NumberFilter):
-    title = "consumer"
-    parameter_name = "consumer"
-
-    def lookups(self, request, model_admin):
-        consumers = Consumer.objects.order_by("channel__channel_id", "consumer_id")
-        channel = request.GET.get("channel", "")
-        if channel.isdigit():
-            consumers = consumers.filter(channel_id=int(channel))
-        return [(pk, f"{ch} / {c}") for pk, ch, c in
-                consumers.values_list("pk", "channel__channel_id", "consumer_id")[:500]]
-
-    def filter_number(self, queryset, n: int):
-        # a range, not an equality: the consumer stays a sort key (JobAdmin.get_ordering)
-        return queryset.filter(consumer_id__gte=n, consumer_id__lte=n)
-
-
-class AttemptsFilter(NumberFilter):
-    title = "retries"
-    parameter_name = "attempts"
-
-    def lookups(self, request, model_admin):
-        return [("0", "none"), ("1", "1 or more"), ("3", "3 or more"), ("5", "5 or more"), ("10", "10 or more")]
-
-    def filter_number(self, queryset, n: int):
-        return queryset.filter(retry_count=0) if n == 0 else queryset.filter(retry_count__gte=n)
-
-
-class AgeFilter(admin.SimpleListFilter):
-    """Age of the job (since it was created), by the database clock."""
-
-    title = "age"
-    parameter_name = "age"
-    CHOICES = {
-        "lt5m": ("younger than 5 minutes", "gte", timedelta(minutes=5)),
-        "lt1h": ("younger than 1 hour", "gte", timedelta(hours=1)),
-        "lt24h": ("younger than 24 hours", "gte", timedelta(hours=24)),
-        "gt1h": ("older than 1 hour", "lt", timedelta(hours=1)),
-        "gt24h": ("older than 24 hours", "lt", timedelta(hours=24)),
-        "gt7d": ("older than 7 days", "lt", timedelta(days=7)),
-    }
-
-    def lookups(self, request, model_admin):
-        return [(key, label) for key, (label, _, _) in self.CHOICES.items()]
-
-    def queryset(self, request, queryset):
-        choice = self.CHOICES.get(self.value() or "")
-        if choice is None:
-            return queryset if self.value() is None else queryset.none()
-        _, op, age = choice
-        boundary = ExpressionWrapper(Now() - age, output_field=DateTimeField())
-        return queryset.filter(**{f"created_at__{op}": boundary})
-
-
-class PriorityGroupFilter(admin.SimpleListFilter):
-    """Jobs of the pull consumers that serve a priority group (from the small consumer table,
-    so the job query stays a ``consumer_id IN (...)`` on an index)."""
-
-    title = "priority group"
-    parameter_name = "group"
-
-    def lookups(self, request, model_admin):
-        names = set()
-        for groups in Consumer.objects.exclude(priority_groups=[]).values_list("priority_groups", flat=True):
-            names.update(groups or [])
-        return [(name, name) for name in sorted(names)]
-
-    def queryset(self, request, queryset):
-        if not self.value():
-            return queryset
-
-        pks = Consumer.objects.filter(priority_groups__contains=[self.value()]).values_list("pk", flat=True)
-        return queryset.filter(consumer_id__in=list(pks))
-
-
-from web.admin.partitions import JobPartitionFilter  # noqa: E402  (registers the partition admin too)
 
 # --- jobs -----------------------------------------------------------------------------------------------
 
@@ -442,126 +363,3 @@ def _dead_chunks(queryset):
             yield consumer, pending.pop(consumer)
     yield from pending.items()
 
-
-# --- history tables (read-only) -------------------------------------------------------------------------
-
-
-
-class RecentFilter(admin.SimpleListFilter):
-    title = "when"
-    parameter_name = "recent"
-    field = "at"
-
-    def lookups(self, request, model_admin):
-        return [("1h", "last hour"), ("24h", "last 24 hours"), ("7d", "last 7 days")]
-
-    def queryset(self, request, queryset):
-        spans = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7)}
-        if self.value() is None:
-            return queryset
-        if self.value() not in spans:
-            return queryset.none()
-        boundary = ExpressionWrapper(Now() - spans[self.value()], output_field=DateTimeField())
-        return queryset.filter(**{f"{self.field}__gte": boundary})
-
-
-class AttemptRecentFilter(RecentFilter):
-    field = "started_at"
-
-
-class OutcomeFilter(admin.SimpleListFilter):
-    title = "outcome"
-    parameter_name = "outcome"
-
-    def lookups(self, request, model_admin):
-        return [(o, o) for o in ("delivered", "failed", "timeout", "error", "gone")]
-
-    def queryset(self, request, queryset):
-        return queryset if self.value() is None else queryset.filter(outcome=self.value())
-
-
-class StatusClassFilter(admin.SimpleListFilter):
-    title = "status code"
-    parameter_name = "code"
-
-    def lookups(self, request, model_admin):
-        return [("2", "2xx"), ("3", "3xx"), ("4", "4xx"), ("5", "5xx"), ("none", "no response")]
-
-    def queryset(self, request, queryset):
-        value = self.value()
-        if value is None:
-            return queryset
-        if value == "none":
-            return queryset.filter(status_code__isnull=True)
-        if value in ("2", "3", "4", "5"):
-            low = int(value) * 100
-            return queryset.filter(status_code__gte=low, status_code__lt=low + 100)
-        return queryset.none()
-
-
-class ToStatusFilter(admin.SimpleListFilter):
-    """Fixed choices: the default filter would run SELECT DISTINCT over the whole history table."""
-
-    title = "to status"
-    parameter_name = "to"
-
-    def lookups(self, request, model_admin):
-        return [(str(s.value), s.name) for s in JobStatus]
-
-    def queryset(self, request, queryset):
-        value = self.value()
-        if value is None:
-            return queryset
-        return queryset.filter(to_status=int(value)) if value.isdigit() else queryset.none()
-
-
-def _job_link(job_id: int):
-    return format_html('<a href="{}">{}</a>', job_admin_url(job_id), job_xid(job_id))
-
-
-@admin.register(DeliveryAttempt)
-class DeliveryAttemptAdmin(ReadOnlyAdmin):
-    list_display = ("id", "job_col", "attempt", "started_at", "status_code", "duration_col", "outcome", "error_col")
-    list_filter = (OutcomeFilter, StatusClassFilter, AttemptRecentFilter)
-    search_fields = ("=job_id",)
-    search_help_text = "A job ID."
-
-    def get_search_results(self, request, queryset, search_term):
-        term = search_term.strip()
-        if not term:
-            return queryset, False
-        pk = job_pk(term)
-        return (queryset.filter(job_id=pk) if pk is not None else queryset.none()), False
-
-    @admin.display(description="job")
-    def job_col(self, obj):
-        return _job_link(obj.job_id)
-
-    @admin.display(description="duration")
-    def duration_col(self, obj):
-        return "" if obj.duration_ms is None else f"{obj.duration_ms:,.1f} ms"
-
-    @admin.display(description="error / response")
-    def error_col(self, obj):
-        return Truncator(obj.error or obj.response_excerpt).chars(80)
-
-
-@admin.register(JobTransition)
-class JobTransitionAdmin(ReadOnlyAdmin):
-    list_display = ("id", "job_col", "from_col", "to_col", "retry_count", "reason", "at")
-    list_filter = (ToStatusFilter, RecentFilter)
-    search_fields = ("=job_id",)
-    search_help_text = "A job ID."
-    get_search_results = DeliveryAttemptAdmin.get_search_results
-
-    @admin.display(description="job")
-    def job_col(self, obj):
-        return _job_link(obj.job_id)
-
-    @admin.display(description="from")
-    def from_col(self, obj):
-        return status_badge(obj.from_status) if obj.from_status else "(created)"
-
-    @admin.display(description="to")
-    def to_col(self, obj):
-        return status_badge(obj.to_status)
