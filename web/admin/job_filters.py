@@ -1,5 +1,5 @@
-"""The job list's own filters (consumer, retries, age, priority group): each one a query an index
-serves, with choices read from the small consumer table, never from the jobs."""
+"""The job list's own filters (consumer, retries, age, priority group): their choices are fixed or
+read from the small consumer table, never from a scan of the jobs table."""
 
 from __future__ import annotations
 
