@@ -334,7 +334,7 @@ BROKER_SECRET_ROTATION_GRACE = env_float("BROKER_SECRET_ROTATION_GRACE", 24 * 36
 BROKER_CALLBACK_DENY_PRIVATE = env_bool("BROKER_CALLBACK_DENY_PRIVATE", not DEBUG)
 BROKER_CALLBACK_ALLOW = env_str("BROKER_CALLBACK_ALLOW")
 
-# --- admin (the operator's admin: web/admin/site.py, jobs/dashboard.py) ------------------------
+# --- admin (the operator's admin: web/site.py, jobs/dashboard.py) ------------------------
 # The admin site whose index is the dashboard replaces django.contrib.admin's default site.
 INSTALLED_APPS[INSTALLED_APPS.index("django.contrib.admin")] = "web.apps.BrokerAdminConfig"
 BROKER_ADMIN_PAYLOAD_PREVIEW_BYTES = env_int("BROKER_ADMIN_PAYLOAD_PREVIEW_BYTES", 64 * 1024)  # shown per payload
