@@ -1,6 +1,6 @@
 """Priority groups of pull consumers (ADR-42): overflow, pinned_client, prioritized, unpin.
 
-Only consumers with a policy come here; the plain pull path (``jobs.pull.jobs_pull``) is
+Only consumers with a policy come here; the plain pull path (``jobs.pull_fast.jobs_pull``) is
 untouched. Everything every web process must agree on lives in the database:
 
 - each waiting pull is a ``PullWaiter`` row (group, priority, pin id, thresholds, batch);
@@ -30,7 +30,8 @@ from broker.errors import InvalidInput, Locked, NotFound
 from consumers.priority import DEFAULT_PIN_TIMEOUT, GROUP_NAME, NONE, OVERFLOW, PINNED, PRIORITIZED
 from jobs import state
 from jobs.advisories import advisory_record
-from jobs.pull import WAIT_SAFETY_NET, WAIT_UNLISTENED, consumer_sweep, pull_wait_begin
+from jobs.pull import consumer_sweep
+from jobs.pull_fast import WAIT_SAFETY_NET, WAIT_UNLISTENED, pull_wait_begin
 from jobs.queries import Q
 from jobs.state import INFLIGHT, QUEUED
 from jobs.wakeup import wakeups
@@ -299,7 +300,7 @@ def _finish(cur, waiter_id: int) -> GroupPull:
 
 def jobs_pull_grouped(*, ctx, req) -> GroupPull:
     """A pull on a consumer with a priority policy (fields already checked by
-    ``jobs.pull.pull_request_check``). Admission, pin check and timer reset, waiter insert
+    ``jobs.pull_fast.pull_request_check``). Admission, pin check and timer reset, waiter insert
     and a first dispatch are one transaction under the consumer's lock; then the waiter sleeps
     (no connection held) until its row is served, its expiry, or the pin's timeout."""
     target = Target(consumer_pk=ctx.consumer_pk, channel_id=ctx.channel_id, consumer_id=ctx.consumer_id,

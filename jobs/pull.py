@@ -1,5 +1,8 @@
-"""Pull consumers: the pull-consumer spec (queued-jobs listing, the job state endpoint) and the
-fast path (atomic batch pull with long-polling, batch ack, progress), plus consumer statistics.
+"""Pull consumers: who is asking (``PullContext``, ``pull_authenticate`` / ``auth_check`` in the
+spec's order), the lazy per-consumer timeout sweep, the pull-consumer spec path (queued-jobs
+listing, the job state endpoint, job detail, requeue and delete of a dead job) and the consumer's
+statistics. The fast path (batch pull with long-polling, batch ack, progress, gates) is in
+``jobs.pull_fast``, the JSON shapes in ``jobs.pull_repr``, the queued-jobs purge in ``jobs.pull_purge``.
 
 Hot paths are one auth query plus one batched statement from ``jobs/state.py`` (claim / move via
 unnest), no ORM instantiation: measured on this machine, batched raw claims and acks run ~40k
@@ -8,44 +11,35 @@ jobs/s against ~0.4k/s for a per-job ORM loop. Every state change goes through `
 
 from __future__ import annotations
 
-import base64
 import json
 import math
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from urllib.parse import quote
 
 from django.conf import settings
-from django.db import connection
 
 from broker import xid
 from broker.counters import JOB, REDELIVERED, counts_for
-from broker.db.run import query_execute, query_fetchall, query_fetchone
-from broker.errors import Conflict, InvalidInput, NotFound, PreconditionFailed, TooLarge
+from broker.db.run import query_fetchall, query_fetchone
+from broker.errors import Conflict, InvalidInput, NotFound, PreconditionFailed
 from broker.tokens import token_require
 from broker.xid import job_xid
 from jobs import pull_moves, state
 from jobs.expiry import job_expired_status
+from jobs.pull_repr import message_repr, rfc3339, seconds_repr
 from jobs.queries import Q
 from jobs.state import DEAD, DELIVERED, INFLIGHT, QUEUED
-from jobs.wakeup import wakeups
 
 STATUS_NAMES = {QUEUED: "QUEUED", INFLIGHT: "INFLIGHT", DELIVERED: "DELIVERED", DEAD: "DEAD"}
 SPEC_STATES = {"INFLIGHT": INFLIGHT, "DELIVERED": DELIVERED, "DEAD": DEAD}
-ACK_STATES = {"DELIVERED": DELIVERED, "DEAD": DEAD, "QUEUED": QUEUED}
 
 QUEUED_JOBS_DEFAULT = 25
 QUEUED_JOBS_MAX = 100
-PULL_BATCH_MAX = 1000
-PULL_EXPIRES_MAX = 60.0
-ACK_MAX = 1000
 TIMEOUT_MAX = 10 * 365 * 24 * 3600.0  # an IncrementalTimeout / Delay beyond ten years is a typo
 
 SWEEP_INTERVAL = 1.0  # seconds between lazy per-consumer timeout sweeps in one process
-WAIT_SAFETY_NET = 5.0  # a waiting pull re-checks at least this often while the listener is up
-WAIT_UNLISTENED = 1.0  # ... and this often while it is (re)connecting
 
 
 @dataclass
@@ -112,48 +106,6 @@ def auth_check(row, *, channel_id: str, consumer_id: str, channel_token: str | N
     return ctx
 
 
-# --- representation ---------------------------------------------------------------------------------
-
-def seconds_repr(value: float) -> float | int:
-    """Whole seconds as integers (webhook-broker's uint), fractions kept."""
-    return int(value) if float(value).is_integer() else value
-
-
-def message_repr(message_id: str, payload: bytes, content_type: str, headers) -> dict:
-    """The spec's Message; a payload that is not UTF-8 goes out as base64 with ``PayloadEncoding``."""
-    message = {"MessageID": message_id, "Payload": None, "ContentType": content_type,
-               "Headers": state._headers(headers)}
-    try:
-        message["Payload"] = payload.decode("utf-8")
-    except UnicodeDecodeError:
-        message["Payload"] = base64.b64encode(payload).decode()
-        message["PayloadEncoding"] = "base64"
-    return message
-
-
-def rfc3339(value) -> str | None:
-    if value is None:
-        return None
-    return value.isoformat().replace("+00:00", "Z")
-
-
-def claimed_repr(job: state.ClaimedJob) -> dict:
-    body = {
-        "ID": job_xid(job.id),
-        "Priority": job.priority,
-        "IncrementalTimeout": seconds_repr(job.incremental_timeout),
-        "Attempt": job.retry_count + 1,
-        "Deadline": rfc3339(job.deadline),
-        "Message": message_repr(job.message_id, job.payload, job.content_type, job.headers),
-    }
-    if job.message_type is not None:  # filters: the message's X-Broker-Message-Type
-        body["Type"] = job.message_type
-    if job.partition_key is not None:  # jobs.partitions: ack with NextState QUEUED + a higher Gate to move on
-        body["PartitionKey"] = job.partition_key
-        body["Gate"] = job.gate
-    return body
-
-
 # --- timeouts ----------------------------------------------------------------------------------------
 
 _last_sweep: dict[int, float] = {}
@@ -183,8 +135,6 @@ def limit_parse(raw: str | None, *, default: int = QUEUED_JOBS_DEFAULT, maximum:
     if not text.isascii() or not text.isdigit():
         raise InvalidInput("invalid_limit", "limit must be a non-negative integer")
     return min(int(text), maximum)
-
-
 
 
 def queued_jobs_list(*, ctx: PullContext, limit: int) -> list[dict]:
@@ -258,8 +208,6 @@ def job_transition(*, channel_id: str, consumer_id: str, job_id: str, channel_to
     raise InvalidInput("invalid_transition", "invalid transition request")
 
 
-
-
 def job_detail(*, ctx: PullContext) -> dict:
     """webhook-broker's job shape (status and links) plus retry count, deadline and priority. An
     in-flight job past its deadline is swept first, so the answer never shows a stale lease."""
@@ -305,284 +253,6 @@ def job_delete_dead(*, ctx: PullContext) -> None:
         raise NotFound("dead_job_not_found", "no such dead job")
 
 
-# --- the fast path: pull, ack, progress ---------------------------------------------------------
-
-@dataclass
-class PullRequest:
-    batch: int = 1
-    expires: float = 0.0
-    no_wait: bool = False
-    max_bytes: int | None = None
-    incremental_timeout: float | None = None
-    group: str = ""
-    priority: int = 0
-    pin_id: str = ""
-    min_pending: int = 0
-    min_ack_pending: int = 0
-
-
-def _int_field(fields: dict, name: str, low: int, high: int, detail: str, *, default=None):
-    """An integer field of a JSON body within [low, high] (``default`` when absent); else a 400
-    ``invalid_<name>`` (a boolean is not an integer)."""
-    value = fields.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise InvalidInput(f"invalid_{name}", detail)
-    return value
-
-
-def pull_request_parse(data: dict) -> PullRequest:
-    """Validate the pull body (keys case-insensitive). Every bad value is a 400."""
-    if not isinstance(data, dict):
-        raise InvalidInput("malformed_request", "body must be a JSON object")
-    fields = {str(k).lower(): v for k, v in data.items()}
-    req = PullRequest()
-    req.batch = _int_field(fields, "batch", 1, PULL_BATCH_MAX, f"batch must be an integer from 1 to {PULL_BATCH_MAX}",
-                           default=req.batch)
-    expires = fields.get("expires")
-    if expires is not None:
-        if (isinstance(expires, bool) or not isinstance(expires, (int, float)) or not math.isfinite(expires)
-                or not 0 <= expires <= PULL_EXPIRES_MAX):
-            raise InvalidInput("invalid_expires", f"expires must be seconds from 0 to {PULL_EXPIRES_MAX:.0f}")
-        req.expires = float(expires)
-    no_wait = fields.get("no_wait")
-    if no_wait is not None:
-        if not isinstance(no_wait, bool):
-            raise InvalidInput("invalid_no_wait", "no_wait must be true or false")
-        req.no_wait = no_wait
-    req.max_bytes = _int_field(fields, "max_bytes", 1, 2**62, "max_bytes must be a positive integer")
-    req.incremental_timeout = timeout_parse(fields.get("incrementaltimeout"))
-    # priority-group fields (checked against the consumer's policy by ``pull_request_check``)
-    for name in ("min_pending", "min_ack_pending"):
-        setattr(req, name, _int_field(fields, name, 0, 2**62, f"{name} must be a non-negative integer", default=0))
-    req.priority = _int_field(fields, "priority", 0, 9, "Bad Request - Priority must be between 0 and 9", default=0)
-    group = fields.get("group")
-    if group is not None:
-        if not isinstance(group, str):
-            raise InvalidInput("invalid_group", "Bad Request - Invalid Priority Group")
-        req.group = group
-    pin = fields.get("id")
-    if pin is not None:
-        if not isinstance(pin, str) or len(pin) > 64:
-            raise InvalidInput("invalid_id", "id must be the pin id string the broker sent")
-        req.pin_id = pin
-    return req
-
-
-def pull_request_check(*, ctx: PullContext, req: PullRequest) -> None:
-    """The priority-group checks of a pull, in ADR-42's order; a rejected pull is never queued."""
-    if (req.min_pending or req.min_ack_pending) and ctx.policy != "overflow":
-        raise InvalidInput("not_overflow_consumer", "Bad Request - Not a Overflow Priority consumer")
-    if req.pin_id and ctx.policy != "pinned_client":
-        raise InvalidInput("not_pinned_consumer", "Bad Request - Not a Pinned Client Priority consumer")
-    if ctx.policy != "none" and not req.group:
-        raise InvalidInput("group_missing", "Bad Request - Priority Group missing")
-    if req.group and req.group not in (ctx.groups or []):
-        raise InvalidInput("invalid_group", "Bad Request - Invalid Priority Group")
-
-
-def _claim(ctx: PullContext, req: PullRequest) -> list[state.ClaimedJob]:
-    if req.max_bytes is not None:
-        return state.jobs_claim_within_bytes(consumer_pk=ctx.consumer_pk, limit=req.batch, max_bytes=req.max_bytes,
-                                             incremental_timeout=req.incremental_timeout, reason="pull")
-    return state.jobs_claim(consumer_pk=ctx.consumer_pk, limit=req.batch,
-                                     incremental_timeout=req.incremental_timeout, reason="pull")
-
-
-
-
-def _next_check(due_in, deadline_in, remaining: float) -> float:
-    """How long to sleep: until woken, the earliest delayed job is due, the earliest in-flight
-    deadline passes (then this waiter sweeps it), the safety-net interval, or the end."""
-    cap = WAIT_SAFETY_NET if wakeups.connected.is_set() else WAIT_UNLISTENED
-    sleep = min(remaining, cap)
-    for value in (due_in, deadline_in):
-        if value is not None:
-            sleep = min(sleep, max(float(value), 0.0) + 0.05)
-    return max(sleep, 0.01)
-
-
-def pull_wait_begin(*, ctx: PullContext, req: PullRequest) -> tuple[bool, float, int]:
-    """Before a pull's first claim: sweep the consumer's overdue jobs, then whether the pull may
-    wait, until when (monotonic), and the wake-up mark taken now, so a publish between the first
-    claim and the wait still wakes it."""
-    consumer_sweep(consumer_pk=ctx.consumer_pk)
-    wait = req.expires > 0 and not req.no_wait
-    if wait:
-        wakeups.start()
-    return wait, time.monotonic() + req.expires, wakeups.mark(ctx.consumer_pk)
-
-
-def jobs_pull(*, ctx: PullContext, req: PullRequest) -> list[state.ClaimedJob]:
-    """Atomically claim up to ``batch`` due jobs (QUEUED -> INFLIGHT, SKIP LOCKED), so concurrent
-    pullers on any number of processes never hold the same job. With ``expires`` (and not
-    ``no_wait``) wait until at least one job is claimed or time runs out: the wait registers a
-    waiter row (NumWaiting, priority groups), holds no database connection or transaction while
-    sleeping, and is woken by the process's LISTEN thread when a publish or requeue NOTIFYs."""
-    wait, end, mark = pull_wait_begin(ctx=ctx, req=req)
-    jobs = _claim(ctx, req)
-    if jobs or not wait:
-        return jobs
-    waiter_id = None
-    try:
-        waiter_id, due_in, deadline_in = query_fetchone(Q.pull_waiter, {
-            "consumer": ctx.consumer_pk, "group": req.group, "priority": req.priority, "pin": req.pin_id,
-            "batch": req.batch, "max_bytes": req.max_bytes, "expires": req.expires,
-        })
-        while True:
-            now = time.monotonic()
-            remaining = end - now
-            if remaining <= 0:
-                return []
-            sleep = _next_check(due_in, deadline_in, remaining)
-            deadline_at = now + float(deadline_in) if deadline_in is not None else None
-            if not connection.in_atomic_block:  # (inside a caller's transaction there is nothing to release)
-                connection.close()  # never hold a connection (or transaction) while sleeping
-            wakeups.wait(ctx.consumer_pk, mark, sleep)
-            mark = wakeups.mark(ctx.consumer_pk)
-            consumer_sweep(consumer_pk=ctx.consumer_pk,
-                           force=deadline_at is not None and time.monotonic() >= deadline_at)
-            jobs = _claim(ctx, req)
-            if jobs:
-                return jobs
-            due_in, deadline_in = query_fetchone(Q.pull_next, {"consumer": ctx.consumer_pk})
-    finally:
-        if waiter_id is not None:
-            query_execute(Q.pull_waiter_delete, [waiter_id])
-
-
-@dataclass
-class AckItem:
-    job_id: int | None
-    raw_id: str
-    target: int
-    delay: float | None
-    gate: int | None = None  # partitions: NextState QUEUED with a Gate moves the job to that gate
-    payload: bytes | None = None  # ... with this as its new payload (None: unchanged)
-
-
-def ack_request_parse(data) -> list[AckItem]:
-    """``{"Jobs": [{"ID", "NextState": DELIVERED|DEAD|QUEUED, "Delay"?}]}``; structural errors are a
-    400 for the whole request, an id that names no job is answered per job."""
-    if not isinstance(data, dict):
-        raise InvalidInput("malformed_request", "body must be a JSON object with Jobs")
-    fields = {str(k).lower(): v for k, v in data.items()}
-    jobs = fields.get("jobs")
-    if not isinstance(jobs, list) or not jobs:
-        raise InvalidInput("invalid_jobs", "Jobs must be a non-empty list")
-    if len(jobs) > ACK_MAX:
-        raise TooLarge("batch_too_large", f"at most {ACK_MAX} jobs per ack")
-    items: list[AckItem] = []
-    seen: set = set()
-    for i, item in enumerate(jobs):
-        if not isinstance(item, dict):
-            raise InvalidInput("invalid_jobs", f"Jobs[{i}] must be an object")
-        if "ID" not in item or "NextState" not in item:  # Go-style case-insensitive keys (rare): normalise
-            item = {str(k).lower(): v for k, v in item.items()}
-            item = {"ID": item.get("id"), "NextState": item.get("nextstate"), "Delay": item.get("delay"),
-                    "Gate": item.get("gate"), "Payload": item.get("payload")}
-        raw = item["ID"]
-        if isinstance(raw, bool) or not isinstance(raw, (str, int)):
-            raise InvalidInput("invalid_jobs", f"Jobs[{i}].ID must be a string")
-        raw = str(raw)
-        job_id = job_id_parse(raw)
-        key = raw if job_id is None else job_id
-        if key in seen:
-            raise InvalidInput("duplicate_job", f"Jobs[{i}]: job {raw} appears twice")
-        seen.add(key)
-        target = ACK_STATES.get(item["NextState"]) if isinstance(item["NextState"], str) else None
-        if target is None:
-            raise InvalidInput("invalid_next_state", f"Jobs[{i}].NextState must be DELIVERED, DEAD or QUEUED")
-        delay = item.get("Delay")
-        if delay is not None:
-            if target != QUEUED:
-                raise InvalidInput("invalid_delay", f"Jobs[{i}]: Delay is only valid with NextState QUEUED")
-            delay = timeout_parse(delay, "Delay") or 0.0
-        gate, payload = item.get("Gate"), None
-        if gate is not None:
-            if target != QUEUED or delay is not None:
-                raise InvalidInput("invalid_gate", f"Jobs[{i}]: Gate is only valid with NextState QUEUED (no Delay)")
-            gate, payload = gate_parse(gate, item.get("Payload"), f"Jobs[{i}].")
-        elif item.get("Payload") is not None:
-            raise InvalidInput("invalid_payload", f"Jobs[{i}]: Payload is only valid with a Gate")
-        items.append(AckItem(job_id=job_id, raw_id=raw, target=target, delay=delay, gate=gate, payload=payload))
-    return items
-
-
-def gate_parse(gate, raw_payload, where: str = "") -> tuple[int, bytes | None]:
-    """A handler-driven gate move's ``Gate`` (integer >= 0) and ``Payload`` (a string as its UTF-8
-    bytes, anything else as JSON; absent: the job keeps its payload)."""
-    if isinstance(gate, bool) or not isinstance(gate, int) or not 0 <= gate < 2**31:
-        raise InvalidInput("invalid_gate", f"{where}Gate must be an integer >= 0")
-    if isinstance(raw_payload, str):
-        return gate, raw_payload.encode("utf-8", "surrogatepass")
-    if raw_payload is not None:
-        return gate, json.dumps(raw_payload, separators=(",", ":")).encode()
-    return gate, None
-
-
-def job_gate_move(*, ctx: PullContext, gate: int, payload: bytes | None) -> None:
-    """The spec path's ``NextState: QUEUED`` with a ``Gate``: the in-flight partitioned job moves
-    to that (higher) gate of its partition, optionally with a new payload; anything else is a 400."""
-    moved = state.jobs_move_gate(moves=[state.GateMove(job_id=ctx.job[0], gate=gate, payload=payload)],
-                                 consumer_pk=ctx.consumer_pk)
-    if not moved:
-        raise InvalidInput("invalid_transition", "invalid transition request: QUEUED with a Gate needs an "
-                                                      "INFLIGHT job in a partition and a Gate above its gate")
-
-
-def jobs_ack(*, ctx: PullContext, items: list[AckItem]) -> list[dict]:
-    """All outcomes in one statement (``state.jobs_ack_inflight``: UPDATE ... FROM unnest, guarded
-    by INFLIGHT and the consumer), answered per job. QUEUED is a negative acknowledgement: retry
-    + 1, due after ``Delay`` seconds, DEAD past the retry limit. A job that is not this consumer's
-    is ``not_found``; one that is not INFLIGHT is a ``conflict`` (with its current Status)."""
-    moves = [it for it in items if it.job_id is not None and it.gate is not None]
-    moved_gate = state.jobs_move_gate(
-        moves=[state.GateMove(job_id=it.job_id, gate=it.gate, payload=it.payload) for it in moves],
-        consumer_pk=ctx.consumer_pk) if moves else {}
-    known = [it for it in items if it.job_id is not None and it.gate is None]
-    outcome = state.jobs_ack_inflight(
-        consumer_pk=ctx.consumer_pk, job_ids=[it.job_id for it in known],
-        to_statuses=[it.target for it in known], delays=[it.delay for it in known],
-        max_retry=ctx.max_retry, reason="pull-ack",
-    ) if known else {}
-    current = {}
-    missed = [it.job_id for it in moves if it.job_id not in moved_gate]
-    if missed:
-        current = dict(query_fetchall(Q.ack_current, [missed, ctx.consumer_pk]))
-    result = []
-    for it in items:
-        if it.gate is not None and it.job_id is not None:
-            if it.job_id in moved_gate:
-                result.append({"ID": it.raw_id, "Status": "QUEUED", "Gate": it.gate})
-            elif it.job_id in current:
-                result.append({"ID": it.raw_id, "Status": STATUS_NAMES.get(current[it.job_id]), "Error": "conflict",
-                               "Detail": "job is not INFLIGHT in a partition below that Gate"})
-            else:
-                result.append({"ID": it.raw_id, "Status": None, "Error": "not_found", "Detail": "job not found"})
-            continue
-        moved, status, retry = outcome.get(it.job_id, (False, None, None))
-        if moved:
-            result.append({"ID": it.raw_id, "Status": STATUS_NAMES[status], "RetryCount": retry})
-        elif status is not None:
-            result.append({"ID": it.raw_id, "Status": STATUS_NAMES.get(status), "Error": "conflict",
-                           "Detail": "job is not INFLIGHT"})
-        else:
-            result.append({"ID": it.raw_id, "Status": None, "Error": "not_found", "Detail": "job not found"})
-    return result
-
-
-def job_progress(*, ctx: PullContext, incremental_timeout: float | None) -> dict:
-    """Work in progress: extend an in-flight job's deadline; 409 when it is not INFLIGHT."""
-    extended = state.jobs_extend(consumer_pk=ctx.consumer_pk, job_ids=[ctx.job[0]],
-                                 incremental_timeout=incremental_timeout)
-    if ctx.job[0] not in extended:
-        raise Conflict("job_not_inflight", "job is not INFLIGHT")
-    deadline, retry = extended[ctx.job[0]]
-    return {"ID": job_xid(ctx.job[0]), "Status": "INFLIGHT", "Deadline": rfc3339(deadline), "RetryCount": retry}
-
-
 # --- statistics --------------------------------------------------------------------------------------
 
 def consumer_stats(*, consumer_pk: int, sweep: bool = False) -> dict:
@@ -601,35 +271,3 @@ def consumer_stats(*, consumer_pk: int, sweep: bool = False) -> dict:
         "NumDead": counts.get(DEAD, 0),
         "NumDelivered": counts.get(DELIVERED, 0),
     }
-
-
-
-# --- flow control: purge ------------------------------------------------------------------------------
-
-def older_than_parse(raw: str | None) -> dict:
-    """``olderThan``: an RFC 3339 time, or an age in seconds. Returns the keyword arguments of
-    ``state.jobs_purge_queued`` (empty: no filter); anything else is a 400."""
-    if raw is None or raw.strip() == "":
-        return {}
-    raw = raw.strip()
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = None
-    if seconds is not None:
-        if not 0 <= seconds < 1e10 or seconds != seconds:
-            raise InvalidInput("invalid_olderThan", "olderThan must be RFC 3339 or non-negative seconds")
-        return {"older_than_seconds": seconds}
-
-    try:
-        value = datetime.fromisoformat(raw.replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError:
-        raise InvalidInput("invalid_olderThan", "olderThan must be RFC 3339 or non-negative seconds") from None
-    if value.tzinfo is None:
-        raise InvalidInput("invalid_olderThan", "olderThan needs a time zone offset (RFC 3339)")
-    return {"older_than": value}
-
-
-def queued_jobs_purge(*, ctx: PullContext, older_than: str | None = None) -> int:
-    """Drop the consumer's QUEUED jobs in batches (``state.jobs_purge_queued``); returns the count."""
-    return state.jobs_purge_queued(consumer_pk=ctx.consumer_pk, **older_than_parse(older_than))

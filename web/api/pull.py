@@ -1,9 +1,10 @@
 """HTTP API for pull consumers: the spec's endpoints and the fast path (pull, ack, progress).
 
-Views only translate HTTP: parse, call ``jobs.pull``, answer. The hot routes (queued-jobs GET,
-job state POST, pull, ack) are plain functions in ``web.api.pull_hot``: these views document them
-and serve what the fast lane (``web.middleware.PullFastLaneMiddleware``) leaves to the full stack.
-All views skip DRF's parsers, authenticators and renderers and write JSON bytes themselves.
+Views only translate HTTP: parse, call ``jobs.pull`` (the spec path), ``jobs.pull_fast`` (pull, ack,
+progress) or ``jobs.pull_purge``, answer. The hot routes (queued-jobs GET, job state POST, pull, ack)
+are plain functions in ``web.api.pull_hot``: these views document them and serve what the fast lane
+(``web.middleware.PullFastLaneMiddleware``) leaves to the full stack. All views skip DRF's parsers,
+authenticators and renderers and write JSON bytes themselves.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.views import APIView
 
 from broker.errors import InvalidInput
-from jobs import groups, pull
+from jobs import groups, pull, pull_fast, pull_purge
 from jobs.advisories import advisories_list
 from web.api import pull_hot
 from web.api.common import ADMIN_PARAM, CHANNEL_TOKEN, ERROR, OBJ
@@ -73,7 +74,8 @@ class QueuedJobsView(HotView):
     )
     def delete(self, request, channel_id: str, consumer_id: str):
         ctx = authenticate(request, channel_id, consumer_id, allow_admin=True, require_pull=False)
-        return json_response({"deletedCount": pull.queued_jobs_purge(ctx=ctx, older_than=request.GET.get("olderThan"))})
+        deleted = pull_purge.queued_jobs_purge(ctx=ctx, older_than=request.GET.get("olderThan"))
+        return json_response({"deletedCount": deleted})
 
 
 class JobView(HotView):
@@ -133,7 +135,7 @@ class JobProgressView(HotView):
             raise InvalidInput("malformed_request", "body must be a JSON object")
         fields = {str(k).lower(): v for k, v in data.items()}
         incremental = pull.timeout_parse(fields.get("incrementaltimeout"))
-        return json_response(pull.job_progress(ctx=ctx, incremental_timeout=incremental))
+        return json_response(pull_fast.job_progress(ctx=ctx, incremental_timeout=incremental))
 
 
 class PullView(HotView):

@@ -15,7 +15,8 @@ import json
 from django.http import HttpResponse
 
 from broker.errors import DomainError, Forbidden, InvalidInput, Locked
-from jobs import groups, pull
+from jobs import groups, pull, pull_fast
+from jobs.pull_repr import claimed_repr
 from web.api.common import read_body
 from web.auth import is_admin
 
@@ -77,9 +78,9 @@ def job_state_post(request, channel_id: str, consumer_id: str, job_id: str) -> H
         fields = {str(k).lower(): v for k, v in data.items()}
         next_state = fields.get("nextstate")
         if next_state == "QUEUED" and "gate" in fields:  # partitions: a handler-driven gate move
-            gate, payload = pull.gate_parse(fields.get("gate"), fields.get("payload"))
+            gate, payload = pull_fast.gate_parse(fields.get("gate"), fields.get("payload"))
             ctx = authenticate(request, channel_id, consumer_id, job_id=job_id)
-            pull.job_gate_move(ctx=ctx, gate=gate, payload=payload)
+            pull_fast.job_gate_move(ctx=ctx, gate=gate, payload=payload)
             return HttpResponse(status=202)
         if not isinstance(next_state, str) or next_state not in pull.SPEC_STATES:
             raise InvalidInput("invalid_next_state", "NextState must be INFLIGHT, DELIVERED or DEAD")
@@ -97,15 +98,15 @@ def job_state_post(request, channel_id: str, consumer_id: str, job_id: str) -> H
 
 def pull_post(request, channel_id: str, consumer_id: str) -> HttpResponse:
     ctx = authenticate(request, channel_id, consumer_id)
-    req = pull.pull_request_parse(json_body(request, empty={}))
-    pull.pull_request_check(ctx=ctx, req=req)
+    req = pull_fast.pull_request_parse(json_body(request, empty={}))
+    pull_fast.pull_request_check(ctx=ctx, req=req)
     if ctx.policy == "none":
-        jobs = pull.jobs_pull(ctx=ctx, req=req)
-        return json_response({"Result": [pull.claimed_repr(j) for j in jobs]})
+        jobs = pull_fast.jobs_pull(ctx=ctx, req=req)
+        return json_response({"Result": [claimed_repr(j) for j in jobs]})
     result = groups.jobs_pull_grouped(ctx=ctx, req=req)
     if result.wrong_pin and not result.jobs:
         raise Locked("wrong_pin_id", "Nats-Wrong-Pin-Id")
-    items = [pull.claimed_repr(j) for j in result.jobs]
+    items = [claimed_repr(j) for j in result.jobs]
     body = {"Result": items}
     pin = result.pin_id if result.jobs and ctx.policy == groups.PINNED else ""
     if pin:
@@ -120,5 +121,5 @@ def pull_post(request, channel_id: str, consumer_id: str) -> HttpResponse:
 
 def ack_post(request, channel_id: str, consumer_id: str) -> HttpResponse:
     ctx = authenticate(request, channel_id, consumer_id)
-    items = pull.ack_request_parse(json_body(request))
-    return json_response({"Result": pull.jobs_ack(ctx=ctx, items=items)})
+    items = pull_fast.ack_request_parse(json_body(request))
+    return json_response({"Result": pull_fast.jobs_ack(ctx=ctx, items=items)})

@@ -11,7 +11,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from broker.errors import DomainError
 from jobs.management.selection import consumer_arguments, consumers_select
-from jobs.pull import older_than_parse
+from jobs.pull_purge import older_than_parse
 from jobs.state import jobs_purge_queued
 
 
