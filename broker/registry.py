@@ -17,6 +17,7 @@ from broker.queries import Q
 from broker.tokens import token_generate
 
 SECOND = timedelta(seconds=1)
+_LAST_SECOND = datetime.max.replace(tzinfo=timezone.utc) - SECOND
 
 
 def _bumped_updated_at():
@@ -86,7 +87,9 @@ def row_update(*, model, pk: int, values: dict, unmodified_since: int | None = N
     rows = model.objects.filter(pk=pk)
     if unmodified_since is not None:
         start = datetime.fromtimestamp(unmodified_since, tz=timezone.utc)
-        rows = rows.filter(updated_at__gte=start, updated_at__lt=start + SECOND)
+        rows = rows.filter(updated_at__gte=start)
+        if start < _LAST_SECOND:  # the HTTP date's last second (31 Dec 9999) has no end to add
+            rows = rows.filter(updated_at__lt=start + SECOND)
     return rows.update(**values, updated_at=_bumped_updated_at()) == 1
 
 

@@ -29,6 +29,9 @@ def test_producer_create_update_and_get(api):
     assert api.put("/producer/p1", {"name": "x"}).status_code == 400
     stale = api.put("/producer/p1", {"name": "x"}, HTTP_IF_UNMODIFIED_SINCE="Mon, 01 Jan 2001 00:00:00 GMT")
     assert stale.status_code == 412 and stale.json()["error"] == "precondition_failed"
+    for edge in ("Fri, 31 Dec 9999 23:59:59 GMT", "Mon, 01 Jan 1000 00:00:00 GMT"):  # never a 500
+        refused = api.put("/producer/p1", {"name": "x"}, HTTP_IF_UNMODIFIED_SINCE=edge)
+        assert refused.status_code == 412 and refused.json()["error"] == "precondition_failed", edge
     ok = api.put("/producer/p1", {"name": "Renamed"}, HTTP_IF_UNMODIFIED_SINCE=r["Last-Modified"])
     assert ok.status_code == 200
     assert ok.json()["Name"] == "Renamed"
