@@ -13,11 +13,12 @@ from jobs.retries import inflight_timeout
 from jobs.transitions import INFLIGHT, QUEUED, transition_check
 
 
-def _headers(value) -> dict:
-    """jsonb comes back as text through Django's connection (its JSONField decodes itself)."""
-    if not value or value == "{}":
-        return {}
-    return json.loads(value) if isinstance(value, (str, bytes)) else value
+def headers_decode(value) -> dict:
+    """A message's headers as a dict: jsonb comes back as text through Django's connection (its
+    JSONField decodes itself); anything but a JSON object reads as no headers."""
+    if isinstance(value, (str, bytes)):
+        value = json.loads(value) if value and value != "{}" else {}
+    return value if isinstance(value, dict) else {}
 
 
 @dataclass
@@ -41,7 +42,7 @@ def claimed_jobs(rows) -> list[ClaimedJob]:
     deadline, message_id, payload, content_type, headers[, partition key, gate[, type]]) as ClaimedJob objects."""
     return [
         ClaimedJob(id=r[0], priority=r[1], retry_count=r[2], incremental_timeout=r[3], deadline=r[4],
-                   message_id=r[5], payload=bytes(r[6]), content_type=r[7], headers=_headers(r[8]),
+                   message_id=r[5], payload=bytes(r[6]), content_type=r[7], headers=headers_decode(r[8]),
                    partition_key=r[9] if len(r) > 9 else None, gate=r[10] if len(r) > 10 and r[10] else 0,
                    message_type=r[11] if len(r) > 11 else None)
         for r in rows

@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 
 from broker.xid import job_xid
-from jobs import state
+from jobs.claims import ClaimedJob, headers_decode
 
 
 def seconds_repr(value: float) -> float | int:
@@ -20,7 +20,7 @@ def seconds_repr(value: float) -> float | int:
 def message_repr(message_id: str, payload: bytes, content_type: str, headers) -> dict:
     """The spec's Message; a payload that is not UTF-8 goes out as base64 with ``PayloadEncoding``."""
     message = {"MessageID": message_id, "Payload": None, "ContentType": content_type,
-               "Headers": state._headers(headers)}
+               "Headers": headers_decode(headers)}
     try:
         message["Payload"] = payload.decode("utf-8")
     except UnicodeDecodeError:
@@ -35,7 +35,7 @@ def rfc3339(value) -> str | None:
     return value.isoformat().replace("+00:00", "Z")
 
 
-def claimed_repr(job: state.ClaimedJob) -> dict:
+def claimed_repr(job: ClaimedJob) -> dict:
     body = {
         "ID": job_xid(job.id),
         "Priority": job.priority,

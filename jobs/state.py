@@ -29,7 +29,7 @@ This module re-exports their names, so ``from jobs import state; state.jobs_clai
 from broker.db.errors import IllegalTransition
 from broker.db.run import PLAN_CACHE_MODE, connection_plan_setup
 from jobs.acks import job_move_pull_authenticated_grouped, jobs_ack_inflight
-from jobs.claims import ClaimedJob, _headers, claimed_jobs, jobs_claim, jobs_claim_within_bytes, jobs_extend
+from jobs.claims import ClaimedJob, claimed_jobs, jobs_claim, jobs_claim_within_bytes, jobs_extend
 from jobs.gates import GateMove, jobs_move_gate
 from jobs.moves import Move, job_move, jobs_move
 from jobs.operator_actions import PURGED, jobs_delete_dead, jobs_mark_dead, jobs_purge_queued, jobs_requeue_dead
@@ -43,7 +43,7 @@ from jobs.transitions import ALLOWED, DEAD, DELIVERED, GONE, INFLIGHT, QUEUED, t
 __all__ = [
     "ALLOWED", "DEAD", "DELIVERED", "EXPIRE_BATCH", "EXPIRE_BUDGET", "GONE", "INFLIGHT", "PLAN_CACHE_MODE",
     "PURGED", "PUSH_CLAIM_LOCK", "PUSH_TRANSACTION_SETUP", "QUEUED", "REPLAY_MOVES", "CircuitTally", "ClaimedJob", "GateMove", "IllegalTransition",
-    "Move", "PushJob", "PushOutcome", "ReplayChunk", "_headers", "backoff_delay", "claimed_jobs", "connection_plan_setup",
+    "Move", "PushJob", "PushOutcome", "ReplayChunk", "backoff_delay", "claimed_jobs", "connection_plan_setup",
     "inflight_timeout", "job_move", "job_move_pull_authenticated_grouped", "jobs_ack_inflight", "jobs_claim",
     "jobs_claim_push", "jobs_claim_within_bytes", "jobs_delete_dead", "jobs_expire_inflight", "jobs_extend",
     "jobs_mark_dead", "jobs_move", "jobs_move_gate", "jobs_purge_queued", "jobs_push_record", "jobs_replay_chunk",

@@ -3,7 +3,6 @@ after ``push_claim_lock``) and the record of finished attempts (``push_record``)
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -11,6 +10,7 @@ from django.conf import settings
 from django.db import transaction
 
 from broker.db.run import bound_cursor, transition_errors
+from jobs.claims import headers_decode
 from jobs.locks import PUSH_CLAIM_LOCK
 from jobs.queries import Q
 from jobs.settling import settle_on_commit
@@ -48,10 +48,6 @@ class PushJob:
     circuit_dirty: bool = False  # its consumer's circuit was counting failures or open when claimed
 
 
-def _headers_dict(value) -> dict:
-    return value if isinstance(value, dict) else {}
-
-
 def jobs_claim_push(*, limit: int, reason: str = "push", worker: str = "") -> list[PushJob]:
     """Claim up to ``limit`` due QUEUED jobs across every push consumer: priority DESC, then
     oldest first, never past a consumer's ``maxInFlight`` (counted over all processes) or its
@@ -87,8 +83,7 @@ def jobs_claim_push(*, limit: int, reason: str = "push", worker: str = "") -> li
         PushJob(id=r[0], consumer_pk=r[1], priority=r[2], retry_count=r[3], message_id=r[4],
                 payload=bytes(r[5]), content_type=r[6], consumer_updated_at=r[8],
                 partition_key=r[9], gate=r[10] or 0, message_type=r[11], circuit_dirty=r[12],
-                # Django's psycopg setup leaves jsonb undecoded (JSONField decodes it)
-                headers=_headers_dict(json.loads(r[7]) if isinstance(r[7], str) else r[7]))
+                headers=headers_decode(r[7]))
         for r in rows
     ]
 
