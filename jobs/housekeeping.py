@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import psycopg
 from django.db import Error as DatabaseError
 from django.db import connection
 
@@ -20,6 +21,7 @@ from broker.counters import counters_compact
 from jobs.doorbell import PRUNE_EVERY, doorbell_prune
 from jobs.expiry import jobs_expire_messages
 from jobs.partitions import partitions_settle_stale
+from jobs.plans import WATCH_EVERY, plans_watch
 from jobs.scheduling import scheduled_dispatch_due
 from jobs.state import jobs_expire_inflight
 
@@ -40,6 +42,7 @@ STEPS: tuple[Step, ...] = (
     Step("settled", partitions_settle_stale, 1.0),  # partitions whose settle was lost (throttled inside)
     Step("compacted", counters_compact, 5.0),  # counter deltas folded into their rows
     Step("doorbells_pruned", doorbell_prune, PRUNE_EVERY),  # doorbell state of consumers without one
+    Step("plans_checked", plans_watch, WATCH_EVERY),  # after an ANALYZE of the big tables: hot plans checked
 )
 
 
@@ -47,7 +50,7 @@ def step_run(step: Step) -> int | None:
     """One step; a database error is logged (and the connection dropped) so the others still run."""
     try:
         return step.run()
-    except DatabaseError:
+    except (DatabaseError, psycopg.Error):  # psycopg's own: the statements run on a raw connection
         logger.exception("housekeeping: %s failed", step.key)
         connection.close()
         return None

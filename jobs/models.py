@@ -139,3 +139,22 @@ class Partition(models.Model):
 
     def __str__(self) -> str:
         return f"partition {self.key}"
+
+
+class PlanCheck(models.Model):
+    """The latest plan check of one hot statement (``jobs.plans``: ``manage.py broker_plans``
+    and the housekeeping watch after each ANALYZE of the big tables)."""
+
+    statement = models.CharField(max_length=80)  # the case: "app:name" or its shape's id
+    mode = models.CharField(max_length=24)  # force_generic_plan / force_custom_plan
+    indexes = models.TextField(blank=True, default="")  # every index the plan uses
+    cost = models.FloatField()  # the planner's estimated total cost
+    problems = models.TextField(blank=True, default="")  # empty: the plan is as written
+    checked_at = models.DateTimeField()
+    analyzed_at = models.DateTimeField(null=True)  # the ANALYZE of jobs_job / broker_message it followed
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["statement", "mode"], name="plancheck_statement_mode")]
+
+    def __str__(self) -> str:
+        return f"{self.statement} ({self.mode})"

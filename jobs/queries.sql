@@ -40,8 +40,8 @@ WITH v AS (
         incremental_timeout = COALESCE(v.inc, j.incremental_timeout),
         last_reason = %(reason)s
       FROM v
-     WHERE j.id = v.id AND j.status = v.from_s
-       AND (%(consumer)s::bigint IS NULL OR j.consumer_id = %(consumer)s::bigint)
+     WHERE j.id = v.id AND j.status + 0 = v.from_s  -- by primary key only (+ 0: no other index)
+       AND (%(consumer)s::bigint IS NULL OR j.consumer_id + 0 = %(consumer)s::bigint)
     RETURNING j.id, v.from_s, j.status, j.retry_count, j.deadline, j.partition_id
 )
 SELECT id, status, retry_count, deadline, partition_id FROM u;
@@ -54,7 +54,13 @@ SELECT id, status, retry_count, deadline, partition_id FROM u;
 -- partition's gate; SKIP LOCKED picks, the UPDATE by primary key (= ANY(ARRAY(...)): a join with
 -- picked hashed every job in the generic plan) moves them to INFLIGHT. Statuses are literals so a
 -- generic plan can use the partial indexes.
+-- Two limits: a literal bound inside (1000 = jobs.pull_fast.PULL_BATCH_MAX, the most one pull
+-- claims), the consumer's room outside. A LIMIT the planner cannot read (a parameter, a subquery) is
+-- estimated at 10 % of the rows: with one consumer owning a 1M backlog that is ~100,000 rows, and a
+-- sequential scan plus a sort looked cheaper than this index walk (issue 21). The outer LIMIT pulls
+-- only as many rows as the room allows, so only those are locked.
 WITH picked AS (
+    SELECT b.id FROM (
     SELECT j.id FROM jobs_job j
      WHERE j.consumer_id = %(consumer)s::bigint AND j.status = 1001 AND j.next_attempt_at <= now()
        AND (j.expires_at IS NULL OR j.expires_at > now())  -- expiry: never hand out an expired message
@@ -65,6 +71,9 @@ WITH picked AS (
             SELECT 1 FROM jobs_job o WHERE o.partition_id = j.partition_id AND o.gate = j.gate
                AND o.id <> j.id AND (o.status = 1002 OR (o.status = 1001 AND o.id < j.id))))))
      ORDER BY j.priority DESC, j.id
+     LIMIT 1000  -- bound: jobs.pull_fast.PULL_BATCH_MAX
+       FOR UPDATE SKIP LOCKED
+    ) b
      LIMIT (SELECT CASE WHEN k.paused THEN 0 ELSE GREATEST(0, LEAST(%(limit)s::bigint,
             k.max_ack_pending - COALESCE((SELECT sum(x.n) FROM (
                 SELECT count AS n FROM broker_counter
@@ -73,7 +82,6 @@ WITH picked AS (
                 SELECT delta FROM broker_counterdelta
                  WHERE scope = 1 AND owner_id = k.id AND status = 1002) x), 0)))::bigint END
           FROM consumers_consumer k WHERE k.id = %(consumer)s::bigint)
-       FOR UPDATE SKIP LOCKED
 ),
 u AS (
     UPDATE jobs_job j SET
@@ -97,7 +105,9 @@ SELECT u.id, u.priority, u.retry_count, u.incremental_timeout, u.deadline,
 -- index: job_claim
 -- hot
 -- claim_pull cut before the payloads add up to more than %(max_bytes)s (always at least one job).
+-- The same two limits as claim_pull (a literal bound inside, the room outside).
 WITH c AS (
+    SELECT b.id, b.priority, b.message_id, b.payload FROM (
     SELECT j.id, j.priority, j.message_id, j.payload FROM jobs_job j
      WHERE j.consumer_id = %(consumer)s::bigint AND j.status = 1001 AND j.next_attempt_at <= now()
        AND (j.expires_at IS NULL OR j.expires_at > now())  -- expiry: never hand out an expired message
@@ -108,6 +118,9 @@ WITH c AS (
             SELECT 1 FROM jobs_job o WHERE o.partition_id = j.partition_id AND o.gate = j.gate
                AND o.id <> j.id AND (o.status = 1002 OR (o.status = 1001 AND o.id < j.id))))))
      ORDER BY j.priority DESC, j.id
+     LIMIT 1000  -- bound: jobs.pull_fast.PULL_BATCH_MAX
+       FOR UPDATE SKIP LOCKED
+    ) b
      LIMIT (SELECT CASE WHEN k.paused THEN 0 ELSE GREATEST(0, LEAST(%(limit)s::bigint,
             k.max_ack_pending - COALESCE((SELECT sum(x.n) FROM (
                 SELECT count AS n FROM broker_counter
@@ -116,7 +129,6 @@ WITH c AS (
                 SELECT delta FROM broker_counterdelta
                  WHERE scope = 1 AND owner_id = k.id AND status = 1002) x), 0)))::bigint END
           FROM consumers_consumer k WHERE k.id = %(consumer)s::bigint)
-       FOR UPDATE SKIP LOCKED
 ), s AS (
     -- payload sizes by primary key (a join let a plan hash the whole message table)
     SELECT c.id,
@@ -148,7 +160,7 @@ SELECT u.id, u.priority, u.retry_count, u.incremental_timeout, u.deadline,
  ORDER BY u.priority DESC, u.id;
 
 -- expire_all --
--- index: job_inflight_deadline
+-- index: job_inflight_deadline|job_inflight_consumer
 -- hot
 -- The timeout sweep over all consumers: one batch of expired INFLIGHT jobs back to QUEUED
 -- (retry + 1), DEAD past the consumer's retry limit; waiting pulls are notified. No ORDER BY: every
@@ -212,8 +224,12 @@ SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM n),
 -- requeue_dead --
 -- index: job_consumer_status
 -- hot
+-- settings: enable_bitmapscan=off, enable_sort=off
 -- One batch of a consumer's DEAD jobs back to QUEUED with the retry count reset (DLQ, admin,
--- partition retry). Ranges on (consumer, status) so only job_consumer_status serves it.
+-- partition retry). Ranges on (consumer, status) so only job_consumer_status serves it. Its
+-- settings keep the walk of that index in its order: for a consumer the statistics call small,
+-- a custom plan otherwise fetched and sorted all its dead jobs (a bitmap scan), a cost that grows
+-- with a DLQ built after the last ANALYZE (the same for delete_dead and purge_queued).
 WITH c AS (
     SELECT id FROM jobs_job
      WHERE consumer_id BETWEEN %(consumer)s AND %(consumer)s AND status BETWEEN 1004 AND 1004
@@ -233,23 +249,29 @@ SELECT count(*), (SELECT pg_notify('broker_jobs', %(consumer)s::text) FROM u LIM
 -- delete_dead --
 -- index: job_consumer_status
 -- hot
+-- settings: enable_bitmapscan=off, enable_sort=off
 -- One batch of a consumer's DEAD jobs deleted (DLQ delete, partition skip); the history trigger
 -- writes DEAD -> GONE with %(reason)s (set for this statement).
 WITH r AS (
     -- the history row's reason (the history trigger reads it for a delete, then clears it)
     SELECT set_config('broker.history_reason', %(reason)s, true) AS why
 )
-DELETE FROM jobs_job WHERE id IN (
+, c AS (
     SELECT id FROM jobs_job
      WHERE consumer_id BETWEEN %(consumer)s AND %(consumer)s AND status BETWEEN 1004 AND 1004
        AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
-     LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
-   AND status = 1004 AND (SELECT why FROM r) IS NOT NULL
+     ORDER BY consumer_id DESC, status DESC, id LIMIT %(limit)s  -- the index's order: no scan stops early
+       FOR UPDATE SKIP LOCKED
+)
+-- by primary key only (an IN (...) let a plan hash every dead job of the table first)
+DELETE FROM jobs_job WHERE id = ANY(ARRAY(SELECT id FROM c)) AND status + 0 = 1004
+   AND (SELECT why FROM r) IS NOT NULL
 RETURNING partition_id;
 
 -- purge_queued --
 -- index: job_consumer_status
 -- hot
+-- settings: enable_bitmapscan=off, enable_sort=off
 -- One batch of a consumer's QUEUED jobs deleted (a runaway backlog), optionally only older ones;
 -- the history trigger writes QUEUED -> GONE, reason purged.
 WITH r AS (
@@ -453,14 +475,14 @@ WITH v AS (
         deadline = NULL,
         last_reason = %(reason)s::text
       FROM v
-     WHERE j.id = v.id AND j.status = 1002 AND j.consumer_id = %(consumer)s::bigint
+     WHERE j.id = v.id AND j.status + 0 = 1002 AND j.consumer_id + 0 = %(consumer)s::bigint  -- by primary key only
     RETURNING j.id, j.status, j.retry_count, j.partition_id
 ), n AS (
     SELECT pg_notify('broker_jobs', %(consumer)s::text) FROM u WHERE status = 1001 LIMIT 1
 )
 SELECT v.id, u.status, u.retry_count, c.status, (SELECT count(*) FROM n), u.partition_id
   FROM v LEFT JOIN u ON u.id = v.id
-         LEFT JOIN jobs_job c ON u.id IS NULL AND c.id = v.id AND c.consumer_id = %(consumer)s::bigint;
+         LEFT JOIN jobs_job c ON u.id IS NULL AND c.id = v.id AND c.consumer_id + 0 = %(consumer)s::bigint;
 
 -- push_record --
 -- index: pk
@@ -490,7 +512,7 @@ WITH v AS (
         deadline = NULL,
         last_reason = 'push'
       FROM v
-     WHERE j.id = v.id AND j.id = ANY(%(ids)s::bigint[]) AND j.status = 1002  -- by primary key
+     WHERE j.id = v.id AND j.id = ANY(%(ids)s::bigint[]) AND j.status + 0 = 1002  -- by primary key only
     RETURNING j.id, j.status, j.retry_count, j.partition_id
 ), a AS (
 INSERT INTO jobs_deliveryattempt (job_id, attempt, started_at, duration_ms, status_code, response_excerpt,
@@ -544,7 +566,7 @@ WITH v AS (
         payload = CASE WHEN v.keep THEN j.payload ELSE v.payload END,
         status_changed_at = now(), next_attempt_at = now(), deadline = NULL, last_reason = 'gate'
       FROM v
-     WHERE j.id = v.id AND j.status + 0 = 1002 AND j.partition_id IS NOT NULL AND v.gate > j.gate
+     WHERE j.id = v.id AND j.status + 0 = 1002 AND j.partition_id + 0 IS NOT NULL AND v.gate > j.gate
        AND (%(consumer)s::bigint IS NULL OR j.consumer_id + 0 = %(consumer)s::bigint)  -- by primary key only
     RETURNING j.id, j.retry_count, j.partition_id, j.consumer_id
 ), n AS (
@@ -722,11 +744,16 @@ SELECT ch.id, ch.token, c.id, c.token, c.type, c.max_retry,
 -- hot
 -- Due QUEUED jobs of a consumer in claim order, each message by primary key (LATERAL ... LIMIT 1 is
 -- never turned into a join: a generic plan hash-joined the whole message table, 600 ms at 1M).
+-- A literal bound inside (100 = the largest limit), the caller's limit outside: a generic plan
+-- estimates "LIMIT $n" at 10 % of the rows, and with one consumer owning a 1M backlog it chose a
+-- parallel sequential scan and a sort (204 ms against 0.16 ms, issue 21).
 SELECT j.id, j.priority, j.incremental_timeout, m.message_id, m.payload, m.content_type, m.headers, m.type
-  FROM (SELECT id, priority, incremental_timeout, message_id FROM jobs_job
+  FROM (SELECT b.id, b.priority, b.incremental_timeout, b.message_id FROM (
+        SELECT id, priority, incremental_timeout, message_id FROM jobs_job
          WHERE consumer_id = %(consumer)s::bigint AND status = 1001 AND next_attempt_at <= now()
            AND (expires_at IS NULL OR expires_at > now())  -- expiry: never listed once expired
-         ORDER BY priority DESC, id LIMIT %(limit)s::int) j
+         ORDER BY priority DESC, id LIMIT 100  -- bound: jobs.pull.QUEUED_JOBS_MAX
+        ) b LIMIT %(limit)s::int) j
   CROSS JOIN LATERAL (SELECT message_id, payload, content_type, headers, type FROM broker_message
                        WHERE id = j.message_id LIMIT 1) m
  ORDER BY j.priority DESC, j.id;
@@ -741,7 +768,7 @@ SELECT j.id, j.status, j.retry_count, j.priority, j.incremental_timeout, j.deadl
   JOIN broker_message m ON m.id = j.message_id
   JOIN broker_producer p ON p.id = m.producer_id
   JOIN consumers_consumer c ON c.id = j.consumer_id
- WHERE j.id = %s AND j.consumer_id = %s;
+ WHERE j.id = %s AND j.consumer_id + 0 = %s;  -- by primary key only
 
 -- pull_waiter --
 -- index: job_push_fresh, job_push_retry, job_inflight_consumer
@@ -833,7 +860,7 @@ SELECT j.id, j.priority, j.retry_count, j.incremental_timeout, j.deadline,
        m.message_id, COALESCE(j.payload, m.payload), m.content_type, m.headers,
        (SELECT pt.key FROM jobs_partition pt WHERE pt.id = j.partition_id), j.gate, m.type  -- partitions, type
   FROM jobs_job j JOIN broker_message m ON m.id = j.message_id
- WHERE j.id = ANY(%s::bigint[]) AND j.status = %s
+ WHERE j.id = ANY(%s::bigint[]) AND j.status + 0 = %s  -- by primary key only
  ORDER BY j.priority DESC, j.id;
 
 -- pull_waiter_delete --
@@ -1010,9 +1037,12 @@ SELECT p.id, p.version FROM jobs_partition p
   JOIN consumers_consumer c ON c.id = p.consumer_id
  WHERE c.type = 'push' AND NOT c.paused AND p.status = 1
    AND (p.owner = '' OR p.lease_until <= now())
-   AND EXISTS (SELECT 1 FROM jobs_job j WHERE j.partition_id = p.id AND j.gate = p.gate AND j.status = 1001)
-   AND NOT EXISTS (SELECT 1 FROM jobs_job j WHERE j.partition_id = p.id AND j.gate = p.gate
-                      AND j.status = 1002)
+   -- probes per partition (LIMIT 1 subqueries are never turned into joins: as NOT EXISTS a generic
+   -- plan hashed every in-flight partitioned job first)
+   AND (SELECT 1 FROM jobs_job j WHERE j.partition_id = p.id AND j.gate = p.gate AND j.status = 1001
+         LIMIT 1) IS NOT NULL
+   AND (SELECT 1 FROM jobs_job j WHERE j.partition_id = p.id AND j.gate = p.gate AND j.status = 1002
+         LIMIT 1) IS NULL
  LIMIT %(limit)s;
 
 -- leases_take --
@@ -1285,7 +1315,7 @@ SELECT c.id, extract(epoch FROM now() - (
   FROM unnest(%(ids)s::bigint[]) AS c(id);
 
 -- overdue_inflight --
--- index: job_inflight_deadline
+-- index: job_inflight_deadline|job_inflight_consumer
 -- hot
 -- In-flight jobs past their deadline by more than a grace (capped): any means the sweep is not running.
 SELECT count(*) FROM (
@@ -1450,3 +1480,82 @@ SELECT pg_try_advisory_lock(hashtext(%s));
 -- A push dispatcher slot (cluster key, slot number): a session lock on the slot's dedicated
 -- connection, so a worker killed with SIGKILL frees its slot with its connection.
 SELECT pg_try_advisory_lock(hashtext(%s), %s);
+
+-- plan_sample_consumers --
+-- index: none (every consumer: a registry-sized table; counters by counter_key)
+-- The consumers the plan check explains with (jobs.plans.sample_live): each one's type, channel,
+-- whether it has priority groups, partitions or a doorbell, and its QUEUED count (the maintained
+-- counters).
+SELECT c.id, c.type, c.channel_id, ch.channel_id, c.consumer_id,
+       c.priority_policy <> 'none',
+       EXISTS (SELECT 1 FROM jobs_partition p WHERE p.consumer_id = c.id),
+       c.type = 'pull' AND c.callback_url <> '',
+       COALESCE((SELECT sum(x.n) FROM (
+           SELECT count AS n FROM broker_counter WHERE scope = 1 AND owner_id = c.id AND status = 1001
+           UNION ALL
+           SELECT delta FROM broker_counterdelta WHERE scope = 1 AND owner_id = c.id AND status = 1001) x),
+           0)::bigint
+  FROM consumers_consumer c JOIN broker_channel ch ON ch.id = c.channel_id;
+
+-- plan_sample_producer --
+-- index: pk
+-- Any producer (the plan check's publish statements need one's id).
+SELECT id FROM broker_producer ORDER BY id LIMIT 1;
+
+-- plan_sample_jobs --
+-- index: job_consumer_status
+-- Some jobs of a consumer in a status (the plan check's samples).
+SELECT id FROM jobs_job WHERE consumer_id = %(consumer)s AND status = %(status)s
+ ORDER BY consumer_id DESC, status DESC, id DESC LIMIT %(n)s;
+
+-- plan_sample_partition --
+-- index: partition_consumer_status
+-- A partition of a consumer (the plan check's samples).
+SELECT id FROM jobs_partition WHERE consumer_id = %(consumer)s LIMIT 1;
+
+-- plan_watch_due --
+-- index: none (two catalog rows and a one-row-per-statement table)
+-- When jobs_job or broker_message was last analyzed (autovacuum or ANALYZE), and which analysis
+-- the stored plan checks saw.
+SELECT (SELECT max(GREATEST(last_autoanalyze, last_analyze)) FROM pg_stat_user_tables
+         WHERE schemaname = current_schema() AND relname IN ('jobs_job', 'broker_message')),
+       (SELECT max(analyzed_at) FROM jobs_plancheck);
+
+-- plan_watch_lock --
+-- index: none (an advisory lock)
+-- One plan check at a time across the processes (for the rest of the transaction).
+SELECT pg_try_advisory_xact_lock(hashtext('broker_plan_watch'));
+
+-- plan_checks_store --
+-- index: none (one row per checked statement)
+-- The latest plan check of every statement (jobs.plans.plan_results_store); statements no longer
+-- checked are removed.
+WITH v AS (
+    SELECT * FROM unnest(%(cases)s::text[], %(modes)s::text[], %(indexes)s::text[], %(costs)s::float8[],
+                         %(problems)s::text[]) AS v(statement, mode, indexes, cost, problems)
+), gone AS (
+    DELETE FROM jobs_plancheck p WHERE NOT EXISTS (
+        SELECT 1 FROM v WHERE v.statement = p.statement AND v.mode = p.mode)
+)
+INSERT INTO jobs_plancheck (statement, mode, indexes, cost, problems, checked_at, analyzed_at)
+SELECT statement, mode, indexes, cost, problems, now(), %(analyzed)s::timestamptz FROM v
+ON CONFLICT (statement, mode) DO UPDATE SET indexes = EXCLUDED.indexes, cost = EXCLUDED.cost,
+    problems = EXCLUDED.problems, checked_at = EXCLUDED.checked_at, analyzed_at = EXCLUDED.analyzed_at;
+
+-- plan_regressions_count --
+-- index: none (one row per checked statement)
+-- Statements whose last checked plan left its index (/metrics broker_plan_regressions).
+SELECT count(*) FROM jobs_plancheck WHERE problems <> '';
+
+-- plan_tables --
+-- index: none (catalog lookups)
+-- The planner's row count of jobs_job (reltuples: what plans are made for), which of some index
+-- names exist, and which of those index the big tables (the plan check: below a size only a
+-- missing index counts; an index of a small table may rightly be skipped for a scan).
+SELECT (SELECT reltuples::bigint FROM pg_class WHERE oid = 'jobs_job'::regclass),
+       (SELECT array_agg(i.relname::text) FROM pg_class i
+         WHERE i.relkind = 'i' AND i.relname = ANY(%(names)s::text[])
+           AND i.relnamespace = current_schema()::regnamespace),
+       (SELECT array_agg(i.relname::text) FROM pg_class i JOIN pg_index x ON x.indexrelid = i.oid
+         WHERE i.relname = ANY(%(names)s::text[]) AND i.relnamespace = current_schema()::regnamespace
+           AND x.indrelid IN ('jobs_job'::regclass, 'broker_message'::regclass));

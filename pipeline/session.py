@@ -91,6 +91,8 @@ def jdbc_options_build(*, alias: str = "default") -> dict[str, str]:
     opts = sd.get("OPTIONS") or {}
     if opts.get("sslmode"):
         params["sslmode"] = opts["sslmode"]
+    if opts.get("options"):  # the session options of every broker connection (jit = off: broker.settings)
+        params["options"] = opts["options"]
     query = "&".join(f"{k}={quote(str(v))}" for k, v in params.items())
     options = {
         "url": f"jdbc:postgresql://{host}:{port}/{quote(sd['NAME'])}?{query}",

@@ -25,12 +25,13 @@ BACKOFF = (1.0, 2.0, 4.0)  # seconds before reconnect attempts 1, 2, 3 and after
 
 
 def dedicated_connect(*, application_name: str) -> psycopg.Connection:
-    """An autocommit connection to Django's default database, outside Django's connection handling."""
-    s = connection.settings_dict
-    params = {"dbname": s["NAME"], "user": s.get("USER") or None, "password": s.get("PASSWORD") or None,
-              "host": s.get("HOST") or None, "port": s.get("PORT") or None}
-    return psycopg.connect(**{k: v for k, v in params.items() if v}, autocommit=True,
-                           application_name=application_name)
+    """An autocommit connection to Django's default database, outside Django's connection handling,
+    with the libpq parameters Django's own connections get (the session options: jit = off)."""
+    params = connection.get_connection_params()
+    for django_only in ("cursor_factory", "context", "prepare_threshold"):
+        params.pop(django_only, None)
+    params["application_name"] = application_name
+    return psycopg.connect(**{k: v for k, v in params.items() if v not in (None, "")}, autocommit=True)
 
 
 def payload_ids(payload: bytes | str) -> set[int]:

@@ -6,13 +6,16 @@ A file is a sequence of blocks::
     -- claim_pull --
     -- index: job_claim
     -- hot
+    -- settings: enable_bitmapscan=off
     -- One line or more saying what it does and why it is shaped so.
     WITH ... ;
 
 The name line opens a block; the comment lines right after it hold the metadata: ``index:`` is
 required (the index that serves the statement, ``pk`` for a primary key lookup, or ``none (why)``
 when none does), ``hot`` marks a hot-path statement (the plan tests must have a case for each),
-and every other comment line is its documentation. The SQL runs to the next name line; ``--``
+``settings:`` planner settings the statement runs under (``broker.db.run`` sets them for the
+statement's transaction and resets them after it; the plan tests and ``manage.py broker_plans``
+EXPLAIN it under them), and every other comment line is its documentation. The SQL runs to the next name line; ``--``
 comments inside it stay part of it. A missing ``index:``, an empty body or a name used twice is
 an error when the file is loaded, so a broken registry never gets as far as a request.
 """
@@ -26,6 +29,8 @@ from pathlib import Path
 _NAME = re.compile(r"^--\s*([A-Za-z_][A-Za-z0-9_]*)\s*--\s*$")
 _INDEX = re.compile(r"^--\s*index:\s*(.*?)\s*$")
 _HOT = re.compile(r"^--\s*hot\s*$")
+_SETTINGS = re.compile(r"^--\s*settings:\s*(.*?)\s*$")
+_SETTING = re.compile(r"^([a-z_]+)\s*=\s*([A-Za-z0-9_.]+)$")
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,7 @@ class Query:
     index: str
     hot: bool
     doc: str
+    settings: tuple[tuple[str, str], ...] = ()
 
     def __str__(self) -> str:
         return self.sql
@@ -64,7 +70,7 @@ def queries_parse(text: str, *, source: str = "<queries>") -> dict[str, Query]:
 
 
 def _block(name: str, lines: list[str], *, where: str) -> Query:
-    index, hot, doc = None, False, []
+    index, hot, doc, settings = None, False, [], []
     body_start = len(lines)
     for i, line in enumerate(lines):
         text = line.strip()
@@ -77,6 +83,12 @@ def _block(name: str, lines: list[str], *, where: str) -> Query:
             index = match.group(1)
         elif _HOT.match(text):
             hot = True
+        elif (match := _SETTINGS.match(text)) is not None:
+            for part in match.group(1).split(","):
+                setting = _SETTING.match(part.strip())
+                if setting is None:
+                    raise QueryFileError(f"{where}: query {name!r}: setting {part.strip()!r} is not name=value")
+                settings.append((setting.group(1), setting.group(2)))
         else:
             doc.append(text[2:].strip())
     sql = "\n".join(lines[body_start:]).strip()
@@ -87,7 +99,7 @@ def _block(name: str, lines: list[str], *, where: str) -> Query:
                              "or 'none (why)')")
     if not sql:
         raise QueryFileError(f"{where}: query {name!r} has no SQL")
-    return Query(name=name, sql=sql, index=index, hot=hot, doc=" ".join(doc))
+    return Query(name=name, sql=sql, index=index, hot=hot, doc=" ".join(doc), settings=tuple(settings))
 
 
 def queries_load(path: str | Path) -> dict[str, Query]:

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 
 import psycopg
 from django.conf import settings
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, transaction
 
 from broker.db.queries import Query
 from broker.db.errors import IllegalTransition
@@ -75,9 +75,25 @@ def transition_errors():
 
 
 def _run(q: Query | str, params, prepare: bool, fetch):
-    """Execute ``q`` and hand the cursor to ``fetch``, in the binding ``prepare`` asks for."""
+    """Execute ``q`` and hand the cursor to ``fetch``, in the binding ``prepare`` asks for (under
+    the planner settings its registry entry names, if any)."""
     with transition_errors():
+        if isinstance(q, Query) and q.settings:
+            return _run_with_settings(q, params, prepare, fetch)
         return _run_mapped(q, params, prepare, fetch)
+
+
+def _run_with_settings(q: Query, params, prepare: bool, fetch):
+    """``q`` in a transaction (the caller's, if any) under its ``settings:`` (SET LOCAL), which are
+    reset right after it so that the caller's next statements plan as before."""
+    names = [name for name, _ in q.settings]
+    with transaction.atomic(savepoint=False):
+        _run_mapped(Q.settings_local_set, {"names": names, "values": [value for _, value in q.settings]},
+                    False, _rows)
+        result = _run_mapped(q, params, prepare, fetch)
+        # (after a failure the transaction is aborted and its rollback undoes the SET LOCAL too)
+        _run_mapped(Q.settings_local_reset, {"names": names}, False, _rows)
+        return result
 
 
 def _run_mapped(q: Query | str, params, prepare: bool, fetch):

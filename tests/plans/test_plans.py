@@ -1,42 +1,50 @@
-"""Every hot statement uses the index it was written for, on big tables, with the statistics a
-new backlog meets ("fresh") and after ANALYZE: no Seq Scan and no unbounded Sort over jobs_job or
-broker_message. Prepared statements are checked as their generic plan (what runs: every broker
-connection plans them with plan_cache_mode = force_generic_plan) and as a custom plan (what a
-session without that setting would run)."""
+"""Every hot statement uses the index it was written for, on big tables in the shapes production
+meets (tests/plans/conftest.py: one consumer owning ~all of 1M jobs, a few sharing them, many small
+ones; fresh statistics, after VACUUM ANALYZE, after a burst of acks), as its generic plan (what the
+prepared statements run: every broker connection plans with plan_cache_mode = force_generic_plan)
+and as its custom plan (what Django's client-side binding, and a session without that setting, get):
+no Seq Scan, no unbounded Sort or Hash over jobs_job or broker_message, no JIT. The connection has
+the session options of every broker connection (jit = off)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.plans.cases import CASES, hot_queries, statement_sql
-from tests.plans.explain import explain_plain, explain_prepared, plan_problems, plan_text
+from broker.db.plans import MODES, explain, plan_problems, plan_text
+from jobs.plans import CASES, case_check, hot_queries
+from tests.plans.cases import ORM_CASES
 
 # Marked for the database so pytest-django sets up the test database; the cases read the big
 # tables through their own connection (committed data), outside the per-test transaction.
 pytestmark = pytest.mark.django_db
 
-PARAMS = []
-for case in CASES:
-    if case.run == "prepared":
-        PARAMS += [pytest.param(case, "force_generic_plan", id=f"{case.test_id}-generic"),
-                   pytest.param(case, "force_custom_plan", id=f"{case.test_id}-custom")]
-    else:
-        PARAMS.append(pytest.param(case, None, id=case.test_id))
+
+@pytest.mark.parametrize("mode", [pytest.param(m, id=m.split("_")[1]) for m in MODES])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_hot_statement_plan(case, mode, stats, big_world, pg):
+    result = case_check(case, big_world, conn=pg, mode=mode)
+    assert result.ok, (f"{case.name} ({stats}, {mode}):\n" + "\n".join(result.problems) + "\n"
+                       + plan_text(result.plan))
 
 
-@pytest.mark.parametrize(("case", "mode"), PARAMS)
-def test_statement_plan(case, mode, stats, big_world, pg):
-    sql, params = statement_sql(case, big_world)
-    plan = explain_prepared(pg, sql, params, mode=mode) if mode else explain_plain(pg, sql, params)
+@pytest.mark.parametrize("case", ORM_CASES, ids=lambda c: c.name)
+def test_orm_statement_plan(case, stats, big_world, pg):
+    sql, params = case.sql(big_world)
+    plan = explain(pg, sql, params, mode=None)
     problems = plan_problems(plan, index=case.index, sorts=bool(case.sorts))
-    assert not problems, f"{case.name} ({stats} statistics, {mode or 'literals'}):\n" + "\n".join(problems) \
-        + "\n" + plan_text(plan)
+    assert not problems, f"{case.name} ({stats}, literals):\n" + "\n".join(problems) + "\n" + plan_text(plan)
 
 
 def test_every_hot_query_of_every_registry_has_a_plan_case():
-    """A query marked ``-- hot`` in a ``<app>/queries.sql`` without a case here fails: its plan is
-    never checked otherwise."""
-    covered = {case.name for case in CASES}
+    """A query marked ``-- hot`` in a ``<app>/queries.sql`` without a case in jobs.plans.CASES fails:
+    its plan is never checked otherwise."""
+    covered = {case.query for case in CASES}
     hot = hot_queries()
     assert hot, "no hot queries found: the registries did not load"
     assert not [name for name in hot if name not in covered]
+
+
+def test_the_plan_connection_has_the_broker_session_options(pg):
+    """What makes "no JIT" a finding rather than a given: the EXPLAIN connection is opened with
+    the parameters of every broker connection, and those turn JIT off."""
+    assert pg.execute("SHOW jit").fetchone()[0] == "off"

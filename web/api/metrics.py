@@ -16,6 +16,7 @@ from consumers.models import Consumer
 from consumers.waiters import pull_waiters_count
 from jobs.circuit import circuits_open
 from jobs.models import JobStatus
+from jobs.plans import plan_regressions_count
 
 
 class DatabaseCollector:
@@ -74,8 +75,12 @@ class DatabaseCollector:
         message_counts = counts_for(scope=MESSAGE)
         for ch in Channel.objects.only("id", "channel_id"):
             messages.add_metric([ch.channel_id], sum(message_counts.get(ch.pk, {}).values()))
+        plans = GaugeMetricFamily("broker_plan_regressions",
+                                  "Hot statements whose last plan check (after an ANALYZE of jobs_job or "
+                                  "broker_message, or manage.py broker_plans --store) left their index")
+        plans.add_metric([], plan_regressions_count())
         yield from (jobs, dead, backlog, inflight, redelivered, messages, waiters, circuit, attempts, attempt_seconds,
-                    latency)
+                    latency, plans)
 
 
 class MetricsView(APIView):

@@ -213,6 +213,9 @@ def test_readers_split_on_id_and_never_read_secrets(spark):
     from pipeline.session import jdbc_options_build
 
     assert connection.settings_dict["NAME"] in jdbc_options_build()["url"]  # the test database
+    # the pipeline's sessions carry the broker's session options (jit = off, issue 21)
+    jit = spark.read.format("jdbc").options(**jdbc_options_build(), query="SELECT current_setting('jit') AS jit")
+    assert [row.jit for row in jit.load().collect()] == ["off"]
     now = datetime.now(timezone.utc)
     workload_report(now=now, messages_per_channel=10, out_of_scope=0)
     jobs = readers.jobs_read(spark=spark, num_partitions=3)
