@@ -9,6 +9,9 @@
 - On ``stop()`` or SIGTERM it stops pulling (SIGTERM abandons a long-poll in progress: a job the
   broker claims for that abandoned poll in its last moments comes back after its deadline, as after
   any crash), runs the jobs in hand, sends every outcome and returns.
+
+The loop knows its consumer only by the calls it makes (``pull_send``, ``ack_send``,
+``progress_send``, ``stopping``): ``consumer.py`` imports this module, never the other way round.
 """
 
 from __future__ import annotations
@@ -21,10 +24,9 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 
-from broker_client.consumer import answer_error
 from broker_client.errors import BrokerError
 from broker_client.http import RetryPolicy, is_transient
-from broker_client.jobs import DEAD, DELIVERED, QUEUED, Job
+from broker_client.jobs import DEAD, DELIVERED, QUEUED, Job, answer_error
 
 logger = logging.getLogger("broker_client")
 

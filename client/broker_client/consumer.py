@@ -18,9 +18,10 @@ import logging
 import threading
 import time
 
-from broker_client.errors import JobError, PinMismatch, error_from_response
+from broker_client.consume import ConsumeLoop
+from broker_client.errors import PinMismatch, error_from_response
 from broker_client.http import Client, RetryPolicy, Transport, path_segment, server_time
-from broker_client.jobs import DEAD, DELIVERED, QUEUED, Job, timestamp_parse
+from broker_client.jobs import DEAD, DELIVERED, QUEUED, Job, answer_error, timestamp_parse
 
 logger = logging.getLogger("broker_client")
 
@@ -248,21 +249,7 @@ class PullConsumer(Client):
         the ``ConsumeStats``. ``handler(job)`` returning acks the job (DELIVERED); raising nacks it
         with backoff (``Retry(delay)`` chooses the delay, ``Reject`` makes it DEAD); a handler may
         also settle the job itself. See ``broker_client.consume.ConsumeLoop`` for ``options``."""
-        from broker_client.consume import ConsumeLoop
-
         return ConsumeLoop(self, handler, batch=batch, expires=expires, concurrency=concurrency, **options).run()
-
-
-def answer_error(answer: dict, state: str, retried: bool) -> JobError | None:
-    """The ``JobError`` of one ack answer, or None when the outcome stands. A ``conflict`` whose
-    job is already in the state asked for (or on a retried request, whose first attempt may have
-    landed) is the outcome standing, not an error."""
-    code = answer.get("Error")
-    if not code:
-        return None
-    if code == "conflict" and (answer.get("Status") == state or retried):
-        return None
-    return JobError(str(answer.get("ID")), code, answer.get("Detail", ""), job_status=answer.get("Status"))
 
 
 __all__ = ["PullConsumer", "DELIVERED", "DEAD", "QUEUED"]

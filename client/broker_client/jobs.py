@@ -1,4 +1,5 @@
-"""A pulled job: its message, its lease, and the calls that settle it.
+"""A pulled job: its message, its lease, and the calls that settle it; the states it is settled to
+and how one ack answer reads (``answer_error``).
 
 Job ids and message ids are opaque strings (integer strings today, xids after the drop-in
 change): never parsed, compared or ordered here.
@@ -12,12 +13,33 @@ import threading
 import time
 from datetime import datetime, timezone
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:  # pragma: no cover
-    from broker_client.consumer import PullConsumer
+from broker_client.errors import JobError
 
 DELIVERED, DEAD, QUEUED = "DELIVERED", "DEAD", "QUEUED"
+
+
+class JobOwner(Protocol):
+    """What a job needs of the consumer that claimed it (``PullConsumer``, a layer above): the
+    calls that report its outcome and extend its lease."""
+
+    def outcome_send(self, *, job: Job, state: str, delay: float | None = None, gate: int | None = None,
+                     payload=None) -> dict: ...
+
+    def progress_send(self, *, job: Job, seconds: float | None = None, retry=None) -> datetime | None: ...
+
+
+def answer_error(answer: dict, state: str, retried: bool) -> JobError | None:
+    """The ``JobError`` of one ack answer, or None when the outcome stands. A ``conflict`` whose
+    job is already in the state asked for (or on a retried request, whose first attempt may have
+    landed) is the outcome standing, not an error."""
+    code = answer.get("Error")
+    if not code:
+        return None
+    if code == "conflict" and (answer.get("Status") == state or retried):
+        return None
+    return JobError(str(answer.get("ID")), code, answer.get("Detail", ""), job_status=answer.get("Status"))
 
 
 @lru_cache(maxsize=256)
@@ -46,7 +68,7 @@ class Job:
                  "incremental_timeout", "headers", "partition_key", "gate", "message_type", "pin_id", "raw",
                  "_consumer", "_lease_start", "_lease", "_lock", "settled", "lost")
 
-    def __init__(self, item: dict, consumer: PullConsumer, *, received: float, server_now: float | None,
+    def __init__(self, item: dict, consumer: JobOwner, *, received: float, server_now: float | None,
                  pin_id: str | None = None):
         message = item.get("Message") or {}
         self.raw = item
