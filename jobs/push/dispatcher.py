@@ -31,6 +31,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.conf import settings
@@ -146,6 +147,53 @@ def attempts_log(items: list[tuple]) -> None:
                        "channel_id": target.channel_id, "attempt": job.retry_count + 1, "outcome": outcome,
                        "status_code": result.status_code, "duration_ms": round(result.duration * 1000.0, 3),
                        "error": result.error[:200], "request_id": result.request_id})
+
+
+@dataclass
+class _Loop:
+    """The state of one ``Engine.run``, shared by its steps (created when the run starts)."""
+
+    start: float
+    claim_until: float
+    drain_until: float
+    drain_for: float
+    stop: threading.Event | None
+    housekeeping: bool
+    batch: int
+    poll: float
+    events: list  # [(monotonic time, callable)], soonest first
+    next_poll: float
+    chores: Housekeeping
+    lease_every: float
+    next_lease: float
+    # monotonic times when our own retries / paced consumers are due
+    timers: list[float] = field(default_factory=list)
+    stats: dict = field(default_factory=lambda: {
+        "claimed": 0, "recorded": 0, "transactions": 0, "errors": 0, "db_seconds": 0.0})
+    claiming: bool = True
+    kicked: bool = True
+    notified: bool = False  # a NOTIFY or timer is waiting for a claim (no coalescing delay then)
+    # finished attempts not yet recorded (kept across a DB error)
+    pending: list[tuple] = field(default_factory=list)
+
+    @classmethod
+    def begin(cls, *, claim_for: float, drain_for: float, stop: threading.Event | None, events: list | None,
+              housekeeping: bool) -> _Loop:
+        """The deadlines and settings of a run starting now; claim, poll and lease cycle at once."""
+        start = time.monotonic()
+        claim_until = start + claim_for
+        return cls(start=start, claim_until=claim_until, drain_until=claim_until + drain_for, drain_for=drain_for,
+                   stop=stop, housekeeping=housekeeping, batch=max(1, int(settings.BROKER_PUSH_BATCH)),
+                   poll=max(0.05, float(settings.BROKER_PUSH_POLL)),
+                   events=sorted(((start + at, fn) for at, fn in (events or [])), key=lambda e: e[0]),
+                   next_poll=start, chores=Housekeeping(start=start),
+                   lease_every=min(1.0, partitions.lease_seconds() / 3.0), next_lease=start)
+
+    def result(self) -> dict:
+        """The counters for the log, with the run's length."""
+        self.stats["seconds"] = round(time.monotonic() - self.start, 1)
+        self.stats["db_seconds"] = round(self.stats["db_seconds"], 2)
+        return self.stats
 
 
 class Engine:
@@ -290,113 +338,164 @@ class Engine:
         """
         self.wake_share = wake_share
         self.listener.fileno()  # LISTEN before the first claim, so no publish falls in between
-        start = time.monotonic()
-        claim_until = start + claim_for
-        drain_until = claim_until + drain_for
-        batch = max(1, int(settings.BROKER_PUSH_BATCH))
-        poll = max(0.05, float(settings.BROKER_PUSH_POLL))
-        events = sorted(((start + at, fn) for at, fn in (events or [])), key=lambda e: e[0])
-        timers: list[float] = []  # monotonic times when our own retries / paced consumers are due
-        stats = {"claimed": 0, "recorded": 0, "transactions": 0, "errors": 0, "db_seconds": 0.0}
-        next_poll = start
-        chores = Housekeeping(start=start)
-        lease_every = min(1.0, partitions.lease_seconds() / 3.0)
-        next_lease = start
-        claiming = True
-        kicked = True
-        notified = False  # a NOTIFY or timer is waiting for a claim (no coalescing delay then)
-        pending: list[tuple] = []  # finished attempts not yet recorded (kept across a DB error)
+        loop = _Loop.begin(claim_for=claim_for, drain_for=drain_for, stop=stop, events=events,
+                           housekeeping=housekeeping)
         while True:
             now = time.monotonic()
-            while events and events[0][0] <= now:
-                _, fn = events.pop(0)
-                try:
-                    fn()
-                except Exception:  # noqa: BLE001
-                    logger.exception("push dispatcher event failed")
-            if claiming and (now >= claim_until or (stop is not None and stop.is_set())):
-                claiming = False
-                drain_until = min(drain_until, now + drain_for)
-            while timers and timers[0] <= now:
-                heapq.heappop(timers)
-                kicked = notified = True
-            pending.extend(self._collect())
-            if pending and self._running and not notified:
-                hold = min(r.finished for _, _, r in pending) + COALESCE - time.monotonic()
-                if hold > 0:
-                    notified = self._wait(hold) == "notify"
-                    continue
-            notified = False
-            capacity = min(batch, self.idle_capacity()) if claiming else 0
-            want_claim = capacity > 0 and (kicked or now >= next_poll)
-            jobs = []
-            if pending or want_claim:
-                retry_delays = []
-                db_start = time.perf_counter()
-                try:
-                    with transaction.atomic():
-                        with connection.cursor() as cur:
-                            cur.execute(state.PUSH_TRANSACTION_SETUP)  # generic plans, async commit
-                        if pending:
-                            retry_delays = outcomes_record(pending, now=now)
-                        if want_claim:
-                            jobs = state.jobs_claim_push(limit=capacity, worker=self.worker_id)
-                except DatabaseError:
-                    stats["errors"] += 1
-                    logger.exception("push dispatcher: database error; retrying in 1 s")
-                    connection.close()
-                    time.sleep(1.0)
-                    continue
-                stats["transactions"] += 1
-                stats["db_seconds"] += time.perf_counter() - db_start
-                stats["recorded"] += len(pending)
-                for delay in retry_delays:
-                    self._timer(timers, now + delay + 0.01)
-                pending = []
-                if want_claim:
-                    next_poll = now + poll
-                    kicked = len(jobs) >= capacity  # a full batch: more may be due right away
-                if jobs:
-                    stats["claimed"] += len(jobs)
-                    self._submit(jobs)
-                    for pk in {j.consumer_pk for j in jobs}:
-                        target = self.targets.get(pk)
-                        if target is not None and target.rate:
-                            # paced consumer: look again when its next burst is allowed
-                            self._timer(timers, now + max(0.005, max(1.0, target.rate / 20.0) / target.rate))
-            if now >= next_lease:
-                # Partition leases: from this coordinator thread, which never waits for callbacks
-                # (they run on the HTTP client's event loop), so slow deliveries never delay renewal.
-                next_lease = now + lease_every
-                if self._lease_cycle(acquire=claiming):
-                    kicked = True
-            if housekeeping and now >= chores.next_due():
-                chores.run_due(now)
-            if not claiming and (self._running == 0 or now >= drain_until):
-                if self._running:
-                    logger.warning("push dispatcher: %d callbacks still running at hand-over; their jobs "
-                                   "are redelivered after their deadline", self._running)
-                break
-            if kicked and self.idle_capacity() > 0 and claiming:
+            self._events_run(loop, now)
+            self._claiming_check(loop, now)
+            self._timers_due(loop, now)
+            if self._collect_or_hold(loop):
                 continue
-            wait_until = min(next_poll if claiming else drain_until, chores.next_due() if housekeeping else drain_until,
-                             next_lease)
-            if timers:
-                wait_until = min(wait_until, timers[0])
-            if events:
-                wait_until = min(wait_until, events[0][0])
-            if claiming:
-                wait_until = min(wait_until, claim_until)
-            woke = self._wait(wait_until - time.monotonic())
-            kicked = kicked or woke is not False
-            notified = woke == "notify"
-            if notified and claiming:
-                # new jobs may be in a partition nobody leases yet: look soon (at most 5 cycles a second)
-                next_lease = min(next_lease, max(time.monotonic(), next_lease - lease_every + LEASE_KICK))
+            if not self._record_and_claim(loop, now):
+                continue  # database error: the finished attempts stay pending
+            self._leases_due(loop, now)
+            self._housekeeping_due(loop, now)
+            if self._drained(loop, now):
+                break
+            if loop.kicked and self.idle_capacity() > 0 and loop.claiming:
+                continue  # kicked (full batch, new leases, timer, wake-up) with room: claim before sleeping
+            self._sleep(loop)
         self._leases_release()
-        stats["seconds"] = round(time.monotonic() - start, 1)
-        stats["db_seconds"] = round(stats["db_seconds"], 2)
-        return stats
+        return loop.result()
+
+    @staticmethod
+    def _events_run(loop: _Loop, now: float) -> None:
+        """The caller's one-off events that are due (the task hands its slot over this way); a
+        failing event is logged, never the end of the loop."""
+        while loop.events and loop.events[0][0] <= now:
+            _, fn = loop.events.pop(0)
+            try:
+                fn()
+            except Exception:  # noqa: BLE001
+                logger.exception("push dispatcher event failed")
+
+    @staticmethod
+    def _claiming_check(loop: _Loop, now: float) -> None:
+        """Stop claiming at ``claim_until`` or once ``stop`` is set; the drain then lasts at most
+        ``drain_for`` from now, however early the stop came."""
+        if loop.claiming and (now >= loop.claim_until or (loop.stop is not None and loop.stop.is_set())):
+            loop.claiming = False
+            loop.drain_until = min(loop.drain_until, now + loop.drain_for)
+
+    @staticmethod
+    def _timers_due(loop: _Loop, now: float) -> None:
+        """A due retry or pacing timer means jobs may be claimable now: claim, without the
+        coalescing delay."""
+        while loop.timers and loop.timers[0] <= now:
+            heapq.heappop(loop.timers)
+            loop.kicked = loop.notified = True
+
+    def _collect_or_hold(self, loop: _Loop) -> bool:
+        """Take the finished attempts. True when they are held a moment (``COALESCE``) because others
+        of the same burst are still running, so one transaction records (and refills) the whole
+        burst; never while a NOTIFY or timer is waiting for a claim, which is consumed otherwise."""
+        loop.pending.extend(self._collect())
+        if loop.pending and self._running and not loop.notified:
+            hold = min(r.finished for _, _, r in loop.pending) + COALESCE - time.monotonic()
+            if hold > 0:
+                loop.notified = self._wait(hold) == "notify"
+                return True
+        loop.notified = False
+        return False
+
+    def _record_and_claim(self, loop: _Loop, now: float) -> bool:
+        """Record the finished attempts and claim into the room there is, in one transaction so the
+        room they freed is claimable at once; then schedule retries and hand the jobs over. False
+        after a database error (the attempts stay pending, the loop starts over after a second)."""
+        capacity = min(loop.batch, self.idle_capacity()) if loop.claiming else 0
+        want_claim = capacity > 0 and (loop.kicked or now >= loop.next_poll)
+        if not (loop.pending or want_claim):
+            return True
+        db_start = time.perf_counter()
+        try:
+            retry_delays, jobs = self._transaction(loop.pending, now, capacity if want_claim else 0)
+        except DatabaseError:
+            loop.stats["errors"] += 1
+            logger.exception("push dispatcher: database error; retrying in 1 s")
+            connection.close()
+            time.sleep(1.0)
+            return False
+        loop.stats["transactions"] += 1
+        loop.stats["db_seconds"] += time.perf_counter() - db_start
+        loop.stats["recorded"] += len(loop.pending)
+        for delay in retry_delays:
+            self._timer(loop.timers, now + delay + 0.01)
+        loop.pending = []
+        if want_claim:
+            loop.next_poll = now + loop.poll
+            loop.kicked = len(jobs) >= capacity  # a full batch: more may be due right away
+        if jobs:
+            self._hand_over(loop, now, jobs)
+        return True
+
+    def _transaction(self, pending: list[tuple], now: float, limit: int) -> tuple[list[float], list]:
+        """One transaction: record ``pending``, then claim up to ``limit`` jobs (none when 0).
+        Returns the retry delays of the recorded attempts and the claimed jobs."""
+        retry_delays, jobs = [], []
+        with transaction.atomic():
+            with connection.cursor() as cur:
+                cur.execute(state.PUSH_TRANSACTION_SETUP)  # generic plans, async commit
+            if pending:
+                retry_delays = outcomes_record(pending, now=now)
+            if limit:
+                jobs = state.jobs_claim_push(limit=limit, worker=self.worker_id)
+        return retry_delays, jobs
+
+    def _hand_over(self, loop: _Loop, now: float, jobs: list) -> None:
+        """Give the claimed jobs to the event loop, and set a timer for each paced consumer among
+        them: its next burst is allowed before the poll would come."""
+        loop.stats["claimed"] += len(jobs)
+        self._submit(jobs)
+        for pk in {j.consumer_pk for j in jobs}:
+            target = self.targets.get(pk)
+            if target is not None and target.rate:
+                # paced consumer: look again when its next burst is allowed
+                self._timer(loop.timers, now + max(0.005, max(1.0, target.rate / 20.0) / target.rate))
+
+    def _leases_due(self, loop: _Loop, now: float) -> None:
+        """The partition lease cycle at its period; partitions newly taken are worth a claim now."""
+        if now >= loop.next_lease:
+            # Partition leases: from this coordinator thread, which never waits for callbacks
+            # (they run on the HTTP client's event loop), so slow deliveries never delay renewal.
+            loop.next_lease = now + loop.lease_every
+            if self._lease_cycle(acquire=loop.claiming):
+                loop.kicked = True
+
+    @staticmethod
+    def _housekeeping_due(loop: _Loop, now: float) -> None:
+        """The housekeeping steps that are due (jobs.housekeeping), unless the caller turned them off."""
+        if loop.housekeeping and now >= loop.chores.next_due():
+            loop.chores.run_due(now)
+
+    def _drained(self, loop: _Loop, now: float) -> bool:
+        """Whether the loop is over: claiming has stopped and every callback is recorded, or the drain
+        deadline has passed (the callbacks left are redelivered after their deadline)."""
+        if not loop.claiming and (self._running == 0 or now >= loop.drain_until):
+            if self._running:
+                logger.warning("push dispatcher: %d callbacks still running at hand-over; their jobs "
+                               "are redelivered after their deadline", self._running)
+            return True
+        return False
+
+    def _sleep(self, loop: _Loop) -> None:
+        """Wait until the next thing the loop has to do (poll or drain deadline, housekeeping, lease
+        cycle, timer, event, end of claiming) or until woken by a NOTIFY or a finished attempt."""
+        wait_until = min(loop.next_poll if loop.claiming else loop.drain_until,
+                         loop.chores.next_due() if loop.housekeeping else loop.drain_until, loop.next_lease)
+        if loop.timers:
+            wait_until = min(wait_until, loop.timers[0])
+        if loop.events:
+            wait_until = min(wait_until, loop.events[0][0])
+        if loop.claiming:
+            wait_until = min(wait_until, loop.claim_until)
+        woke = self._wait(wait_until - time.monotonic())
+        loop.kicked = loop.kicked or woke is not False
+        loop.notified = woke == "notify"
+        if loop.notified and loop.claiming:
+            # new jobs may be in a partition nobody leases yet: look soon (at most 5 cycles a second)
+            loop.next_lease = min(loop.next_lease,
+                                  max(time.monotonic(), loop.next_lease - loop.lease_every + LEASE_KICK))
 
     def _lease_cycle(self, *, acquire: bool) -> bool:
         """One partition lease cycle (jobs.partitions); True when partitions were taken."""
