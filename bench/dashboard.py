@@ -24,9 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psycopg  # noqa: E402
 
-from bench.common import (  # noqa: E402
-    base_env, broker_database, django_setup, manage, registry_create, smoke_args_parse,
-)
+from bench.common import (base_env, broker_database, django_setup, manage, registry_create,  # noqa: E402
+                          smoke_args_parse)
 
 CONSUMERS_PER_CHANNEL = 5
 SMOKE_TABLE = r"^write cost of the triggers:\n(?s:.*)^render times .*\n(?s:.*)^  a dead job's page +median +[\d.]+ ms"
@@ -106,10 +105,10 @@ def render_times() -> None:
     from django.contrib.auth.models import User
     from django.test import Client
 
-    from jobs.dashboard import dashboard_snapshot
     from broker.xid import job_xid
     from consumers.models import Consumer
     from jobs.models import Job
+    from jobs.ops.dashboard import dashboard_snapshot
 
     settings.ALLOWED_HOSTS = ["testserver"]
     user = User.objects.create_superuser("bench", password="bench-password")

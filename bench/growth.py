@@ -18,7 +18,7 @@ DELIVERED); an ack with NextState QUEUED and a Delay; progress; consumer GET; me
 /metrics; the admin dashboard and job list (staff session); the DLQ list; a priority-group pull +
 ack (pinned_client, overflow); a partitioned pull + ack; then push deliveries/s to the 5 push
 consumers (a fast loopback receiver, for --push-seconds), and the time the timeout sweep
-(jobs.state.jobs_expire_inflight, as the workers call it) takes to requeue the 100,000 expired jobs,
+(jobs.sweeps.inflight_timeout.jobs_expire_inflight, as the workers call it) takes to requeue the 100,000 expired jobs,
 with pull + ack latency meanwhile. Then the EXPLAIN (ANALYZE, BUFFERS) of the pull claim at the
 largest size (and of another jobs/state.py's with --before-state, e.g. ``git show main:jobs/state.py``).
 
@@ -47,7 +47,8 @@ sys.path.insert(0, str(ROOT))
 
 import requests  # noqa: E402
 
-from bench.common import ADMIN, _read_response, base_env, broker_database, build_request, manage, start_gunicorn  # noqa: E402
+from bench.common import (ADMIN, _read_response, base_env, broker_database, build_request, manage,  # noqa: E402
+                          start_gunicorn)
 
 PAYLOAD = json.dumps({"event": "order.created", "id": 12345, "items": [1, 2, 3], "note": "x" * 200})
 PUBLISH = {"X-Broker-Channel-Token": "ct", "X-Broker-Producer-ID": "growth", "X-Broker-Producer-Token": "pt"}
@@ -267,8 +268,8 @@ def explain_claim(sql: str, consumer: int) -> str:
         return f"${names.index(m.group(1)) + 1}"
 
     text = re.sub(r"%\((\w+)\)s", number, sql)
-    values = {"consumer": consumer, "limit": 100, "queued": 1001, "inflight": 1002, "timeout": 32.25,
-              "inc": None, "reason": "explain"}
+    values = {"consumer": consumer, "limit": 100, "max_bytes": None, "queued": 1001, "inflight": 1002,
+              "timeout": 32.25, "inc": None, "reason": "explain"}
     args = ", ".join("NULL" if values[n] is None else repr(values[n]) if not isinstance(values[n], str)
                      else f"'{values[n]}'" for n in names)
     with transaction.atomic(), connection.cursor() as cur:
@@ -433,7 +434,7 @@ def sweep_phase(url: str, sweep_size: int, base_wait: float) -> dict[str, float]
     wait for that, then time the sweep (as the workers call it) while pulling on another consumer."""
     from django.db import connection
 
-    from jobs import state
+    from jobs.sweeps.inflight_timeout import jobs_expire_inflight
 
     s = requests.Session()
     path = "/channel/sweeps/consumer/sweep"
@@ -464,7 +465,7 @@ def sweep_phase(url: str, sweep_size: int, base_wait: float) -> dict[str, float]
     t0 = time.perf_counter()
     moved = 0
     while True:
-        n = state.jobs_expire_inflight()  # what each worker sweep calls (every second)
+        n = jobs_expire_inflight()  # what each worker sweep calls (every second)
         moved += n
         if n == 0:
             break
@@ -504,9 +505,9 @@ def main() -> int:
         args.settle_wait = min(args.settle_wait, 15.0)
     sizes = [int(x) for x in args.sizes.split(",")]
     load_before = os.getloadavg()
-    from bench.push import Receiver
-
     import tempfile
+
+    from bench.push import Receiver
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-growth-"))
     receiver = Receiver()
@@ -575,10 +576,10 @@ def main() -> int:
                     counters_fold()
                     print(f"backlog {size:,}: measured (load {os.getloadavg()[0]:.1f}): "
                           + json.dumps({k: round(v, 2) for k, v in results[size].items()}), flush=True)
-                from jobs.queries import Q
+                from jobs.pull.queries import Q
 
                 pk = consumer_pk("growth", "pull")
-                plans.append(("this jobs/queries.sql", explain_claim(Q.claim_pull.sql, pk)))
+                plans.append(("this jobs/pull/queries.sql", explain_claim(Q.claim_pull.sql, pk)))
                 if args.before_state:
                     import importlib.util
 
@@ -587,7 +588,7 @@ def main() -> int:
                     sys.modules["before_state"] = before  # (its dataclasses look their module up)
                     try:
                         spec.loader.exec_module(before)
-                        # a jobs/state.py from before the named-query registry (jobs/queries.sql)
+                        # a jobs/state.py from before the named-query registry (now jobs/*/queries.sql)
                         plans.append((args.before_state, explain_claim(before._CLAIM_SQL_TYPED, pk)))
                     except Exception as exc:  # noqa: BLE001 - the table above is the result; say why not
                         plans.append((args.before_state, f"not explained: {exc!r}"))

@@ -26,9 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import psycopg  # noqa: E402
 import requests  # noqa: E402
 
-from bench.common import (  # noqa: E402
-    ADMIN, broker_served, build_request, run_load, smoke_args_parse,
-)
+from bench.common import ADMIN, broker_served, build_request, run_load, smoke_args_parse  # noqa: E402
 
 SMOKE_TABLE = r"^case +HTTP msg/s +raw psycopg msg/s +ratio$(?s:.*)^batch of 1000, 5 consumer\(s\) +\d+ +\d+ +[\d.]+$"
 PAYLOAD = json.dumps({"event": "order.created", "id": 12345, "items": [1, 2, 3], "note": "x" * 200}).encode()

@@ -40,10 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import psycopg  # noqa: E402
 import requests  # noqa: E402
 
-from bench.common import (  # noqa: E402
-    ADMIN, _read_response, base_env, broker_database, build_request, manage, start_gunicorn,
-)
 from bench.common import smoke_args_parse  # noqa: E402
+from bench.common import (ADMIN, _read_response, base_env, broker_database, build_request, manage,  # noqa: E402
+                          start_gunicorn)
 
 PAYLOAD = json.dumps({"event": "order.created", "id": 12345, "items": [1, 2, 3], "note": "x" * 200}).encode()
 CONSUMERS = ("spec", "fast", "raw", "client")

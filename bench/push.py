@@ -12,7 +12,7 @@ asyncio HTTP/1.1 server in its own process answering 204; latency is measured fr
 the publisher sends the request (``X-Sent-At`` metadata header) to the callback's arrival.
 
 ``--compare-clients``: the same measurements in one run with the workers restarted in turns on
-today's push client (``jobs/push/http.py``, llhttp) and on the hand-written HTTP/1.1 parser it
+today's push client (``jobs/callbacks/http.py``, llhttp) and on the hand-written HTTP/1.1 parser it
 replaced (that file as of ``--legacy-ref``, read from git and put in place of the module in the
 qcluster process before anything imports it), then the ratios. Each worker process records which
 client file it built its client from; the run stops if a phase ran the wrong one.
@@ -44,10 +44,10 @@ sys.path.insert(0, str(ROOT))
 from bench.common import smoke_args_parse, smoke_problems_exit  # noqa: E402
 
 ADMIN = "bench-admin-token"
-# The last commit whose jobs/push/http.py parsed answers by hand (for --compare-clients).
+# The last commit whose push client (then jobs/push/http.py) parsed answers by hand (for --compare-clients).
 LEGACY_CLIENT_REF = "7fe865567c7a6e99f85b726df0e3722068d9daae"
 
-# qcluster with a chosen push client: BENCH_PUSH_CLIENT_SOURCE (a file) replaces jobs.push.http
+# qcluster with a chosen push client: BENCH_PUSH_CLIENT_SOURCE (a file) replaces jobs.callbacks.http
 # before anything imports it (django-q2 forks its workers, so they inherit the module), and every
 # Client built appends "pid file" to BENCH_PUSH_CLIENT_LOG.
 QCLUSTER_LAUNCH = """
@@ -55,13 +55,13 @@ import importlib.util, os, sys
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "broker.settings")
 source = os.environ.get("BENCH_PUSH_CLIENT_SOURCE")
 if source:
-    import jobs.push
-    spec = importlib.util.spec_from_file_location("jobs.push.http", source)
+    import jobs.callbacks
+    spec = importlib.util.spec_from_file_location("jobs.callbacks.http", source)
     module = importlib.util.module_from_spec(spec)
-    sys.modules["jobs.push.http"] = module
+    sys.modules["jobs.callbacks.http"] = module
     spec.loader.exec_module(module)
 else:
-    import jobs.push.http as module
+    import jobs.callbacks.http as module
 log, init = os.environ.get("BENCH_PUSH_CLIENT_LOG"), module.Client.__init__
 def traced_init(self, *args, **kwargs):
     with open(log, "a") as fh:
@@ -243,7 +243,7 @@ class Broker:
             assert r.status_code == 200, r.text
 
     def workers_start(self, client_source: Path | None = None, tag: str = "") -> subprocess.Popen:
-        """A qcluster, on today's push client or (``client_source``) on another jobs/push/http.py."""
+        """A qcluster, on today's push client or (``client_source``) on another jobs/callbacks/http.py."""
         if client_source is None and not tag:
             return _spawn([sys.executable, "manage.py", "qcluster"], self.env, self.workdir / "qcluster.log")
         env = {**self.env, "BENCH_PUSH_CLIENT_LOG": str(self.workdir / f"client-{tag}.log")}
@@ -392,7 +392,7 @@ def client_check(workdir: Path, tag: str, expected: Path) -> int:
 
 
 def legacy_client(ref: str, workdir: Path) -> Path:
-    """jobs/push/http.py as of ``ref`` (the hand-written parser), written to a file of its own."""
+    """The push client as of ``ref`` (then jobs/push/http.py: the hand-written parser), written to a file of its own."""
     try:
         source = subprocess.run(["git", "show", f"{ref}:jobs/push/http.py"], cwd=ROOT, check=True,
                                 capture_output=True).stdout
@@ -482,7 +482,7 @@ def compare_clients_alone(args, clients: dict, port: int) -> None:
 def compare_clients(args, broker: Broker, receiver: Receiver, workdir: Path) -> None:
     """The clients alone, then rounds of (llhttp, hand-written) phases of the whole broker, the order
     swapped every round, then mean ratios."""
-    import jobs.push.http as current
+    import jobs.callbacks.http as current
 
     legacy = legacy_client(args.legacy_ref, workdir)
     clients = {"llhttp": (None, Path(current.__file__)), "hand-written": (legacy, legacy)}
@@ -540,7 +540,7 @@ def main() -> None:
                         help="measure today's push client and the hand-written parser it replaced in one run, "
                              "alternating, and print the ratios")
     parser.add_argument("--legacy-ref", default=LEGACY_CLIENT_REF,
-                        help="git commit whose jobs/push/http.py is the other client (default: the last "
+                        help="git commit whose jobs/callbacks/http.py is the other client (default: the last "
                              "hand-written parser)")
     parser.add_argument("--rounds", type=int, default=2, help="with --compare-clients: phases per client")
     parser.add_argument("--client-requests", type=int, default=20000,

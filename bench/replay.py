@@ -30,9 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import psycopg  # noqa: E402
 import requests  # noqa: E402
 
-from bench.common import (  # noqa: E402
-    ADMIN, broker_served, build_request, run_load, smoke_args_parse, smoke_problems_exit,
-)
+from bench.common import (ADMIN, broker_served, build_request, run_load, smoke_args_parse,  # noqa: E402
+                          smoke_problems_exit)
 
 SMOKE_TABLE = (r"^phase +msg/s +requests +seconds$(?s:.*)^publishing during the replay +\d+ +\d+ +[\d.]+$"
                r"(?s:.*)^ratio during / alone: [\d.]+$")

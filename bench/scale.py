@@ -39,10 +39,8 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import (  # noqa: E402
-    ADMIN, base_env, broker_database, build_request, manage, run_load, smoke_args_parse, smoke_problems_exit,
-    start_gunicorn,
-)
+from bench.common import (ADMIN, base_env, broker_database, build_request, manage, run_load,  # noqa: E402
+                          smoke_args_parse, smoke_problems_exit, start_gunicorn)
 from bench.push import Receiver  # noqa: E402
 
 PAYLOAD = json.dumps({"event": "order.created", "id": 12345, "note": "x" * 200}).encode()

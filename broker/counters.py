@@ -26,10 +26,7 @@ def counts_for(*, scope: int, owner_ids: Iterable[int] | None = None) -> dict[in
     """{owner_id: {status: count}} summing the folded counts and the pending deltas."""
     ids = list(owner_ids) if owner_ids is not None else None
     with connection.cursor() as cur:
-        if ids is None:
-            cur.execute(Q.counter_counts_all.sql, {"scope": scope})
-        else:
-            cur.execute(Q.counter_counts.sql, {"scope": scope, "ids": ids})
+        cur.execute(Q.counter_counts.sql, {"scope": scope, "ids": ids})
         result: dict[int, dict[int, int]] = defaultdict(dict)
         for owner, status, n in cur.fetchall():
             result[owner][status] = int(n)

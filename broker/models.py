@@ -85,7 +85,7 @@ class Message(MessageContent):
         indexes = [
             models.Index(fields=["channel", "-id"], name="message_by_channel"),
             models.Index(fields=["received_at"], name="message_received"),
-            # Replay (jobs.replay): a channel's messages in a time window, walked in chunks.
+            # Replay (jobs.publish.replay): a channel's messages in a time window, walked in chunks.
             models.Index(fields=["channel", "received_at", "id"], name="message_channel_received"),
         ]
 
@@ -95,7 +95,7 @@ class Message(MessageContent):
 
 class ScheduledMessage(MessageContent):
     """A message to publish later (``X-Broker-Scheduled-For``). When due, the scheduler sweep
-    (jobs.scheduling) publishes it as a normal message with the same id, in the transaction that
+    (jobs.publish.scheduled) publishes it as a normal message with the same id, in the transaction that
     marks it DISPATCHED; until then it can be deleted. FAILED: the id was taken meanwhile."""
 
     class Status(models.IntegerChoices):

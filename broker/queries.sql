@@ -3,23 +3,15 @@
 -- counter_counts --
 -- index: counter_key, counterdelta_owner
 -- hot
--- The folded counts and the pending deltas of some owners of a scope, summed (by each table's
--- owner index, for any plan: counter_counts_all reads every owner).
+-- The folded counts and the pending deltas of some owners of a scope (all of them when %(ids)s is
+-- NULL), summed. Two small tables: a row per owner and status, and the deltas since the last
+-- compaction (every few seconds).
 SELECT owner_id, status, sum(n)::bigint FROM (
     SELECT owner_id, status, count AS n FROM broker_counter
-     WHERE scope = %(scope)s AND owner_id = ANY(%(ids)s::bigint[])
+     WHERE scope = %(scope)s AND (%(ids)s::bigint[] IS NULL OR owner_id = ANY(%(ids)s::bigint[]))
     UNION ALL
     SELECT owner_id, status, delta FROM broker_counterdelta
-     WHERE scope = %(scope)s AND owner_id = ANY(%(ids)s::bigint[])
-) x GROUP BY owner_id, status;
-
--- counter_counts_all --
--- index: none (every owner of the scope: the counter tables are a row per owner and status)
--- The folded counts and the pending deltas of every owner of a scope, summed.
-SELECT owner_id, status, sum(n)::bigint FROM (
-    SELECT owner_id, status, count AS n FROM broker_counter WHERE scope = %(scope)s
-    UNION ALL
-    SELECT owner_id, status, delta FROM broker_counterdelta WHERE scope = %(scope)s
+     WHERE scope = %(scope)s AND (%(ids)s::bigint[] IS NULL OR owner_id = ANY(%(ids)s::bigint[]))
 ) x GROUP BY owner_id, status;
 
 -- counters_compact_lock --
@@ -134,3 +126,8 @@ SELECT current_setting(n) FROM unnest(%(names)s::text[]) WITH ORDINALITY AS s(n,
 -- Some settings for the session (broker.db.plans: the plan cache mode and a statement's planner
 -- settings while it is explained, then their old values).
 SELECT set_config(n, v, false) FROM unnest(%(names)s::text[], %(values)s::text[]) AS s(n, v);
+
+-- db_now --
+-- index: none (no table)
+-- The database clock.
+SELECT now();

@@ -105,9 +105,9 @@ if TESTING:
 BROKER_DATA_DIR = data_dir()
 # Server-side prepared statements on the hot paths (off behind poolers that cannot keep them).
 BROKER_PREPARED_STATEMENTS = env_bool("BROKER_PREPARED_STATEMENTS", True)
-# The spec path's job state changes commit without waiting for the WAL flush (jobs.pull_moves).
+# The spec path's job state changes commit without waiting for the WAL flush (jobs.pull.spec.job_move_spec).
 BROKER_PULL_ASYNC_COMMIT = env_bool("BROKER_PULL_ASYNC_COMMIT", True)
-# The hot pull routes skip URL resolving, DRF and the middleware chain (web.middleware.PullFastLaneMiddleware).
+# The hot pull routes skip URL resolving, DRF and the middleware chain (web.api.pull.fast_lane.PullFastLaneMiddleware).
 BROKER_PULL_FAST_LANE = env_bool("BROKER_PULL_FAST_LANE", True)
 
 # --- database -----------------------------------------------------------------------------------
@@ -162,7 +162,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    "web.middleware.PullFastLaneMiddleware",  # first: the hot pull routes skip the rest (see its docstring)
+    "web.api.pull.fast_lane.PullFastLaneMiddleware",  # first: the hot pull routes skip the rest (see its docstring)
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

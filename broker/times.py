@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+from broker.db.run import query_fetchone
 from broker.errors import InvalidInput
+from broker.queries import Q
 
 
 def rfc3339(value: datetime | None) -> str | None:
@@ -26,3 +28,8 @@ def rfc3339_parse(raw, *, field: str) -> datetime:
         return when.astimezone(timezone.utc)  # PostgreSQL refuses offsets beyond +-15:59 Python accepts
     except (ValueError, OverflowError):
         raise InvalidInput(f"invalid_{field}", f"{field} must be an RFC 3339 date-time with a time zone") from None
+
+
+def db_now() -> datetime:
+    """The database's clock: every deadline and window is computed by it, never by a process's."""
+    return query_fetchone(Q.db_now)[0]

@@ -31,7 +31,7 @@ class Consumer(models.Model):
     previous_signing_secret = models.CharField(max_length=128, blank=True, default="")
     previous_secret_expires_at = models.DateTimeField(null=True, blank=True)
 
-    # Priority groups (pull consumers only; jobs.groups). One group for now.
+    # Priority groups (pull consumers only; jobs.pull.groups). One group for now.
     priority_policy = models.CharField(max_length=16, default="none")
     priority_groups = models.JSONField(default=list, blank=True)
     priority_timeout = models.FloatField(null=True, blank=True)
@@ -47,9 +47,9 @@ class Consumer(models.Model):
     # Partitions: with ``ordered``, at most one job of a partition in flight at a time, in publish order.
     ordered = models.BooleanField(default=False, db_default=False)
     # Filters: type patterns (``order.*``, ``invoice.paid``, ``*``); null = every message. Matched by
-    # the fan-out statements (insert_* in jobs/queries.sql); rules in broker.message_types.
+    # the fan-out statements (insert_* in jobs/publish/queries.sql); rules in broker.message_types.
     message_types = ArrayField(models.CharField(max_length=130), null=True, blank=True)
-    # Circuit breaker (push; jobs.circuit): OPEN after this many consecutive failed attempts (0: off),
+    # Circuit breaker (push; jobs.push.circuit): OPEN after this many consecutive failed attempts (0: off),
     # then one probe delivery every ``circuit_breaker_probe_seconds``.
     circuit_breaker_failures = models.PositiveIntegerField(default=10, db_default=10)
     circuit_breaker_probe_seconds = models.FloatField(default=30.0, db_default=30.0)
@@ -114,7 +114,7 @@ class PriorityGroupState(models.Model):
 
     ``pinned_client_id``/``pinned_ts`` are empty while unpinned; ``renewed_at`` is the last pull
     carrying the current pin id (or the pin time): the pin is released once ``priorityTimeout``
-    passes after it. Written only under the consumer's dispatch lock (``jobs.groups``).
+    passes after it. Written only under the consumer's dispatch lock (``jobs.pull.groups``).
     """
 
     consumer = models.ForeignKey(Consumer, on_delete=models.CASCADE, related_name="group_states",
@@ -156,7 +156,7 @@ class Advisory(models.Model):
 
 
 class DoorbellState(models.Model):
-    """Doorbell state of a pull consumer with a callback URL (``jobs.doorbell``).
+    """Doorbell state of a pull consumer with a callback URL (``jobs.pull.doorbell``).
 
     ``armed``: a check saw no ready QUEUED job since the last ring (or the last ring failed).
     ``mark``: the newest QUEUED job id when it last rang; once that job has left QUEUED the
@@ -187,11 +187,11 @@ class CircuitState(models.IntegerChoices):
 
 
 class Circuit(models.Model):
-    """Circuit breaker state of a push consumer (``jobs.circuit``): consecutive failed attempts,
+    """Circuit breaker state of a push consumer (``jobs.push.circuit``): consecutive failed attempts,
     CLOSED / OPEN / HALF_OPEN (a probe in flight) since when, and when the next probe may go.
 
     A row appears with the consumer's first failed attempt; no row means CLOSED. Written by the
-    push record statement (``push_record`` in jobs/queries.sql: one UPDATE per consumer and batch,
+    push record statement (``push_record`` in jobs/push/queries.sql: one UPDATE per consumer and batch,
     row-locked, so concurrent dispatchers add up) and the push claim (OPEN -> HALF_OPEN). Its own
     small table, like ``DoorbellState``: the consumer row that every publish joins is not written.
     """

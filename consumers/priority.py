@@ -1,6 +1,6 @@
 """Priority-group configuration of a pull consumer (ADR-42): the policies, the group name rule and
 the validation of a consumer PUT's priority fields. Pure rules: the dispatch that applies them to
-waiting pulls is ``jobs.groups``."""
+waiting pulls is ``jobs.pull.groups``."""
 
 from __future__ import annotations
 

@@ -29,14 +29,13 @@ from urllib.parse import urlsplit
 from django.db import transaction
 from django.utils import timezone
 
+from broker.errors import DomainError
+from broker.message_types import message_types_parse
 from broker.models import Channel, Producer, SeedState
 from broker.netpolicy import CallbackDenied, callback_url_check
 from broker.registry import db_now, row_update
 from consumers.models import Consumer
 from consumers.services import signing_secret_generate
-
-from broker.errors import DomainError
-from broker.message_types import message_types_parse
 
 logger = logging.getLogger("broker.services.seed")  # its name before the move: what operators filter on
 

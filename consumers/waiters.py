@@ -1,4 +1,4 @@
-"""Pull waiters as a whole (the rows are written by ``jobs.pull_fast``): what ``/metrics`` reports."""
+"""Pull waiters as a whole (the rows are written by ``jobs.pull.claim``): what ``/metrics`` reports."""
 
 from __future__ import annotations
 

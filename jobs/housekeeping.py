@@ -1,8 +1,9 @@
 """Housekeeping: the one routine of periodic repairs and clean-ups, a list of steps.
 
-Every push dispatcher loop runs each step at its own period (``Housekeeping.run_due``), and the
-django-q2 fallback schedule ``broker-maintenance`` (``jobs.tasks.maintenance``, once a minute) runs
-them all (``housekeeping_run``), so with ``BROKER_PUSH_DISPATCHERS=0`` nothing is left out (a lost
+Every push dispatcher loop runs each step at its own period (``Housekeeping.run_due``; a step
+marked ``in_loops=False`` is left to the schedule), and the django-q2 fallback schedule
+``broker-maintenance`` (``jobs.tasks.maintenance``, once a minute) runs them all
+(``housekeeping_run``), so with ``BROKER_PUSH_DISPATCHERS=0`` nothing is left out (a lost
 partition settle included). A new step is one line in ``STEPS``.
 """
 
@@ -18,12 +19,12 @@ from django.db import Error as DatabaseError
 from django.db import connection
 
 from broker.counters import counters_compact
-from jobs.doorbell import PRUNE_EVERY, doorbell_prune
-from jobs.expiry import jobs_expire_messages
-from jobs.partitions import partitions_settle_stale
-from jobs.plans import WATCH_EVERY, plans_watch
-from jobs.scheduling import scheduled_dispatch_due
-from jobs.state import jobs_expire_inflight
+from jobs.ops.plans import plans_watch
+from jobs.partitions.settle import partitions_settle_stale
+from jobs.publish.scheduled import scheduled_dispatch_due
+from jobs.pull.doorbell import PRUNE_EVERY, doorbell_prune
+from jobs.sweeps.inflight_timeout import jobs_expire_inflight
+from jobs.sweeps.message_expiry import jobs_expire_messages
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +34,7 @@ class Step:
     key: str  # its count's name in the maintenance task's result
     run: Callable[[], int]
     every: float  # seconds between two runs in a dispatcher loop
+    in_loops: bool = True  # False: only the fallback schedule runs it (slow work off the delivery loop)
 
 
 STEPS: tuple[Step, ...] = (
@@ -42,17 +44,23 @@ STEPS: tuple[Step, ...] = (
     Step("settled", partitions_settle_stale, 1.0),  # partitions whose settle was lost (throttled inside)
     Step("compacted", counters_compact, 5.0),  # counter deltas folded into their rows
     Step("doorbells_pruned", doorbell_prune, PRUNE_EVERY),  # doorbell state of consumers without one
-    Step("plans_checked", plans_watch, WATCH_EVERY),  # after an ANALYZE of the big tables: hot plans checked
+    # after an ANALYZE of the big tables the hot plans are checked: tens of EXPLAINs, kept off the
+    # push loops (once a minute from the maintenance task)
+    Step("plans_checked", plans_watch, 60.0, in_loops=False),
 )
 
 
 def step_run(step: Step) -> int | None:
-    """One step; a database error is logged (and the connection dropped) so the others still run."""
+    """One step; a failure is logged (a database error also drops the connection) so the other
+    steps, and the loop that runs them (a push dispatcher), go on."""
     try:
         return step.run()
-    except (DatabaseError, psycopg.Error):  # psycopg's own: the statements run on a raw connection
+    except (DatabaseError, psycopg.Error):  # psycopg's own: the plan check runs on the raw connection
         logger.exception("housekeeping: %s failed", step.key)
         connection.close()
+        return None
+    except Exception:  # noqa: BLE001 - a step's bug must not stop push delivery
+        logger.exception("housekeeping: %s failed", step.key)
         return None
 
 
@@ -66,7 +74,7 @@ class Housekeeping:
 
     def __init__(self, *, start: float | None = None, steps: tuple[Step, ...] = STEPS) -> None:
         start = time.monotonic() if start is None else start
-        self.steps = steps
+        self.steps = tuple(step for step in steps if step.in_loops)
         self.due = [start] * len(steps)
 
     def run_due(self, now: float) -> None:

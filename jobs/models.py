@@ -1,7 +1,10 @@
 """Jobs (one per message and consumer), their append-only history, and maintained counters.
 
-Only ``jobs/state.py`` changes a job's status (moves checked against ``jobs/transitions.py``; the
-database trigger of migration 0017 writes the history); admin forms show it read-only.
+A job's status changes only through the status writers, each beside the protocol code that calls
+it (claims and acks in jobs.pull, the push claim and record in jobs.push, the sweeps, the
+operator's actions in jobs.ops; docs/architecture.md lists them) and each checked against the one
+transition table (``jobs/state/transitions.py``); the database trigger of migration 0017 refuses
+any other move and writes the history. Admin forms show the status read-only.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ class Job(models.Model):
     gate = models.IntegerField(default=0, db_default=0)
     payload = models.BinaryField(null=True, blank=True)
     # The reason of the last status change, set by the UPDATE that makes it and copied into the
-    # history row by the history trigger (migration 0017, jobs.transitions); NULL until the first.
+    # history row by the history trigger (migration 0017, jobs.state.transitions); NULL until the first.
     last_reason = models.CharField(max_length=32, null=True, blank=True)
     # Expiry: the message's expires_at, copied at fan-out so claims test it on the job row.
     expires_at = models.DateTimeField(null=True, blank=True)
@@ -67,7 +70,7 @@ class Job(models.Model):
             # Partition settle / counts / ordered claims: per-gate status counts of one partition.
             models.Index(fields=["partition", "gate", "status"], name="job_partition_gate",
                          condition=models.Q(partition__isnull=False)),
-            # Expiry sweep (jobs.expiry): QUEUED jobs with an expiry, by expiry.
+            # Expiry sweep (jobs.sweeps.message_expiry): QUEUED jobs with an expiry, by expiry.
             models.Index(fields=["expires_at"], name="job_queued_expiry",
                          condition=models.Q(status=JobStatus.QUEUED, expires_at__isnull=False)),
         ]
@@ -142,7 +145,7 @@ class Partition(models.Model):
 
 
 class PlanCheck(models.Model):
-    """The latest plan check of one hot statement (``jobs.plans``: ``manage.py broker_plans``
+    """The latest plan check of one hot statement (``jobs.ops.plans``: ``manage.py broker_plans``
     and the housekeeping watch after each ANALYZE of the big tables)."""
 
     statement = models.CharField(max_length=80)  # the case: "app:name" or its shape's id

@@ -1,5 +1,5 @@
 """django-q2 entry points for push delivery and the sweeps. Thin: the work is in jobs.push and
-jobs.state. Tasks carry no payloads, only wake-ups (and at most an id).
+jobs.housekeeping. Tasks carry no payloads, only wake-ups (and at most an id).
 
 How dispatcher loops stay running (``BROKER_PUSH_DISPATCHERS`` per cluster name):
 - ``push_dispatch`` takes a *slot*: a session advisory lock (cluster name, slot number) on a
@@ -26,14 +26,12 @@ from django_q.tasks import async_task
 
 from broker.db.listen import dedicated_connect
 from broker.queries import Q as BROKER_Q
-from jobs.doorbell import doorbell_thread_start
 from jobs.housekeeping import housekeeping_run
+from jobs.pull.doorbell import doorbell_thread_start
 from jobs.push.dispatcher import engine_get
-from jobs.queries import Q
-
+from jobs.push.queries import Q
 
 logger = logging.getLogger(__name__)
-
 SLOT_POLL = 0.025
 
 

@@ -1,7 +1,7 @@
 """Deleting archived messages from PostgreSQL: the only place the pipeline writes to the database.
 
 Deleting is not a job status change (the rows leave the database with their whole history), so
-it does not go through ``jobs/state.py``; it is kept here, in small batches, one transaction each.
+it does not go through the job status writers; it is kept here, in small batches, one transaction each.
 """
 
 from __future__ import annotations

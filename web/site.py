@@ -12,8 +12,8 @@ from urllib.parse import urlencode
 from django.contrib import admin
 from django.urls import NoReverseMatch, reverse
 
-from jobs.dashboard import dashboard_snapshot, duration_text
-from jobs.state import DEAD, DELIVERED, INFLIGHT, QUEUED
+from jobs.ops.dashboard import dashboard_snapshot, duration_text
+from jobs.state.transitions import DEAD, DELIVERED, INFLIGHT, QUEUED
 from pipeline.latest import pipeline_report_latest
 from web import svg
 

@@ -5,7 +5,8 @@ from django.contrib import admin
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
-from web.api import consumers, dlq, messages, metrics, partitions, publishing, pull, registry, sample, status
+from web.api import consumers, dlq, messages, metrics, partitions, publishing, registry, sample, status
+from web.api.pull import views as pull
 from web.reports import report_latest_view
 
 _C = "channel/<str:channel_id>/consumer/<str:consumer_id>"

@@ -2,7 +2,7 @@
 written for is used; no Seq Scan, no unbounded Sort or Hash over the big tables; no JIT).
 
 Used by the plan tests (``tests/plans``, on built worlds) and by ``manage.py broker_plans`` and the
-housekeeping watch (``jobs.plans``, on the live database). Two ways to plan a statement:
+housekeeping watch (``jobs.ops.plans``, on the live database). Two ways to plan a statement:
 
 - ``force_generic_plan``: the plan a server-side prepared statement runs on every broker
   connection (``broker.db.run.PLAN_CACHE_MODE``): ``PREPARE`` + ``EXPLAIN EXECUTE``, the values

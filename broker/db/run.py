@@ -23,12 +23,12 @@ import psycopg
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 
-from broker.db.queries import Query
 from broker.db.errors import IllegalTransition
+from broker.db.queries import Query
 from broker.queries import Q
 
 # The SQLSTATE the job history trigger raises for a status move outside the transition table
-# (jobs/migrations/0017, jobs.transitions): mapped to IllegalTransition, as the Python check raises.
+# (jobs/migrations/0017, jobs.state.transitions): mapped to IllegalTransition, as the Python check raises.
 ILLEGAL_TRANSITION_SQLSTATE = "BRK01"
 
 # plan_cache_mode = force_generic_plan on every connection of the broker (``jobs.apps``), decided
@@ -144,6 +144,6 @@ def bound_cursor() -> psycopg.Cursor:
     element into the SQL text (~0.2 ms per statement here), while bound parameters travel as-is.
     Its statements are executed with ``prepare=True`` (Django turns psycopg's automatic
     preparation off), so the planning of the claim (~0.7 ms) is paid once per connection when
-    the caller also asks for generic plans (``jobs.state.PUSH_TRANSACTION_SETUP``)."""
+    the caller also asks for generic plans (``jobs.push.claim.PUSH_TRANSACTION_SETUP``)."""
     connection.ensure_connection()
     return psycopg.Cursor(connection.connection)

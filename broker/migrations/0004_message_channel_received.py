@@ -1,6 +1,6 @@
 """``message_channel_received``: one channel's messages by receive time (then id).
 
-Serves replay (``jobs.state._REPLAY_CHUNK_SQL``), which walks a channel's messages in a time
+Serves replay (``replay_chunk`` in jobs/publish/queries.sql), which walks a channel's messages in a time
 window in chunks of 10,000 by keyset ``(received_at, id) > (last seen)``. Built CONCURRENTLY so
 a large live message table keeps taking publishes.
 """

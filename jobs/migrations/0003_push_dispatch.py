@@ -1,4 +1,4 @@
-"""Indexes and state for the push claim (jobs.state.jobs_claim_push).
+"""Indexes and state for the push claim (jobs.push.claim.jobs_claim_push).
 
 - ``job_push_fresh``: due first attempts of one consumer in priority order. Separate from
   ``job_claim`` so a consumer with thousands of jobs waiting out a retry backoff (an outage)

@@ -1,6 +1,6 @@
 """``job_inflight_consumer``: one consumer's in-flight jobs by deadline.
 
-Serves the lazy timeout sweep of a pull consumer (``jobs.state._EXPIRE_CONSUMER_SQL``) and the
+Serves the lazy timeout sweep of a pull consumer (``expire_inflight`` with a consumer, in jobs/sweeps/queries.sql) and the
 waiting pulls' "next deadline" probe (``consumers.pull._NEXT_SQL``). ``job_inflight_deadline``
 (all consumers by deadline) made those step over every other consumer's expired jobs: with
 100,000 expired jobs elsewhere, each lazy sweep of a pull read all of them. Partial (in-flight

@@ -1,6 +1,6 @@
 """Expiry (issue 17 part 3): ``jobs_job.expires_at``, the message's expiry copied at fan-out so the
 claims test it on the job row, and ``job_queued_expiry`` serving the expiry sweep
-(``jobs.expiry._EXPIRE_MESSAGES_SQL``): QUEUED jobs that have an expiry, by expiry. Adding a nullable
+(``jobs.sweeps.message_expiry._EXPIRE_MESSAGES_SQL``): QUEUED jobs that have an expiry, by expiry. Adding a nullable
 column rewrites nothing; the partial index is built CONCURRENTLY so a large live table keeps taking
 writes (it holds no row until messages carry a TTL)."""
 

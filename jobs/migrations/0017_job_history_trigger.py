@@ -6,7 +6,7 @@
   ``last_reason``), and one per deleted job when the deleting statement set
   ``broker.history_reason`` (``set_config(..., true)``; the trigger clears it, so it covers that
   one statement; deletes without it, the prune and cascades, write none).
-- The pairs of ``jobs.transitions.TRANSITIONS`` are written out in the trigger's INSERT (a migration
+- The pairs of ``jobs.state.transitions.TRANSITIONS`` are written out in the trigger's INSERT (a migration
   must not change when the code does; tests/jobs/test_transitions.py tries every pair against the
   database, so a new move needs a migration that redefines the function): a change outside them
   calls ``jobs_transition_refuse``, which raises SQLSTATE ``BRK01`` (mapped to ``IllegalTransition``
@@ -24,10 +24,10 @@ CREATE OR REPLACE FUNCTION jobs_transition_refuse(from_status integer, to_status
 RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN
     RAISE EXCEPTION 'illegal job transition % -> %', from_status, to_status
-        USING ERRCODE = 'BRK01', HINT = 'see jobs/transitions.py';
+        USING ERRCODE = 'BRK01', HINT = 'see jobs/state/transitions.py';
 END $$;
 
--- jobs.transitions.TRANSITIONS as of this migration (QUEUED 1001, INFLIGHT 1002, DELIVERED 1003,
+-- jobs.state.transitions.TRANSITIONS as of this migration (QUEUED 1001, INFLIGHT 1002, DELIVERED 1003,
 -- DEAD 1004; GONE 0 for a deleted job)
 CREATE OR REPLACE FUNCTION jobs_job_history() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE

@@ -1,13 +1,13 @@
-"""The history trigger's transition table gains DELIVERED -> QUEUED (kind ``replay``, jobs.replay).
+"""The history trigger's transition table gains DELIVERED -> QUEUED (kind ``replay``, jobs.publish.replay).
 
-Redefines ``jobs_job_history`` (migration 0017) with the pairs of ``jobs.transitions.TRANSITIONS``
+Redefines ``jobs_job_history`` (migration 0017) with the pairs of ``jobs.state.transitions.TRANSITIONS``
 as of this migration; DEAD -> QUEUED (``replay``, as ``requeue``) and QUEUED -> DEAD (``expired``,
 as ``mark_dead``) were already in it. Reversing restores 0017's function.
 """
 
 from django.db import migrations
 
-# jobs.transitions.TRANSITIONS as of this migration (QUEUED 1001, INFLIGHT 1002, DELIVERED 1003,
+# jobs.state.transitions.TRANSITIONS as of this migration (QUEUED 1001, INFLIGHT 1002, DELIVERED 1003,
 # DEAD 1004; GONE 0 for a deleted job)
 FORWARD = """
 CREATE OR REPLACE FUNCTION jobs_job_history() RETURNS trigger LANGUAGE plpgsql AS $$

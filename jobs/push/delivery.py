@@ -1,75 +1,26 @@
-"""One callback attempt's content: the webhook-broker and Standard Webhooks headers, the
-signature, and how an answer is classified. The HTTP exchange itself is in ``jobs.push.http``.
-"""
+"""One callback attempt's content: the webhook-broker and Standard Webhooks headers, and how an
+answer is classified (``Result``; a partition handler's JSON answer, ``handler_answer``). The
+HTTP exchange is ``jobs.callbacks.http``, the signature ``jobs.callbacks.signing``."""
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
 import json
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from datetime import datetime
 from email.utils import parsedate_to_datetime
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 from django.conf import settings
+from django.db import connection
 
 from broker.xid import job_xid
+from jobs.callbacks.signing import secret_bytes, sign
+from jobs.callbacks.target import Target
+from jobs.push.queries import Q
 
 RETRY_AFTER_CAP = 24 * 3600.0
-
-
-@dataclass
-class Target:
-    """What the dispatcher needs to know about a push consumer (cached per process)."""
-
-    pk: int
-    consumer_id: str
-    channel_id: str
-    url: str
-    token: str
-    secret: bytes | None
-    previous_secret: bytes | None
-    previous_expires: float | None  # unix time
-    timeout: float
-    max_retry: int | None
-    backoff: list[float] | None
-    rate: float | None
-    updated_at: object
-    scheme: str = field(init=False)
-    host: str = field(init=False)
-    port: int = field(init=False)
-    path: str = field(init=False)
-
-    def __post_init__(self) -> None:
-        parts = urlsplit(self.url)
-        self.scheme = parts.scheme
-        self.host = parts.hostname or ""
-        try:
-            port = parts.port
-        except ValueError:
-            port = None
-        self.port = port or (443 if parts.scheme == "https" else 80)
-        self.path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-
-
-def secret_bytes(secret: str | None) -> bytes | None:
-    """A ``whsec_`` secret as key bytes (base64 after the prefix), as the standardwebhooks package."""
-    if not secret:
-        return None
-    raw = secret[6:] if secret.startswith("whsec_") else secret
-    try:
-        return base64.b64decode(raw + "==") or None
-    except ValueError:
-        return None
-
-
-def sign(key: bytes, webhook_id: str, timestamp: int, body: bytes) -> str:
-    """Standard Webhooks v1: base64 HMAC-SHA256 of ``id.timestamp.body``."""
-    mac = hmac.new(key, f"{webhook_id}.{timestamp}.".encode() + body, hashlib.sha256).digest()
-    return "v1," + base64.b64encode(mac).decode()
 
 
 _RESERVED = {
@@ -131,8 +82,6 @@ def request_headers(job, target: Target, *, now: float | None = None, worker: st
     return headers
 
 
-# --- one attempt --------------------------------------------------------------------------------
-
 @dataclass
 class Result:
     """What happened to one attempt (recorded in jobs_deliveryattempt)."""
@@ -178,10 +127,6 @@ def parse_retry_after(value: str | None) -> float | None:
         return None
     return min(max(seconds, 0.0), RETRY_AFTER_CAP)
 
-
-
-
-# --- handler-driven gates (partitioned jobs) -----------------------------------------------------
 
 @dataclass
 class HandlerAnswer:
@@ -235,3 +180,27 @@ def handler_answer(body: bytes, current_gate: int) -> HandlerAnswer | None:
     else:
         payload = json.dumps(data, separators=(",", ":")).encode()
     return HandlerAnswer(move=True, gate=gate, payload=payload)
+
+
+def targets_load(pks) -> dict[int, Target]:
+    """Push consumers by pk, as the callbacks need them."""
+    with connection.cursor() as cur:
+        cur.execute(Q.push_targets.sql, [list(pks)])
+        rows = cur.fetchall()
+    targets = {}
+    for (pk, consumer_id, channel_id, url, token, secret, previous, previous_expires, timeout, max_retry,
+         backoff, rate, updated_at) in rows:
+        steps = None
+        if backoff:
+            try:
+                steps = [float(x) for x in backoff.split(",") if x.strip()] or None
+            except ValueError:
+                steps = None
+        targets[pk] = Target(
+            pk=pk, consumer_id=consumer_id, channel_id=channel_id, url=url, token=token,
+            secret=secret_bytes(secret), previous_secret=secret_bytes(previous),
+            previous_expires=previous_expires.timestamp() if isinstance(previous_expires, datetime) else None,
+            timeout=float(timeout if timeout is not None else settings.BROKER_CONNECTION_TIMEOUT),
+            max_retry=max_retry, backoff=steps, rate=rate, updated_at=updated_at,
+        )
+    return targets

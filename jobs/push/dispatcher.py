@@ -2,7 +2,7 @@
 
 One loop runs per django-q2 worker that holds a dispatcher slot (``jobs.tasks.push_dispatch``).
 Two threads per process: this coordinator (all database work) and the HTTP client's event loop
-(``jobs.push.http``: every callback in flight, no thread per callback).
+(``jobs.callbacks.http``: every callback in flight, no thread per callback).
 
     wait (select) for a NOTIFY on this loop's own LISTEN connection, a finished callback (wake
     pipe), a retry or pacing timer, or the safety-net poll
@@ -32,7 +32,6 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from datetime import datetime
 
 from django.conf import settings
 from django.db import Error as DatabaseError
@@ -40,113 +39,22 @@ from django.db import connection, transaction
 
 from broker.db.listen import Listener
 from broker.xid import job_xid
-from jobs import circuit, partitions, state
+from jobs.callbacks.http import Client as HttpClient
+from jobs.callbacks.http import ProtocolError
+from jobs.callbacks.target import Target
 from jobs.housekeeping import Housekeeping
-from jobs.push import delivery
-from jobs.push.delivery import Result, Target
-from jobs.push.http import Client as HttpClient
-from jobs.push.http import ProtocolError
-from jobs.queries import Q
-from jobs.wakeup import CHANNEL
+from jobs.partitions.leases import lease_seconds, partition_leases_cycle, partition_leases_release
+from jobs.pull.wakeups import CHANNEL
+from jobs.push.claim import PUSH_TRANSACTION_SETUP, jobs_claim_push
+from jobs.push.delivery import Result, handler_answer, parse_retry_after, request_headers, targets_load
+from jobs.push.queries import Q
+from jobs.push.record import outcomes_record
 
 logger = logging.getLogger(__name__)
-
 # Finished callbacks are held up to this long while others of the same burst are still running,
 # so one transaction records (and refills) a burst instead of a fragment of it.
 COALESCE = 0.002
 LEASE_KICK = 0.2  # seconds: the soonest a NOTIFY brings the next partition lease cycle after the last
-
-def _clean(text: str) -> str:
-    return text.replace("\x00", "\ufffd")  # PostgreSQL text cannot hold NUL
-
-
-def targets_load(pks) -> dict[int, Target]:
-    """Push consumers by pk, as the callbacks need them."""
-    with connection.cursor() as cur:
-        cur.execute(Q.push_targets.sql, [list(pks)])
-        rows = cur.fetchall()
-    targets = {}
-    for (pk, consumer_id, channel_id, url, token, secret, previous, previous_expires, timeout, max_retry,
-         backoff, rate, updated_at) in rows:
-        steps = None
-        if backoff:
-            try:
-                steps = [float(x) for x in backoff.split(",") if x.strip()] or None
-            except ValueError:
-                steps = None
-        targets[pk] = Target(
-            pk=pk, consumer_id=consumer_id, channel_id=channel_id, url=url, token=token,
-            secret=delivery.secret_bytes(secret), previous_secret=delivery.secret_bytes(previous),
-            previous_expires=previous_expires.timestamp() if isinstance(previous_expires, datetime) else None,
-            timeout=float(timeout if timeout is not None else settings.BROKER_CONNECTION_TIMEOUT),
-            max_retry=max_retry, backoff=steps, rate=rate, updated_at=updated_at,
-        )
-    return targets
-
-
-def outcomes_record(items: list[tuple], *, now: float | None = None) -> list[float]:
-    """Record finished attempts (``jobs_push_record``: one statement). ``items`` are
-    (PushJob, Target, Result). Returns the retry delays (seconds) so the caller can wake up
-    when those jobs are due.
-
-    2xx -> DELIVERED; 410 Gone -> DEAD; anything else -> QUEUED with retry + 1 after the
-    backoff (at least the Retry-After of a 429/503), or DEAD past the consumer's max retry.
-    """
-    if not items:
-        return []
-    now = time.monotonic() if now is None else now
-    outcomes = []
-    gate_moves = []
-    for job, target, result in items:
-        outcome = result.outcome
-        answer = result.answer
-        if answer is not None and answer.move:
-            outcome = "gate"  # recorded below as an attempt; the job moves to the gate first
-            gate_moves.append(state.GateMove(job_id=job.id, gate=answer.gate, payload=answer.payload))
-        elif answer is not None:  # the handler reported an error (or a bad answer): a failed attempt
-            outcome = "dead" if answer.no_retry else "failed"
-            result.error = answer.error
-        record = state.PushOutcome(
-            job_id=job.id, to_status=state.DELIVERED, attempt=job.retry_count + 1,
-            age=max(0.0, now - (result.finished - result.duration)), duration_ms=round(result.duration * 1000.0, 3),
-            status_code=result.status_code, excerpt=_clean(result.excerpt), error=_clean(result.error),
-            request_id=result.request_id, outcome=outcome,
-        )
-        if outcome in ("gone", "dead"):
-            record.to_status = state.DEAD
-        elif outcome == "gate":
-            record.to_status, record.delay = state.QUEUED, 0.0  # no-op: jobs_move_gate moved it
-        elif outcome != "delivered":
-            delay = state.backoff_delay(job.retry_count + 1, target.backoff)
-            if result.retry_after is not None:
-                delay = max(delay, result.retry_after)
-            record.to_status, record.delay = state.QUEUED, delay
-            record.max_retry = state.max_retry_for(target.max_retry)
-        outcomes.append(record)
-    state.jobs_move_gate(moves=gate_moves)  # before the record, which then leaves them alone
-    tallies = circuit.circuit_tallies(
-        (job.consumer_pk, circuit.attempt_failed(outcome=result.outcome, status_code=result.status_code),
-         job.circuit_dirty) for job, _target, result in items)
-    circuit.circuit_changes_advise(changes=state.jobs_push_record(outcomes=outcomes, circuits=tallies))
-    attempts_log(items)
-    return [o.delay for o in outcomes if o.delay is not None and o.outcome != "gate"]
-
-
-def attempts_log(items: list[tuple]) -> None:
-    """One structured line per attempt, with the job, message, channel and consumer ids as fields
-    (top-level keys of the JSON log): failures at WARNING, successes at DEBUG (at thousands of
-    deliveries a second an INFO line each would cost more CPU than the delivery)."""
-    debug = logger.isEnabledFor(logging.DEBUG)
-    for job, target, result in items:
-        outcome = result.outcome
-        if outcome == "delivered" and not debug:
-            continue
-        logger.log(logging.DEBUG if outcome == "delivered" else logging.WARNING,
-                   "push attempt %s: job %s, consumer %s", outcome, job_xid(job.id), target.consumer_id, extra={
-                       "job_id": job_xid(job.id), "message_id": job.message_id, "consumer_id": target.consumer_id,
-                       "channel_id": target.channel_id, "attempt": job.retry_count + 1, "outcome": outcome,
-                       "status_code": result.status_code, "duration_ms": round(result.duration * 1000.0, 3),
-                       "error": result.error[:200], "request_id": result.request_id})
 
 
 @dataclass
@@ -187,7 +95,7 @@ class _Loop:
                    poll=max(0.05, float(settings.BROKER_PUSH_POLL)),
                    events=sorted(((start + at, fn) for at, fn in (events or [])), key=lambda e: e[0]),
                    next_poll=start, chores=Housekeeping(start=start),
-                   lease_every=min(1.0, partitions.lease_seconds() / 3.0), next_lease=start)
+                   lease_every=min(1.0, lease_seconds() / 3.0), next_lease=start)
 
     def result(self) -> dict:
         """The counters for the log, with the run's length."""
@@ -212,7 +120,7 @@ class Engine:
         os.set_blocking(self._wake_r, False)
         self._signalled = False
         # This loop's own LISTEN connection, waited on with select() together with the wake pipe, so
-        # a publish reaches the claim with no thread hand-off (jobs.wakeup's shared listener wakes
+        # a publish reaches the claim with no thread hand-off (jobs.pull.wakeups's shared listener wakes
         # waiters through two threads). Reconnects quietly; the poll covers the gap.
         self.listener = Listener([CHANNEL], application_name="broker-push-listen")
         self.wake_share: tuple[int, int] | None = None  # (slot, slots): see _worth_claiming
@@ -226,19 +134,19 @@ class Engine:
         started = time.monotonic()
         headers = {}
         try:
-            headers = delivery.request_headers(job, target, worker=self.worker_id)
+            headers = request_headers(job, target, worker=self.worker_id)
             answer = await self.client.post(scheme=target.scheme, host=target.host, port=target.port,
                                             path=target.path, headers=headers, body=job.payload,
                                             timeout=target.timeout)
             code = answer.status
-            retry_after = (delivery.parse_retry_after(answer.headers.get("retry-after"))
+            retry_after = (parse_retry_after(answer.headers.get("retry-after"))
                            if code in (429, 503) else None)
             location = answer.headers.get("location") if 300 <= code < 400 else None
             error = f"redirect to {location} not followed" if location else ""
             excerpt = answer.body[:settings.BROKER_PUSH_EXCERPT_BYTES].decode("utf-8", "replace")
             result = Result(status_code=code, duration=0.0, excerpt=excerpt, error=error, retry_after=retry_after)
             if job.partition_key is not None and 200 <= code < 300:  # handler-driven gates
-                result.answer = delivery.handler_answer(answer.body, job.gate)
+                result.answer = handler_answer(answer.body, job.gate)
         except TimeoutError:
             result = Result(status_code=None, duration=0.0, error=f"timeout after {target.timeout:g}s")
         except (OSError, ssl.SSLError, ProtocolError, ValueError) as exc:
@@ -435,11 +343,11 @@ class Engine:
         retry_delays, jobs = [], []
         with transaction.atomic():
             with connection.cursor() as cur:
-                cur.execute(state.PUSH_TRANSACTION_SETUP)  # generic plans, async commit
+                cur.execute(PUSH_TRANSACTION_SETUP)  # generic plans, async commit
             if pending:
                 retry_delays = outcomes_record(pending, now=now)
             if limit:
-                jobs = state.jobs_claim_push(limit=limit, worker=self.worker_id)
+                jobs = jobs_claim_push(limit=limit, worker=self.worker_id)
         return retry_delays, jobs
 
     def _hand_over(self, loop: _Loop, now: float, jobs: list) -> None:
@@ -500,7 +408,7 @@ class Engine:
     def _lease_cycle(self, *, acquire: bool) -> bool:
         """One partition lease cycle (jobs.partitions); True when partitions were taken."""
         try:
-            self.lease_stats = partitions.partition_leases_cycle(worker=self.worker_id, acquire=acquire)
+            self.lease_stats = partition_leases_cycle(worker=self.worker_id, acquire=acquire)
         except DatabaseError:
             logger.exception("push dispatcher: partition lease cycle failed")
             connection.close()
@@ -510,7 +418,7 @@ class Engine:
     def _leases_release(self) -> None:
         """Clean shutdown: give the leases back so other workers need not wait for them to expire."""
         try:
-            partitions.partition_leases_release(worker=self.worker_id)
+            partition_leases_release(worker=self.worker_id)
         except DatabaseError:
             logger.exception("push dispatcher: releasing partition leases failed")
             connection.close()

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from broker.errors import InvalidInput
-from broker.message_types import (
-    message_type_matches, message_type_parse, message_types_parse, message_types_text, ttl_parse,
-)
+from broker.message_types import (message_type_matches, message_type_parse, message_types_parse, message_types_text,
+                                  ttl_parse)
 
 
 @pytest.mark.parametrize("raw", ["order.created", "a", "A-Z_0:9/x.y", "x" * 128, " padded "])

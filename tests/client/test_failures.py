@@ -15,8 +15,8 @@ import time
 
 import pytest
 import requests
-
 from broker_client import Producer, RateLimited, RetryPolicy, Unauthorized
+
 from tests.client.conftest import CHANNEL, CONSUMER_TOKEN, client_env, script
 from tests.processes import start_web
 
@@ -205,6 +205,7 @@ def test_503_retries_and_a_409_after_a_lost_answer_is_the_publish_itself(world, 
 def test_request_signing_for_brokers_with_an_hmac_secret(tmp_path, transactional_db):
     from broker_client import PullConsumer
     from broker_client.http import HmacAuth
+
     from tests.client.conftest import ADMIN
 
     secret = base64.b64encode(b"s" * 32).decode()

@@ -9,10 +9,8 @@ import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from broker_client import Conflict, Forbidden, JobError, NotFound, PreconditionFailed, Reject, Retry, Unauthorized
 
-from broker_client import (
-    Conflict, Forbidden, JobError, NotFound, PreconditionFailed, Reject, Retry, Unauthorized,
-)
 from tests.client.conftest import CHANNEL
 
 

@@ -12,7 +12,6 @@ from datetime import datetime, timezone
 from email.utils import formatdate
 
 import pytest
-
 from broker_client import RetryPolicy, WebhookVerificationError, verify_webhook
 from broker_client.config import ConfigError, settings_load
 from broker_client.consumer import PullConsumer, answer_error

@@ -1,5 +1,5 @@
 """verify_webhook and webhook_app against real signed deliveries: the broker's push dispatcher and
-doorbell ringer (in-process loops, as in tests/jobs/push and tests/jobs/flow) POST to a WSGI receiver built
+doorbell ringer (in-process loops, as in tests/jobs/push and tests/jobs/pull) POST to a WSGI receiver built
 with webhook_app, served by wsgiref on 127.0.0.1. Both signatures during a secret rotation."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import pytest
-
 from broker_client import WebhookVerificationError, verify_webhook, webhook_app
+
 from jobs.models import Job, JobStatus
 from tests.helpers import wait_until
 from tests.jobs.conftest import dispatcher, push_settings  # noqa: F401 - fixtures
@@ -144,7 +144,7 @@ def test_gate_answer_from_the_handler_moves_a_partitioned_job(make, api, dispatc
 
 
 def test_a_doorbell_verifies(make, api, receivers, settings):
-    from tests.jobs.flow.test_doorbell import RingerThread
+    from tests.jobs.pull.test_doorbell import RingerThread
 
     settings.BROKER_DOORBELL_POLL = 0.2
     make.channel()

@@ -1,5 +1,5 @@
 """The statements the plan tests explain beside the hot statements of the registries
-(``jobs.plans.CASES``, the table ``manage.py broker_plans`` checks on a live database): the ORM
+(``jobs.ops.plans.CASES``, the table ``manage.py broker_plans`` checks on a live database): the ORM
 statements of the hot pages (the DLQ list, the admin's job list), which Django plans with their values."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from jobs.transitions import QUEUED
+from jobs.state.transitions import QUEUED
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from jobs.plans import Sample
+from jobs.ops.plans import Sample
 
 ROWS = int(os.environ.get("BROKER_PLAN_ROWS", "1000000"))
 SMALL = 2_000  # messages before the steady-state ANALYZE
@@ -52,14 +52,18 @@ class Distribution:
     biggest: str = "pull"  # the role whose jobs the burst of acks hits ("small": the small ones)
 
 
+def _one(owner: str) -> Distribution:
+    """``owner`` holds ~all of jobs_job; the others a few jobs each: ANALYZE's sample (30,000 rows)
+    rarely sees them, so the statistics say one consumer (n_distinct ~1: a generic plan's
+    "consumer_id = $1" matches ~every row), as in a database where one consumer's backlog is all there is."""
+    rare = {"pull": "g % 250000 = 2", "push": "g % 250000 = 2", "grouped": "g % 250000 = 3",
+            "parts": "g % 250000 = 7", "bell": "g % 250000 = 11"}
+    return Distribution(ROWS, {**rare, owner: "true"}, biggest=owner)
+
+
 DISTRIBUTIONS = {
-    # the others hold a few jobs each: ANALYZE's sample (30,000 rows) rarely sees them, so
-    # the statistics say one consumer (n_distinct ~1: a generic plan's "consumer_id = $1" matches
-    # ~every row), as in a database where one consumer's backlog is all there is
-    "one": Distribution(ROWS, {"pull": "true", "push": "g % 250000 = 2", "grouped": "g % 250000 = 3",
-                               "parts": "g % 250000 = 7", "bell": "g % 250000 = 11"}),
-    "one-push": Distribution(ROWS, {"pull": "g % 250000 = 2", "push": "true", "grouped": "g % 250000 = 3",
-                                    "parts": "g % 250000 = 7", "bell": "g % 250000 = 11"}, biggest="push"),
+    "one": _one("pull"),
+    "one-push": _one("push"),
     "few": Distribution(ROWS // 4, {"pull": "true", "push": "true", "grouped": "true", "parts": "true",
                                     "bell": "g % 200 = 0"}),
     "many": Distribution(ROWS, {"pull": "g % 100 = 1", "push": "g % 100 = 2", "grouped": "g % 100 = 3",
@@ -70,7 +74,7 @@ PHASES = ("fresh", "analyzed", "acked")
 
 @dataclass
 class World(Sample):
-    """A plan-test world: the ids the cases are explained with (jobs.plans.Sample), and its shape."""
+    """A plan-test world: the ids the cases are explained with (jobs.ops.plans.Sample), and its shape."""
     small: list = field(default_factory=list)  # the "many" distribution's small consumers
     distribution: str = ""
 

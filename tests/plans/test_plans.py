@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from broker.db.plans import MODES, explain, plan_problems, plan_text
-from jobs.plans import CASES, case_check, hot_queries
+from jobs.ops.plans import CASES, case_check, hot_queries
 from tests.plans.cases import ORM_CASES
 
 # Marked for the database so pytest-django sets up the test database; the cases read the big
@@ -36,7 +36,7 @@ def test_orm_statement_plan(case, stats, big_world, pg):
 
 
 def test_every_hot_query_of_every_registry_has_a_plan_case():
-    """A query marked ``-- hot`` in a ``<app>/queries.sql`` without a case in jobs.plans.CASES fails:
+    """A query marked ``-- hot`` in a ``<app>/queries.sql`` without a case in jobs.ops.plans.CASES fails:
     its plan is never checked otherwise."""
     covered = {case.query for case in CASES}
     hot = hot_queries()

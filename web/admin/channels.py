@@ -3,7 +3,7 @@
 Tokens are masked everywhere (last four characters at most); a new one can be set, never read
 back. Channel and producer saves go through ``broker.registry`` (the API's upserts, with
 the form's load time as If-Unmodified-Since); messages are read-only; cancelling a scheduled
-message calls ``jobs.scheduling.scheduled_message_cancel``, as ``DELETE .../scheduled-message/..``.
+message calls ``jobs.publish.scheduled.scheduled_message_cancel``, as ``DELETE .../scheduled-message/..``.
 """
 
 from __future__ import annotations
@@ -27,14 +27,12 @@ from broker.models import Channel, Message, Producer, ScheduledMessage
 from broker.registry import Precondition, channel_upsert, producer_upsert
 from broker.xid import job_xid
 from consumers.models import Consumer
-from jobs.dashboard import SCHEDULED_SCOPE
 from jobs.models import Job
-from jobs.scheduling import scheduled_message_cancel
-from jobs.state import DEAD, INFLIGHT, QUEUED
-from web.admin.helpers import (
-    VIEW_ONLY, ChannelFilter, LargeTableAdmin, ReadOnlyAdmin, ServiceFormAdmin, admin_url, changelist_url, json_block,
-    mask, payload_preview, table, url_id_validator,
-)
+from jobs.ops.dashboard import SCHEDULED_SCOPE
+from jobs.publish.scheduled import scheduled_message_cancel
+from jobs.state.transitions import DEAD, INFLIGHT, QUEUED
+from web.admin.helpers import (VIEW_ONLY, ChannelFilter, LargeTableAdmin, ReadOnlyAdmin, ServiceFormAdmin, admin_url,
+                               changelist_url, json_block, mask, payload_preview, table, url_id_validator)
 from web.admin.jobs import job_admin_url, status_badge
 
 logger = logging.getLogger("web.admin.channels")

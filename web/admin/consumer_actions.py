@@ -19,10 +19,11 @@ from broker.counters import JOB, counts_for
 from broker.errors import DomainError
 from consumers import services
 from consumers.models import Consumer
-from jobs.circuit import consumer_circuit_close
-from jobs.groups import group_unpin, target_for
-from jobs.replay import consumer_replay
-from jobs.state import DEAD, jobs_delete_dead, jobs_purge_queued, jobs_requeue_dead
+from jobs.ops.dead_jobs import jobs_delete_dead, jobs_purge_queued, jobs_requeue_dead
+from jobs.publish.replay import consumer_replay
+from jobs.pull.groups import group_unpin, target_for
+from jobs.push.circuit import consumer_circuit_close
+from jobs.state.transitions import DEAD
 from web.admin.consumer_forms import ReplayForm
 
 logger = logging.getLogger("web.admin.channels")
@@ -185,7 +186,7 @@ class ConsumerActionsMixin:
         return self._button(request, object_id, self.circuit_close)
 
     def replay_view(self, request, object_id):
-        """The replay form (GET) and the replay itself (POST): ``jobs.replay.consumer_replay``, as the API."""
+        """The replay form (GET) and the replay itself (POST): ``jobs.publish.replay.consumer_replay``, as the API."""
         if not self.has_change_permission(request):
             raise PermissionDenied
         consumer = get_object_or_404(Consumer.objects.select_related("channel"),

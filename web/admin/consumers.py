@@ -20,13 +20,13 @@ from broker.errors import DomainError, PreconditionFailed
 from broker.registry import Precondition
 from consumers import services
 from consumers.models import Consumer
-from jobs.advisories import advisories_list
-from jobs.circuit import circuit_state
-from jobs.dashboard import duration_text, minute_series, oldest_queued_ages
-from jobs.groups import groups_state, target_for
+from jobs.advisories.record import advisories_list
 from jobs.models import Job
-from jobs.pull import consumer_stats
-from jobs.state import DEAD, DELIVERED, INFLIGHT, QUEUED
+from jobs.ops.consumer_stats import consumer_stats
+from jobs.ops.dashboard import duration_text, minute_series, oldest_queued_ages
+from jobs.pull.groups import groups_state, target_for
+from jobs.push.circuit import circuit_state
+from jobs.state.transitions import DEAD, DELIVERED, INFLIGHT, QUEUED
 from web import svg
 from web.admin.consumer_actions import ConsumerActionsMixin
 from web.admin.consumer_forms import ConsumerForm

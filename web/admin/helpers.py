@@ -23,7 +23,7 @@ from broker.errors import DomainError
 from broker.models import Channel
 from broker.payloads import message_payload_head, scheduled_payload_head
 from broker.registry import Precondition
-from jobs.payloads import job_payload_head
+from jobs.ops.payloads import job_payload_head
 
 MASK = "\u2022" * 4
 

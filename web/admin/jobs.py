@@ -3,7 +3,7 @@
 dead) through the job state machine's functions, the same ones the HTTP API calls. The list's
 filters are in ``web.admin.job_filters``; the attempt and state-change tables in ``web.admin.history``.
 
-Every field is read-only: a job's status changes only through ``jobs.state``. The tables are
+Every field is read-only: a job's status changes only through the status writers (jobs.state.transitions names the moves). The tables are
 large, so lists never count them (``LargeTableAdmin``); when the filters are only status,
 channel and consumer, the count comes exactly from the maintained counters.
 """
@@ -29,16 +29,16 @@ from broker.counters import JOB, counts_for
 from broker.models import Message
 from broker.xid import job_pk, job_xid
 from consumers.models import Consumer
-from jobs import state
-from jobs.dashboard import duration_text
-from jobs.models import DeliveryAttempt, Job, JobStatus, JobTransition, Partition
+from jobs.models import DeliveryAttempt, Job, JobTransition, Partition
+from jobs.ops.dashboard import duration_text
+from jobs.ops.dead_jobs import jobs_delete_dead, jobs_mark_dead, jobs_requeue_dead
+from jobs.state.transitions import DEAD, INFLIGHT, QUEUED, STATUS_NAMES, STATUSES
 from web.admin.helpers import VIEW_ONLY, ChannelFilter, LargeTableAdmin, admin_url, json_block, payload_preview, table
 from web.admin.job_filters import AgeFilter, AttemptsFilter, ConsumerFilter, PriorityGroupFilter
 from web.admin.partitions import JobPartitionFilter
 
 logger = logging.getLogger("web.admin.channels")
 
-STATUS_NAMES = {s.value: s.name for s in JobStatus}
 CHUNK = 5000  # job ids handed to one state-machine call (its statements lock at most this many rows)
 DETAIL_ROWS = 200  # attempts / state changes listed on a job's page
 
@@ -142,7 +142,7 @@ class JobAdmin(LargeTableAdmin):
         pks = list(consumers.values_list("pk", flat=True)[:10_001])
         if len(pks) > 10_000:
             return None
-        statuses = [int(params["status__exact"])] if "status__exact" in params else list(STATUS_NAMES)
+        statuses = [int(params["status__exact"])] if "status__exact" in params else list(STATUSES)
         counts = counts_for(scope=JOB, owner_ids=pks)
         return max(sum(counts.get(pk, {}).get(s, 0) for pk in pks for s in statuses), 0)
 
@@ -168,7 +168,7 @@ class JobAdmin(LargeTableAdmin):
         """Nothing on a job is edited here: never write the row (a stale status could be saved)."""
 
     def changelist_view(self, request, extra_context=None):
-        title = "Dead jobs" if request.GET.get("status__exact") == str(state.DEAD) else "Jobs"
+        title = "Dead jobs" if request.GET.get("status__exact") == str(DEAD) else "Jobs"
         return super().changelist_view(request, {"title": title, **(extra_context or {})})
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
@@ -216,9 +216,9 @@ class JobAdmin(LargeTableAdmin):
 
     @admin.display(description="due / deadline")
     def timing_col(self, obj):
-        if obj.status == state.QUEUED:
+        if obj.status == QUEUED:
             return _delta_text(getattr(obj, "due_in", None), future=True)
-        if obj.status == state.INFLIGHT:
+        if obj.status == INFLIGHT:
             left = getattr(obj, "deadline_in", None)
             if left is None:
                 return ""
@@ -271,7 +271,7 @@ class JobAdmin(LargeTableAdmin):
     @admin.action(description="Requeue selected dead jobs", permissions=["change"])
     def requeue(self, request, queryset):
         selected = _selected_count(request, queryset)
-        moved = sum(state.jobs_requeue_dead(consumer_pk=consumer, job_ids=ids, reason="admin-requeue")
+        moved = sum(jobs_requeue_dead(consumer_pk=consumer, job_ids=ids, reason="admin-requeue")
                     for consumer, ids in _dead_chunks(queryset))
         self._report(request, selected, moved, f"Requeued {moved:,} dead job{_s(moved)}.",
                      "not dead (only dead jobs are requeued)")
@@ -280,9 +280,9 @@ class JobAdmin(LargeTableAdmin):
     def mark_dead(self, request, queryset):
         selected = _selected_count(request, queryset)
         moved: dict[int, int] = {}
-        for ids in _id_chunks(queryset.filter(status__in=[state.QUEUED, state.INFLIGHT])):
-            moved.update(state.jobs_mark_dead(job_ids=ids, reason="admin-mark-dead"))
-        queued = sum(1 for s in moved.values() if s == state.QUEUED)
+        for ids in _id_chunks(queryset.filter(status__in=[QUEUED, INFLIGHT])):
+            moved.update(jobs_mark_dead(job_ids=ids, reason="admin-mark-dead"))
+        queued = sum(1 for s in moved.values() if s == QUEUED)
         text = (f"Marked {len(moved):,} job{_s(len(moved))} dead "
                 f"({queued:,} were queued, {len(moved) - queued:,} in flight).")
         self._report(request, selected, len(moved), text, "already delivered or dead")
@@ -290,7 +290,7 @@ class JobAdmin(LargeTableAdmin):
     @admin.action(description="Delete selected dead jobs", permissions=["delete_dead"])
     def delete_dead(self, request, queryset):
         selected = _selected_count(request, queryset)
-        deleted = sum(state.jobs_delete_dead(consumer_pk=consumer, job_ids=ids)
+        deleted = sum(jobs_delete_dead(consumer_pk=consumer, job_ids=ids)
                       for consumer, ids in _dead_chunks(queryset))
         self._report(request, selected, deleted, f"Deleted {deleted:,} dead job{_s(deleted)}.",
                      "not dead (only dead jobs are deleted)")
@@ -356,7 +356,7 @@ def _id_chunks(queryset):
 def _dead_chunks(queryset):
     """(consumer pk, [dead job ids]) batches of ``queryset``: the DLQ functions work per consumer."""
     pending: dict[int, list[int]] = defaultdict(list)
-    rows = queryset.filter(status=state.DEAD).order_by().values_list("consumer_id", "pk")
+    rows = queryset.filter(status=DEAD).order_by().values_list("consumer_id", "pk")
     for consumer, pk in rows.iterator(chunk_size=CHUNK):
         pending[consumer].append(pk)
         if len(pending[consumer]) >= CHUNK:

@@ -18,18 +18,19 @@ from django.utils.html import format_html
 
 from broker.errors import DomainError
 from consumers.models import Consumer
-from jobs import operator_actions, partitions
 from jobs.models import Job, Partition, PartitionStatus
+from jobs.ops.partition_actions import partition_advance, partition_close, partition_retry, partition_skip
+from jobs.partitions.rows import partition_get
 from web.admin.helpers import VIEW_ONLY, LargeTableAdmin, admin_url, changelist_url, table
 
 logger = logging.getLogger("web.admin.channels")
 
 ACTIONS = {
     # action name: (service function, past tense for the report)
-    "advance": (partitions.partition_advance, "advanced"),
-    "retry": (operator_actions.partition_retry, "retried"),
-    "skip": (operator_actions.partition_skip, "skipped"),
-    "close": (partitions.partition_close, "closed"),
+    "advance": (partition_advance, "advanced"),
+    "retry": (partition_retry, "retried"),
+    "skip": (partition_skip, "skipped"),
+    "close": (partition_close, "closed"),
 }
 
 
@@ -122,7 +123,7 @@ class PartitionAdmin(LargeTableAdmin):
 
     @admin.display(description="jobs at each gate")
     def gates_table(self, obj):
-        body = partitions.partition_get(partition_pk=obj.pk)
+        body = partition_get(partition_pk=obj.pk)
         names = ["QUEUED", "INFLIGHT", "DELIVERED", "DEAD"]
         rows = [[format_html("<b>{}</b>", gate) if str(obj.gate) == gate else gate,
                  *[counts.get(name, 0) for name in names]]

@@ -15,15 +15,13 @@ from broker.tokens import tokens_equal
 from consumers import services
 from consumers.models import Consumer
 from consumers.priority import priority_config_parse
-from jobs import groups
-from jobs.circuit import circuit_state, consumer_circuit_close
-from jobs.replay import consumer_replay
-from jobs.doorbell import doorbell_state
-from jobs.pull import consumer_stats
-from web.api.common import (
-    ADMIN_PARAM, CHANNEL_TOKEN, CONSUMER_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, PRECONDITION, channel_or_404,
-    form_number, form_value, with_last_modified,
-)
+from jobs.ops.consumer_stats import consumer_stats
+from jobs.publish.replay import consumer_replay
+from jobs.pull import groups
+from jobs.pull.doorbell import doorbell_state
+from jobs.push.circuit import circuit_state, consumer_circuit_close
+from web.api.common import (ADMIN_PARAM, CHANNEL_TOKEN, CONSUMER_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, PRECONDITION,
+                            channel_or_404, form_number, form_value, with_last_modified)
 from web.api.pagination import paginate
 from web.api.representations import changed_at
 from web.auth import is_admin, registry_allowed, require_admin, require_registry
@@ -91,7 +89,7 @@ _FLOW_NUMBERS = (("maxInFlight", "max_in_flight", _positive_int),
                  ("maxDeliveriesPerSecond", "max_deliveries_per_second", _positive_float),
                  ("connectionTimeout", "connection_timeout", _positive_float),
                  ("maxAckPending", "max_ack_pending", _positive_int))
-_RETRY_NUMBERS = (("circuitBreakerFailures", "circuit_breaker_failures", _non_negative_int),  # jobs.circuit; 0 = off
+_RETRY_NUMBERS = (("circuitBreakerFailures", "circuit_breaker_failures", _non_negative_int),  # jobs.push.circuit; 0 = off
                   ("circuitBreakerProbeSeconds", "circuit_breaker_probe_seconds", _positive_float),
                   ("notifyInterval", "notify_interval", _positive_float),
                   ("maxRetry", "max_retry", _non_negative_int))

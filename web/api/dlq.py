@@ -24,12 +24,11 @@ from broker.tokens import tokens_equal
 from broker.xid import job_xid
 from consumers.models import Consumer
 from consumers.services import consumer_rotate_secret
-from jobs import scheduling, state
 from jobs.models import Job, JobStatus, JobTransition
-from web.api.common import (
-    ADMIN_PARAM, CHANNEL_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, channel_or_404, channel_rows_by_status, form_value,
-    require_channel_reader,
-)
+from jobs.ops.dead_jobs import jobs_delete_dead, jobs_requeue_dead
+from jobs.publish import scheduled as scheduling
+from web.api.common import (ADMIN_PARAM, CHANNEL_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, channel_or_404,
+                            channel_rows_by_status, form_value, require_channel_reader)
 from web.api.consumers import consumer_or_404, require_consumer_or_admin
 from web.api.pagination import paginate
 from web.api.publishing import publish_context
@@ -101,7 +100,7 @@ class DeadLetterQueueView(APIView):
         given = form_value(request, "requeue")
         if not tokens_equal(given, consumer.token):
             raise InvalidInput("invalid_requeue_token", "`requeue` form param must match consumer token")
-        requeued = state.jobs_requeue_dead(consumer_pk=consumer.pk, reason="dlq-requeue")
+        requeued = jobs_requeue_dead(consumer_pk=consumer.pk, reason="dlq-requeue")
         return Response({"requeuedCount": requeued}, status=202)
 
     @extend_schema(
@@ -114,7 +113,7 @@ class DeadLetterQueueView(APIView):
         channel = channel_or_404(channel_id)
         consumer = consumer_or_404(channel, consumer_id)
         require_consumer_or_admin(request, channel, consumer)
-        return Response({"deletedCount": state.jobs_delete_dead(consumer_pk=consumer.pk)})
+        return Response({"deletedCount": jobs_delete_dead(consumer_pk=consumer.pk)})
 
 
 class DlqStatusView(APIView):

@@ -18,13 +18,11 @@ from broker.message_types import message_type_parse, ttl_parse
 from broker.models import Message, ScheduledMessage
 from broker.xid import job_xid
 from consumers.models import Consumer
-from jobs import publishing
-from jobs import scheduling
 from jobs.models import Job, JobStatus
-from web.api.common import (
-    ADMIN_PARAM, CHANNEL_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, channel_or_404, channel_rows_by_status, read_body,
-    require_channel_reader,
-)
+from jobs.publish import scheduled as scheduling
+from jobs.publish.messages import messages_publish, partition_headers
+from web.api.common import (ADMIN_PARAM, CHANNEL_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, channel_or_404,
+                            channel_rows_by_status, read_body, require_channel_reader)
 from web.api.pagination import paginate
 from web.api.publishing import FILTER_EXPIRY_PARAMS, PARTITION_PARAMS, PUBLISH_PARAMS, batch_parse, publish_context
 from web.api.representations import message_url, rfc3339
@@ -55,7 +53,7 @@ class MessagesView(APIView):
     def post(self, request, channel_id: str):
         ctx = publish_context(request, channel_id)
         limit = settings.BROKER_MAX_PAYLOAD_BYTES * 4 + settings.BROKER_MAX_BATCH_MESSAGES * 1024
-        partition_key, gate = publishing.partition_headers(request.headers)
+        partition_key, gate = partition_headers(request.headers)
         message_type = message_type_parse(request.headers.get("X-Broker-Message-Type"))
         ttl = ttl_parse(request.headers.get("X-Broker-Message-TTL"))
         messages = batch_parse(read_body(request, max(limit, 64 * 1024 * 1024)))
@@ -64,7 +62,7 @@ class MessagesView(APIView):
                 m.partition_key, m.gate = partition_key, gate
             m.type = m.type if m.type is not None else message_type
             m.ttl = m.ttl if m.ttl is not None else ttl
-        results = publishing.messages_publish(ctx=ctx, messages=messages)
+        results = messages_publish(ctx=ctx, messages=messages)
         created = sum(1 for _, ok in results if ok)
         body = {
             "Created": created,

@@ -14,9 +14,9 @@ from broker.counters import JOB, MESSAGE, REDELIVERED, counts_for
 from broker.models import Channel
 from consumers.models import Consumer
 from consumers.waiters import pull_waiters_count
-from jobs.circuit import circuits_open
 from jobs.models import JobStatus
-from jobs.plans import plan_regressions_count
+from jobs.ops.plans import plan_regressions_count
+from jobs.push.circuit import circuits_open
 
 
 class DatabaseCollector:

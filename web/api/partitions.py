@@ -17,8 +17,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from broker.errors import InvalidInput
-from jobs import operator_actions, partitions
 from jobs.models import Partition, PartitionStatus
+from jobs.ops.partition_actions import (partition_advance, partition_close, partition_retry, partition_skip,
+                                        partition_update)
+from jobs.partitions.rows import partition_get
 from web.api.common import ADMIN_PARAM, CHANNEL_TOKEN, ERROR, PAGE_PARAMS, channel_or_404
 from web.api.consumers import consumer_or_404, require_consumer_or_admin
 from web.api.pagination import paginate
@@ -87,7 +89,7 @@ class PartitionView(APIView):
                    parameters=AUTH, responses={200: PARTITION, **ERRORS})
     def get(self, request, channel_id: str, consumer_id: str, key: str):
         consumer = _consumer(request, channel_id, consumer_id)
-        return Response(partitions.partition_get(consumer_pk=consumer.pk, key=key))
+        return Response(partition_get(consumer_pk=consumer.pk, key=key))
 
     @extend_schema(
         summary="Set a partition's autoClose / manualCheckpoint flags",
@@ -101,7 +103,7 @@ class PartitionView(APIView):
         data = request.data if hasattr(request.data, "get") else {}
         auto_close = _bool(data.get("autoClose"), "autoClose")
         manual = _bool(data.get("manualCheckpoint"), "manualCheckpoint")
-        return Response(partitions.partition_update(consumer_pk=consumer.pk, key=key,
+        return Response(partition_update(consumer_pk=consumer.pk, key=key,
                                                     auto_close=auto_close, manual_checkpoint=manual))
 
 
@@ -121,19 +123,19 @@ def _action_view(name: str, fn, summary: str, description: str):
 
 
 PartitionCloseView = _action_view(
-    "close", partitions.partition_close, "Close a partition (no more items)",
+    "close", partition_close, "Close a partition (no more items)",
     "The partition completes (advisory partition_complete) once all its jobs are delivered; publishing to "
     "its key is refused with 409 partition_closed from now on.")
 PartitionAdvanceView = _action_view(
-    "advance", partitions.partition_advance, "Advance a partition to its next gate (manual checkpoint)",
+    "advance", partition_advance, "Advance a partition to its next gate (manual checkpoint)",
     "Only when every job at the current gate is delivered; 409 gate_not_finished, no_next_gate, "
     "partition_not_available otherwise.")
 PartitionRetryView = _action_view(
-    "retry", operator_actions.partition_retry, "Requeue a partition's dead jobs",
+    "retry", partition_retry, "Requeue a partition's dead jobs",
     "DEAD jobs go back to QUEUED with the retry count reset; the partition is AVAILABLE again. Answers the "
     "partition plus requeued.")
 PartitionSkipView = _action_view(
-    "skip", operator_actions.partition_skip, "Skip the dead jobs at a partition's current gate",
+    "skip", partition_skip, "Skip the dead jobs at a partition's current gate",
     "The DEAD jobs at the current gate are deleted (like the DLQ delete; their history stays), so the gate "
     "counts as finished and the partition moves on. Answers the partition plus skipped.")
 

@@ -14,11 +14,11 @@ from rest_framework.views import APIView
 
 from broker.errors import InvalidInput, TooLarge
 from broker.message_types import message_type_parse, ttl_parse
-from jobs import publishing
-from jobs.scheduling import scheduled_for_parse, scheduled_message_create
+from jobs.publish.auth import PublishContext, publish_authenticate
+from jobs.publish.messages import NewMessage, message_publish, partition_headers, partition_parse
+from jobs.publish.scheduled import scheduled_for_parse, scheduled_message_create
 from web.api.common import CHANNEL_TOKEN, ERROR, read_body
 from web.api.representations import message_url
-
 
 PUBLISH_PARAMS = [
     CHANNEL_TOKEN,
@@ -80,8 +80,8 @@ def metadata_headers(request) -> dict:
     return result
 
 
-def publish_context(request, channel_id: str) -> publishing.PublishContext:
-    return publishing.publish_authenticate(
+def publish_context(request, channel_id: str) -> PublishContext:
+    return publish_authenticate(
         channel_id=channel_id,
         channel_token=request.headers.get("X-Broker-Channel-Token"),
         producer_id=request.headers.get("X-Broker-Producer-ID"),
@@ -115,8 +115,8 @@ class BroadcastView(APIView):
         body = read_body(request, settings.BROKER_MAX_PAYLOAD_BYTES)
         if not body:
             raise InvalidInput("empty_body", "message body must not be empty")
-        partition_key, gate = publishing.partition_headers(request.headers)
-        message = publishing.NewMessage(
+        partition_key, gate = partition_headers(request.headers)
+        message = NewMessage(
             payload=body,
             content_type=request.META.get("CONTENT_TYPE") or "application/octet-stream",
             priority=parse_priority(request.headers.get("X-Broker-Message-Priority")),
@@ -129,18 +129,18 @@ class BroadcastView(APIView):
         scheduled_for = (request.headers.get("X-Broker-Scheduled-For") or "").strip()
         if scheduled_for and partition_key is not None:
             raise InvalidInput("partition_not_schedulable", "a scheduled message cannot carry X-Broker-Partition-Key")
-        if scheduled_for:  # publish later (jobs.scheduling): 400 bad date, 412 too soon
+        if scheduled_for:  # publish later (jobs.publish.scheduled): 400 bad date, 412 too soon
             mid = scheduled_message_create(ctx=ctx, message=message, dispatch_at=scheduled_for_parse(scheduled_for))
             response = Response(status=201)
             response["Location"] = f"/channel/{channel_id}/scheduled-message/{quote(mid, safe='-_.~')}"
             return response
-        mid = publishing.message_publish(ctx=ctx, message=message)
+        mid = message_publish(ctx=ctx, message=message)
         response = Response(status=201)
         response["Location"] = message_url(channel_id, quote(mid, safe="-_.~"))
         return response
 
 
-def batch_parse(raw: bytes) -> list[publishing.NewMessage]:
+def batch_parse(raw: bytes) -> list[NewMessage]:
     try:
         items = json.loads(raw)
     except (ValueError, UnicodeDecodeError, RecursionError):
@@ -176,10 +176,10 @@ def batch_parse(raw: bytes) -> list[publishing.NewMessage]:
             raise InvalidInput("invalid_message_id", f"message {i}: MessageID must be a string")
         key, gate = item.get("PartitionKey"), item.get("Gate")  # partitions, per message
         if key is not None or gate is not None:
-            key, gate = publishing.partition_parse(
+            key, gate = partition_parse(
                 key if isinstance(key, str) or key is None else "",
                 None if gate is None else (str(gate) if isinstance(gate, int) and not isinstance(gate, bool) else "x"))
-        messages.append(publishing.NewMessage(
+        messages.append(NewMessage(
             payload=data, content_type=content_type or "application/octet-stream", priority=priority,
             message_id=parse_message_id(mid), partition_key=key, gate=gate or 0,
             type=message_type_parse(item.get("Type"), field=f"message {i}: Type"),

@@ -11,14 +11,11 @@ from broker.errors import NotFound
 from broker.message_types import ttl_parse
 from broker.models import Channel, Producer
 from broker.registry import Precondition, channel_upsert, producer_upsert
-from web.api.common import (
-    ADMIN_PARAM, ERROR, LIST, OBJ, PAGE_PARAMS, PRECONDITION, channel_or_404, form_number, form_value,
-    with_last_modified,
-)
+from web.api.common import (ADMIN_PARAM, ERROR, LIST, OBJ, PAGE_PARAMS, PRECONDITION, channel_or_404, form_number,
+                            form_value, with_last_modified)
 from web.api.pagination import paginate
 from web.api.representations import channel_repr, producer_repr
 from web.auth import require_registry
-
 
 # The OpenAPI description of the three kinds of registry request (producers and channels alike).
 LIST_SCHEMA = {"parameters": [ADMIN_PARAM, *PAGE_PARAMS], "responses": {200: LIST, 400: ERROR, 401: ERROR, 403: ERROR}}

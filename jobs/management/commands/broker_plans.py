@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand
 from django.db import connection
 
 from broker.db.plans import MODES
-from jobs.plans import PLAN_MIN_ROWS, jobs_rows, plan_results_store, plans_check, sample_live
+from jobs.ops.plans import PLAN_MIN_ROWS, jobs_rows, plan_results_store, plans_check, sample_live
 
 
 class Command(BaseCommand):

@@ -7,7 +7,7 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from broker.models import Channel
-from jobs.dashboard import dashboard_snapshot, duration_text
+from jobs.ops.dashboard import dashboard_snapshot, duration_text
 
 
 class Command(BaseCommand):

@@ -1,7 +1,7 @@
 """``manage.py purge_queued``: drop QUEUED jobs (a runaway backlog) from a shell, in batches.
 
 The same state-machine function as ``DELETE .../queued-jobs`` and the admin action
-(``jobs.state.jobs_purge_queued``): batches of ``--batch`` rows per statement (SKIP LOCKED), each
+(``jobs.ops.dead_jobs.jobs_purge_queued``): batches of ``--batch`` rows per statement (SKIP LOCKED), each
 purged job recorded in the history (reason ``purged``), one progress line per batch.
 """
 
@@ -11,8 +11,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from broker.errors import DomainError
 from jobs.management.selection import consumer_arguments, consumers_select
-from jobs.pull_purge import older_than_parse
-from jobs.state import jobs_purge_queued
+from jobs.ops.dead_jobs import jobs_purge_queued
+from jobs.pull.purge import older_than_parse
 
 
 class Command(BaseCommand):

@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 from broker.errors import DomainError
 from broker.times import rfc3339_parse
 from consumers.models import Consumer
-from jobs.replay import consumer_replay
+from jobs.publish.replay import consumer_replay
 
 
 class Command(BaseCommand):

@@ -1,7 +1,7 @@
 """``manage.py requeue_dead``: dead jobs back to QUEUED from a shell, in batches with progress.
 
 The same state-machine function as the DLQ endpoint and the admin action
-(``jobs.state.jobs_requeue_dead``), called per batch of ids found through the consumer/status
+(``jobs.ops.dead_jobs.jobs_requeue_dead``), called per batch of ids found through the consumer/status
 index, so millions of dead jobs never hold one long lock and the operator sees it advance.
 """
 
@@ -16,8 +16,9 @@ from django.db import connection
 from broker.counters import JOB, counts_for
 from broker.xid import job_pk
 from jobs.management.selection import consumer_arguments, consumers_select
-from jobs.queries import Q
-from jobs.state import DEAD, jobs_requeue_dead
+from jobs.ops.dead_jobs import jobs_requeue_dead
+from jobs.ops.queries import Q
+from jobs.state.transitions import DEAD
 
 
 def job_id_arg(text: str) -> int:

@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from broker.errors import DomainError
 from consumers.models import Consumer
-from jobs.groups import group_unpin, target_for
+from jobs.pull.groups import group_unpin, target_for
 
 
 class Command(BaseCommand):

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.times import rfc3339
 from broker.errors import Forbidden, Unauthenticated
+from broker.times import rfc3339
 from broker.tokens import token_generate, token_require, tokens_equal
 
 

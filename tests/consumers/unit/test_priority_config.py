@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from broker.errors import InvalidInput
-from consumers.priority import DEFAULT_PIN_TIMEOUT, GROUP_NAME, NONE, OVERFLOW, PINNED, POLICIES, TIMEOUT_MAX, priority_config_parse
+from consumers.priority import (DEFAULT_PIN_TIMEOUT, GROUP_NAME, NONE, OVERFLOW, PINNED, POLICIES, TIMEOUT_MAX,
+                                priority_config_parse)
 
 
 def _parse(data, consumer_type="pull", existing=None):

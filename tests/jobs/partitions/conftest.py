@@ -9,8 +9,8 @@ from urllib.parse import quote
 import pytest
 from rest_framework.test import APIClient
 
-from tests.jobs.pull.conftest import PullClient, _stop_wakeup_listener  # noqa: F401
 from tests.jobs.conftest import DispatcherThread, Receiver, Reply, dispatcher, push_settings, receiver  # noqa: F401
+from tests.jobs.pull.conftest import PullClient, _stop_wakeup_listener  # noqa: F401
 
 LEASE = 1.5
 

@@ -11,9 +11,9 @@ from django.utils import timezone
 from django_q.models import Schedule
 from django_q.scheduler import scheduler
 
-from jobs import partitions
 from jobs.housekeeping import STEPS
 from jobs.models import Partition
+from jobs.partitions import settle
 from jobs.tasks import maintenance, push_dispatch
 from tests.jobs.partitions.test_pull_partitions import pull_ids, settle_lose
 
@@ -24,7 +24,7 @@ def test_without_dispatchers_the_fallback_schedule_repairs_a_lost_settle(pull_wo
                                                                          monkeypatch):
     settings.BROKER_PUSH_DISPATCHERS = 0
     assert push_dispatch() == "push dispatch disabled (BROKER_PUSH_DISPATCHERS=0)"  # no loop will sweep
-    monkeypatch.setattr(partitions, "_stale_next", 0.0)  # this process has not settled in the last 10 s
+    monkeypatch.setattr(settle, "_stale_next", 0.0)  # this process has not settled in the last 10 s
     p = settle_lose(parts, pc)  # gate 0 done, its settle lost: nothing to pull
 
     call_command("setup_schedules", verbosity=0)

@@ -12,8 +12,11 @@ from collections import Counter, defaultdict
 import pytest
 from django.db import connection
 
-from jobs import partitions
 from jobs.models import Job, JobStatus, Partition
+from jobs.ops.partition_actions import partition_write
+from jobs.partitions.leases import partition_leases_cycle
+from jobs.partitions.rows import COMPLETE
+from jobs.partitions.settle import partition_settle
 from tests.jobs.conftest import Reply
 from tests.jobs.partitions.conftest import LEASE
 from tests.jobs.partitions.test_push_partitions import partition_owner, wait_for
@@ -53,7 +56,7 @@ def test_three_workers_on_fifty_partitions(make, parts, receiver, dispatcher, pa
         batch_publish(api, key, 0, [{"k": key, "i": i} for i in range(3)])
         batch_publish(api, key, 1, [{"k": key, "summary": True}])
         parts.post("c1", key, "close")
-    wait_for(lambda: Partition.objects.filter(status=partitions.COMPLETE).count() == 50, timeout=90,
+    wait_for(lambda: Partition.objects.filter(status=COMPLETE).count() == 50, timeout=90,
              what="50 partitions complete")
     assert Job.objects.filter(status=JobStatus.DELIVERED).count() == 200
     assert len(deliveries) == 200  # each job exactly once: nothing handed out twice
@@ -129,7 +132,7 @@ def test_killed_worker_partitions_are_taken_after_the_lease(make, parts, receive
     hang.clear()
     killed_at = time.monotonic()
     survivor = dispatcher()
-    wait_for(lambda: Partition.objects.filter(status=partitions.COMPLETE).count() == 5, timeout=60,
+    wait_for(lambda: Partition.objects.filter(status=COMPLETE).count() == 5, timeout=60,
              what="the survivor completing the five partitions")
     assert time.monotonic() - killed_at >= 0.5  # not before the lease / in-flight deadlines ran out
     after = [entry for entry in log if entry[1] == survivor.engine.worker_id]
@@ -162,7 +165,7 @@ def test_versions_never_lose_an_update_under_concurrent_writers(make, parts, api
                 while True:
                     checkpoint, version = Partition.objects.values_list("manual_checkpoint", "version").get(
                         pk=target.pk)
-                    new = partitions.partition_write(partition_pk=target.pk, version=version,
+                    new = partition_write(partition_pk=target.pk, version=version,
                                                      manual_checkpoint=not checkpoint)
                     if new is not None:
                         with lock:
@@ -177,8 +180,8 @@ def test_versions_never_lose_an_update_under_concurrent_writers(make, parts, api
     def lease(worker):
         try:
             for _ in range(20):
-                cycle = partitions.partition_leases_cycle(worker=worker, lease=0.05)
-                settled = partitions.partition_settle(partition_pk=target.pk)
+                cycle = partition_leases_cycle(worker=worker, lease=0.05)
+                settled = partition_settle(partition_pk=target.pk)
                 with lock:
                     writes.extend(v for pk, v in cycle.writes if pk == target.pk)
                     if settled is not None and settled.changed:

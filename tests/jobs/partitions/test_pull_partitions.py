@@ -11,6 +11,8 @@ import pytest
 
 from broker.xid import job_pk
 from jobs.models import Job, JobStatus, JobTransition, Partition
+from jobs.ops.partition_actions import partition_write
+from jobs.partitions.settle import partitions_settle_stale
 from tests.jobs.partitions.conftest import advisories
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -242,24 +244,22 @@ def test_a_waiting_pull_is_woken_when_the_gate_advances(pull_world, parts, pc):
 def settle_lose(parts, pc, key: str = "lost") -> Partition:
     """A partition whose gate 0 is done but whose settle was lost to a crash: put back at gate 0,
     as if never settled, 10 s ago (so the safety net considers it)."""
-    from jobs import partitions
 
     parts.publish(key, 0)
     parts.publish(key, 1)
     [a] = pull_ids(pc)
     ack(pc, [{"ID": a["ID"], "NextState": "DELIVERED"}])
     p = Partition.objects.get(key=key)
-    assert partitions.partition_write(partition_pk=p.pk, version=p.version, gate=0)
+    assert partition_write(partition_pk=p.pk, version=p.version, gate=0)
     Partition.objects.filter(pk=p.pk).update(updated_at=p.updated_at - timedelta(seconds=10))
     assert pull_ids(pc) == []
     return p
 
 
 def test_safety_net_settles_a_partition_whose_settle_was_lost(pull_world, parts, pc):
-    from jobs import partitions
 
     settle_lose(parts, pc)
-    assert partitions.partitions_settle_stale(force=True) == 1
+    assert partitions_settle_stale(force=True) == 1
     [b] = pull_ids(pc)
     assert b["Gate"] == 1
 

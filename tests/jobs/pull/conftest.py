@@ -6,6 +6,9 @@ import json
 
 import pytest
 
+from jobs.publish.auth import publish_authenticate
+from jobs.publish.messages import NewMessage, messages_publish
+
 PULL_HEADERS = {"HTTP_X_BROKER_CHANNEL_TOKEN": "ch-token", "HTTP_X_BROKER_CONSUMER_TOKEN": "c2-token"}
 BASE = "/channel/ch1/consumer/c2"
 
@@ -58,7 +61,7 @@ class PullClient:
 def _stop_wakeup_listener(django_db_setup, django_db_blocker):
     """Long-polls start this process's LISTEN thread; stop it before the test database is dropped."""
     yield
-    from jobs.wakeup import wakeups
+    from jobs.pull.wakeups import wakeups
 
     wakeups.stop()
     if wakeups._thread is not None:
@@ -86,3 +89,25 @@ def publish_n(make, n, start=0, **headers):
         assert r.status_code == 201, r.content
         ids.append(f"m{i}")
     return ids
+
+
+def bulk_publish(n, priority=0, payload=b"x"):
+    """n messages to ch1 in one fan-out statement (through the service, not HTTP)."""
+    ctx = publish_authenticate(channel_id="ch1", channel_token="ch-token", producer_id="p1",
+                               producer_token="p-token")
+    messages_publish(ctx=ctx, messages=[NewMessage(payload=payload, priority=priority) for _ in range(n)])
+
+
+def pull_one_short_deadline(world, pc, settings) -> str:
+    """Publish one message and pull its job with an in-flight deadline of 0.75 s; the job's ID."""
+    settings.BROKER_CONNECTION_TIMEOUT = 0.25
+    settings.BROKER_RATIONAL_DELAY = 0.25
+    publish_n(world, 1)
+    return pc.pull().json()["Result"][0]["ID"]
+
+
+def claim_one(pc, **body):
+    """Claim the first queued job through the spec path (NextState INFLIGHT); its job ID."""
+    jid = pc.queued().json()["Result"][0]["ID"]
+    assert pc.set_state(jid, {"NextState": "INFLIGHT", **body}).status_code == 202
+    return jid

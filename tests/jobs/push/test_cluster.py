@@ -9,9 +9,8 @@ import threading
 
 import pytest
 from django.core.management import call_command
-from standardwebhooks import Webhook
-
 from django.db import connection
+from standardwebhooks import Webhook
 
 from jobs.models import Job, JobStatus, JobTransition
 from tests.jobs.conftest import Reply

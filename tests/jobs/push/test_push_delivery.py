@@ -10,8 +10,8 @@ import pytest
 from standardwebhooks import Webhook
 
 from broker.xid import job_xid
-from jobs import state
 from jobs.models import DeliveryAttempt, Job, JobStatus, JobTransition
+from jobs.push.claim import jobs_claim_push
 from tests.jobs.conftest import Reply
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -267,7 +267,7 @@ def test_job_left_in_flight_by_a_dead_worker_is_delivered_after_its_deadline(pus
     push_settings.BROKER_CONNECTION_TIMEOUT = 0.5
     for _ in range(3):
         push_world.publish()
-    claimed = state.jobs_claim_push(limit=10)  # a worker claims, then "dies" before posting
+    claimed = jobs_claim_push(limit=10)  # a worker claims, then "dies" before posting
     assert len(claimed) == 3 and statuses() == [JobStatus.INFLIGHT] * 3
     dispatcher()
     wait_status(receiver, JobStatus.DELIVERED, 3, timeout=15)

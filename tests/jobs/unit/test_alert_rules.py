@@ -1,5 +1,5 @@
 """The dashboard's alert rules and figures, without a database: each rule over a consumer's
-figures (``jobs.dashboard.ConsumerStats``) and the per-minute series they read."""
+figures (``jobs.ops.dashboard.ConsumerStats``) and the per-minute series they read."""
 
 from __future__ import annotations
 
@@ -9,11 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jobs import dashboard
-from jobs.dashboard import (
-    ALERT_RULES, FAILURE_MIN_ATTEMPTS, GROWTH_MIN, MINUTES, PIN_CHURN, STALL_AGE, ConsumerStats, Series,
-    duration_text,
-)
+from jobs.ops.dashboard import (ALERT_RULES, FAILURE_MIN_ATTEMPTS, GROWTH_MIN, MINUTES, PIN_CHURN, STALL_AGE,
+                                ConsumerStats, Series, dead_jobs_present, duration_text)
 
 
 def _stats(series=None, consumer=None, **figures) -> ConsumerStats:
@@ -48,8 +45,8 @@ def test_a_quiet_consumer_raises_nothing():
 
 def test_dead_jobs():
     assert _alerts(_stats(dead=1)) == {"dead": "error"}
-    assert [a.text for a in dashboard.dead_jobs_present(_stats(dead=1234))] == ["1,234 dead jobs"]
-    assert [a.text for a in dashboard.dead_jobs_present(_stats(dead=1))] == ["1 dead job"]
+    assert [a.text for a in dead_jobs_present(_stats(dead=1234))] == ["1,234 dead jobs"]
+    assert [a.text for a in dead_jobs_present(_stats(dead=1))] == ["1 dead job"]
 
 
 def test_backlog_growing_needs_queued_jobs_a_minimum_and_a_share():

@@ -7,8 +7,8 @@ from __future__ import annotations
 import base64
 import json
 import time
-from email.utils import format_datetime
 from datetime import datetime, timedelta, timezone
+from email.utils import format_datetime
 from types import SimpleNamespace
 
 import pytest
@@ -17,11 +17,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from broker.xid import job_xid
-from jobs.push.delivery import (
-    RETRY_AFTER_CAP, HandlerAnswer, Result, Target, handler_answer, parse_retry_after, request_headers,
-    secret_bytes, sign,
-)
-
+from jobs.callbacks.signing import secret_bytes, sign
+from jobs.callbacks.target import Target
+from jobs.push.delivery import (RETRY_AFTER_CAP, HandlerAnswer, Result, handler_answer, parse_retry_after,
+                                request_headers)
 
 # --- outcome of one attempt --------------------------------------------------------------------------
 

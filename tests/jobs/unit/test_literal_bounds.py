@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from jobs.queries import ALL
+from jobs.pull.queries import ALL
 
 pytestmark = pytest.mark.unit
 
@@ -21,7 +21,7 @@ def _bounds():
 
 def test_every_literal_bound_names_a_limit_it_is_not_below():
     found = _bounds()
-    assert {name for name, _, _ in found} >= {"claim_pull", "claim_pull_bytes", "queued_jobs"}
+    assert {name for name, _, _ in found} >= {"claim_pull", "queued_jobs"}
     for name, literal, path in found:
         module, _, attr = path.rpartition(".")
         limit = getattr(importlib.import_module(module), attr)
@@ -31,7 +31,7 @@ def test_every_literal_bound_names_a_limit_it_is_not_below():
 def test_the_caller_limit_stays_outside_the_bound():
     """The bound is the inner LIMIT; the caller's limit (a parameter or the consumer's room) is
     applied outside it, so the statement still returns at most what the caller asked for."""
-    for name in ("claim_pull", "claim_pull_bytes", "queued_jobs"):
+    for name in ("claim_pull", "queued_jobs"):
         sql = ALL[name].sql
         inner = BOUND.search(sql).end()
         assert re.search(r"\)\s*\w*\s+LIMIT ", sql[inner:]), name

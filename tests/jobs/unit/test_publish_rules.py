@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from broker.errors import InvalidInput
-from jobs.publishing import GATE_MAX, PARTITION_KEY_MAX, partition_headers, partition_parse
-from jobs.scheduling import scheduled_for_parse
+from jobs.publish.messages import GATE_MAX, PARTITION_KEY_MAX, partition_headers, partition_parse
+from jobs.publish.scheduled import scheduled_for_parse
 
 
 def test_partition_key_and_gate():

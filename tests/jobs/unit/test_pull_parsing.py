@@ -15,16 +15,13 @@ from hypothesis import strategies as st
 
 from broker.errors import Forbidden, InvalidInput, NotFound, PreconditionFailed, TooLarge, Unauthenticated
 from broker.xid import job_xid
-from jobs import pull_repr
-from jobs.pull import (
-    QUEUED_JOBS_DEFAULT, QUEUED_JOBS_MAX, TIMEOUT_MAX, PullContext, auth_check, limit_parse, timeout_parse,
-)
-from jobs.pull_fast import (
-    ACK_MAX, PULL_BATCH_MAX, PullRequest, ack_request_parse, gate_parse, pull_request_check, pull_request_parse,
-)
-from jobs.pull_purge import older_than_parse
-from jobs.pull_repr import message_repr, seconds_repr
-from jobs.state import DEAD, DELIVERED, QUEUED
+from jobs.pull.ack import ACK_MAX, ack_request_parse, gate_parse
+from jobs.pull.auth import PullContext, auth_check
+from jobs.pull.claim import PULL_BATCH_MAX, PullRequest, pull_request_check, pull_request_parse
+from jobs.pull.fields import QUEUED_JOBS_DEFAULT, QUEUED_JOBS_MAX, TIMEOUT_MAX, limit_parse, timeout_parse
+from jobs.pull.purge import older_than_parse
+from jobs.pull.shapes import claimed_repr, message_repr, seconds_repr
+from jobs.state.transitions import DEAD, DELIVERED, QUEUED
 
 
 def _code(exc_info) -> str:
@@ -238,7 +235,7 @@ def test_claimed_job_shape():
                           deadline=datetime(2026, 1, 1, tzinfo=timezone.utc), message_id="m", payload=b"p",
                           content_type="text/plain", headers={}, partition_key="k", gate=4,
                           message_type="order.paid")
-    assert pull_repr.claimed_repr(job) == {
+    assert claimed_repr(job) == {
         "ID": job_xid(7), "Priority": 2, "IncrementalTimeout": 3, "Attempt": 2, "Deadline": "2026-01-01T00:00:00Z",
         "Message": {"MessageID": "m", "Payload": "p", "ContentType": "text/plain", "Headers": {}},
         "PartitionKey": "k", "Gate": 4, "Type": "order.paid"}

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jobs.state import backoff_delay, inflight_timeout, max_retry_for, stop_timeout
+from jobs.state.retries import backoff_delay, inflight_timeout, max_retry_for, stop_timeout
 
 STEPS = st.lists(st.floats(min_value=0.001, max_value=1e5, allow_nan=False), min_size=1, max_size=6)
 RETRIES = st.integers(min_value=-3, max_value=500)

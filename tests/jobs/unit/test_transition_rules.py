@@ -10,14 +10,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jobs import state
+from broker.db.errors import IllegalTransition
 from jobs.models import JobStatus
-from jobs.state import ALLOWED, DEAD, DELIVERED, GONE, INFLIGHT, QUEUED, IllegalTransition, Move
+from jobs.state.transitions import ALLOWED, DEAD, DELIVERED, GONE, INFLIGHT, QUEUED
+from tests.jobs.moves import Move, job_move, jobs_move
 
 STATUSES = [s.value for s in JobStatus]
 ILLEGAL = sorted(set(itertools.product(STATUSES, STATUSES)) - ALLOWED)
 
-# The moves of the module docstring (jobs/state.py): the contract the table encodes.
+# The moves of the module docstring (jobs/state/transitions.py): the contract the table encodes.
 DOCUMENTED = {
     (QUEUED, INFLIGHT),     # claimed by a push worker or a pull client
     (INFLIGHT, DELIVERED),  # success
@@ -63,9 +64,9 @@ def test_nothing_but_a_claim_enters_inflight_from_queued_and_nothing_skips_infli
 @pytest.mark.parametrize("move", ILLEGAL, ids=lambda m: f"{JobStatus(m[0]).name}->{JobStatus(m[1]).name}")
 def test_an_illegal_move_is_refused_before_sql(move):
     with pytest.raises(IllegalTransition, match=f"{move[0]} -> {move[1]}"):
-        state.jobs_move(moves=[Move(job_id=1, from_status=move[0], to_status=move[1])], reason="unit")
+        jobs_move(moves=[Move(job_id=1, from_status=move[0], to_status=move[1])], reason="unit")
     with pytest.raises(IllegalTransition):
-        state.job_move(job_id=1, from_status=move[0], to_status=move[1], reason="unit")
+        job_move(job_id=1, from_status=move[0], to_status=move[1], reason="unit")
 
 
 @given(st.lists(st.sampled_from(sorted(ALLOWED)), max_size=5), st.sampled_from(ILLEGAL),
@@ -73,9 +74,9 @@ def test_an_illegal_move_is_refused_before_sql(move):
 def test_one_illegal_move_refuses_the_whole_batch(before, bad, after):
     moves = [Move(job_id=i + 1, from_status=a, to_status=b) for i, (a, b) in enumerate([*before, bad, *after])]
     with pytest.raises(IllegalTransition):
-        state.jobs_move(moves=moves, reason="unit")
+        jobs_move(moves=moves, reason="unit")
 
 
 def test_an_empty_batch_moves_nothing_without_sql():
-    assert state.jobs_move(moves=[], reason="unit") == {}
+    assert jobs_move(moves=[], reason="unit") == {}
 

@@ -27,8 +27,8 @@ from http.server import ThreadingHTTPServer
 import pytest
 import requests
 from django.db import connection
-from broker import embedded_db
 
+from broker import embedded_db
 from tests.helpers import QuietHandler
 from tests.processes import start_qcluster, start_web
 
@@ -46,7 +46,7 @@ DB_DOWN_SECONDS = 4.0
 # "immediate" is a crash of PostgreSQL (no checkpoint, crash recovery at start). The test server runs
 # with synchronous_commit=off for speed, which would let a crash lose committed publishes; the test
 # database gets synchronous_commit=on for the run (production's default), so every 201 must survive.
-# The push dispatcher still commits its claims and outcomes asynchronously (jobs/state.py); losing the
+# The push dispatcher still commits its claims and outcomes asynchronously (jobs.push.claim.PUSH_TRANSACTION_SETUP); losing the
 # last of them only redelivers (each synchronous publish commit flushes the WAL before it anyway).
 PG_STOP_MODE = "immediate"
 MAX_503_SECONDS = 10.0  # "quickly": generous for a loaded 2-core machine; typically a few ms
@@ -331,7 +331,7 @@ def test_chaos(tmp_path, api):
         connection.close()  # this process's connection died with the server
         log.append(f"{down_began - t0:5.1f}s PostgreSQL stopped ({PG_STOP_MODE}), started again after "
                    f"{down_ended - down_began:.1f}s")
-        # The LISTEN connections come back (web: jobs.wakeup for long-polls; workers: the loops').
+        # The LISTEN connections come back (web: jobs.pull.wakeups for long-polls; workers: the loops').
         back: dict = {}
 
         def listeners_back() -> bool:

@@ -1,6 +1,6 @@
 """Fixtures for the admin tests: a broker with jobs in every state, and the browser for e2e tests.
 
-Jobs are created by publishing through the HTTP API and moved through ``jobs.state`` (never by
+Jobs are created by publishing through the HTTP API and moved through the status writers (never by
 writing their status), so the counters and the per-minute statistics are the real ones.
 """
 
@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from jobs import state
 from jobs.models import Job, JobStatus
-
+from jobs.pull.claim import jobs_claim
+from jobs.state.transitions import DEAD, DELIVERED, INFLIGHT, QUEUED
+from tests.jobs.moves import Move, jobs_move
 from tests.processes import ROOT
 
 # Playwright's sync API runs an event loop in this thread; Django would refuse its ORM calls.
@@ -58,13 +59,13 @@ def consumer_pk(consumer_id: str) -> int:
 def finish(consumer_id: str, n: int, to_status: int) -> list[int]:
     """Claim n queued jobs of the consumer and end their attempt in ``to_status`` (QUEUED = failed,
     retried), through the state machine. Returns the job ids."""
-    claimed = state.jobs_claim(consumer_pk=consumer_pk(consumer_id), limit=n)
+    claimed = jobs_claim(consumer_pk=consumer_pk(consumer_id), limit=n)
     assert len(claimed) == n, (consumer_id, n, len(claimed))
-    moves = [state.Move(job_id=j.id, from_status=state.INFLIGHT, to_status=to_status,
-                        retry_inc=1 if to_status == state.QUEUED else 0,
-                        delay=0 if to_status == state.QUEUED else None)
+    moves = [Move(job_id=j.id, from_status=INFLIGHT, to_status=to_status,
+                        retry_inc=1 if to_status == QUEUED else 0,
+                        delay=0 if to_status == QUEUED else None)
              for j in claimed]
-    assert len(state.jobs_move(moves=moves, reason="test")) == n
+    assert len(jobs_move(moves=moves, reason="test")) == n
     return [j.id for j in claimed]
 
 
@@ -75,9 +76,9 @@ def broker(world):
     for i in range(10):
         r = world.publish(body=f'{{"n": {i}, "hello": "world"}}'.encode(), HTTP_X_BROKER_MESSAGE_ID=f"m{i:02d}")
         assert r.status_code == 201, r.content
-    finish("c1", 3, state.DELIVERED)
-    finish("c1", 2, state.DEAD)
-    claimed = state.jobs_claim(consumer_pk=consumer_pk("c1"), limit=1)
+    finish("c1", 3, DELIVERED)
+    finish("c1", 2, DEAD)
+    claimed = jobs_claim(consumer_pk=consumer_pk("c1"), limit=1)
     assert len(claimed) == 1
     return world
 

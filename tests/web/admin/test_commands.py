@@ -12,8 +12,8 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from broker.xid import job_xid
-from jobs import state
 from jobs.models import Job, JobStatus, JobTransition
+from jobs.state.transitions import DEAD
 from tests.processes import ROOT
 from tests.web.admin.conftest import dead_ids, finish
 
@@ -53,7 +53,7 @@ def test_requeue_dead_dry_run_changes_nothing(broker):
 
 
 def test_requeue_dead_in_batches_with_progress(broker):
-    finish("c1", 3, state.DEAD)  # 5 dead now
+    finish("c1", 3, DEAD)  # 5 dead now
     out = run("requeue_dead", "--channel", "ch1", "--consumer", "c1", "--batch", "2")
     assert "ch1/c1: 2 / 5 requeued" in out and "ch1/c1: 4 / 5 requeued" in out and "ch1/c1: 5 / 5 requeued" in out
     assert "Requeued 5 dead jobs of 1 consumer" in out

@@ -9,8 +9,12 @@ from django.db import connection
 from django.template.defaultfilters import floatformat
 from django.test.utils import CaptureQueriesContext
 
-from jobs import state
-from jobs.dashboard import MINUTES, dashboard_snapshot
+from jobs.advisories.record import advisory_record
+from jobs.ops.dashboard import ALERT_RULES, MINUTES, RATE_MINUTES, Alert, Series, alert_rule, dashboard_snapshot
+from jobs.ops.dead_jobs import jobs_requeue_dead
+from jobs.pull.claim import jobs_claim
+from jobs.state.transitions import DEAD, DELIVERED, INFLIGHT, QUEUED
+from tests.jobs.moves import job_move
 from tests.web.admin.conftest import consumer_pk, finish
 
 pytestmark = pytest.mark.django_db
@@ -60,9 +64,9 @@ def test_auto_refresh_is_a_meta_refresh(admin_client, broker):
 
 
 def test_per_minute_figures_come_from_the_maintained_statistics(broker):
-    finish("c2", 4, state.DELIVERED)
-    finish("c2", 1, state.QUEUED)  # a failed attempt, retried
-    finish("c2", 1, state.DEAD)
+    finish("c2", 4, DELIVERED)
+    finish("c2", 1, QUEUED)  # a failed attempt, retried
+    finish("c2", 1, DEAD)
     c2 = consumer_stats(dashboard_snapshot(), "c2")
     s = c2.series
     assert len(s.delivered) == MINUTES
@@ -79,9 +83,9 @@ def test_per_minute_figures_come_from_the_maintained_statistics(broker):
 def test_requeue_counts_as_requeued_not_as_an_attempt(broker):
     from jobs.models import Job
 
-    dead = list(Job.objects.filter(consumer__consumer_id="c1", status=state.DEAD).values_list("id", flat=True))
+    dead = list(Job.objects.filter(consumer__consumer_id="c1", status=DEAD).values_list("id", flat=True))
     before = consumer_stats(dashboard_snapshot(), "c1").series
-    state.jobs_requeue_dead(consumer_pk=consumer_pk("c1"), job_ids=dead)
+    jobs_requeue_dead(consumer_pk=consumer_pk("c1"), job_ids=dead)
     after = consumer_stats(dashboard_snapshot(), "c1").series
     assert sum(after.requeued) - sum(before.requeued) == 2
     assert sum(after.delivered) == sum(before.delivered) and sum(after.failed) == sum(before.failed)
@@ -92,7 +96,7 @@ def test_a_pull_retry_of_a_dead_job_counts_as_requeued(broker):
 
     before = consumer_stats(dashboard_snapshot(), "c1")
     job = dead_ids()[0]
-    assert state.job_move(job_id=job, from_status=state.DEAD, to_status=state.INFLIGHT, reason="pull",
+    assert job_move(job_id=job, from_status=DEAD, to_status=INFLIGHT, reason="pull",
                           timeout=30, retry_inc=1)
     after = consumer_stats(dashboard_snapshot(), "c1")
     assert sum(after.series.requeued) - sum(before.series.requeued) == 1
@@ -104,7 +108,7 @@ def test_claims_leave_no_statistics_rows(broker):
     with connection.cursor() as cur:
         cur.execute("SELECT count(*) FROM jobs_minutestat WHERE consumer_id = %s", [consumer_pk("c2")])
         before = cur.fetchone()[0]
-        state.jobs_claim(consumer_pk=consumer_pk("c2"), limit=5)
+        jobs_claim(consumer_pk=consumer_pk("c2"), limit=5)
         cur.execute("SELECT count(*), sum(delivered + retried + dead + requeued) FROM jobs_minutestat "
                     "WHERE consumer_id = %s", [consumer_pk("c2")])
         after, moved = cur.fetchone()
@@ -140,8 +144,8 @@ def test_alert_backlog_growing(broker, make):
 
 
 def test_alert_failing_consumer(broker):
-    finish("c2", 5, state.QUEUED)
-    finish("c2", 1, state.DELIVERED)
+    finish("c2", 5, QUEUED)
+    finish("c2", 1, DELIVERED)
     alerts = {a.kind: a for a in consumer_stats(dashboard_snapshot(), "c2").alerts}
     assert alerts["failing"].level == "error" and "83% of 6 attempts failed" in alerts["failing"].text
 
@@ -163,7 +167,7 @@ def test_alert_stalled_backlog(broker):
 def test_alert_overdue_inflight_means_the_sweep_is_not_running(admin_client, broker):
     with connection.cursor() as cur:  # test setup: a deadline long past, as if no sweep ran
         cur.execute("UPDATE jobs_job SET deadline = now() - interval '10 minutes' WHERE status = %s",
-                    [state.INFLIGHT])
+                    [INFLIGHT])
     dash = dashboard_snapshot()
     assert dash.overdue_inflight == 1
     assert dash.alerts[0].kind == "overdue" and dash.alerts[0].level == "error"
@@ -171,22 +175,21 @@ def test_alert_overdue_inflight_means_the_sweep_is_not_running(admin_client, bro
 
 
 def test_alert_rules_are_pluggable(broker):
-    from jobs import dashboard
 
-    @dashboard.alert_rule
+    @alert_rule
     def paused(stats):  # what the flow-control feature will add
         if stats.consumer.consumer_id == "c2":
-            yield dashboard.Alert("warning", "paused", "consumer paused")
+            yield Alert("warning", "paused", "consumer paused")
 
     try:
         assert "paused" in [a.kind for a in consumer_stats(dashboard_snapshot(), "c2").alerts]
     finally:
-        dashboard.ALERT_RULES.remove(paused)
+        ALERT_RULES.remove(paused)
 
 
 def test_admin_site_status_constants_match_the_model():
-    from web import site as admin_site
     from jobs.models import JobStatus
+    from web import site as admin_site
 
     assert (admin_site.QUEUED, admin_site.INFLIGHT, admin_site.DELIVERED, admin_site.DEAD) == (
         JobStatus.QUEUED, JobStatus.INFLIGHT, JobStatus.DELIVERED, JobStatus.DEAD)
@@ -200,7 +203,6 @@ def test_channel_filter_for_the_snapshot(broker, make):
 
 
 def test_alert_pin_changing_often(broker):
-    from jobs.advisories import advisory_record
     from consumers.models import Consumer
 
     c2 = Consumer.objects.select_related("channel").get(consumer_id="c2")
@@ -216,7 +218,6 @@ def test_alert_pin_changing_often(broker):
 # --- "delivered / min": one source of truth with the chart ---------------------------------------------
 
 def test_rate_is_the_charts_last_bars_over_the_time_they_cover():
-    from jobs.dashboard import RATE_MINUTES, Series
 
     s = Series()
     s.delivered[-1] = 21  # deliveries in the current minute only, as the issue saw: chart 21, card 0.0
@@ -228,9 +229,8 @@ def test_rate_is_the_charts_last_bars_over_the_time_they_cover():
 
 
 def test_delivered_per_minute_card_agrees_with_its_chart(admin_client, broker):
-    from jobs.dashboard import RATE_MINUTES
 
-    finish("c2", 4, state.DELIVERED)  # delivered now: in the chart's current (last) minute
+    finish("c2", 4, DELIVERED)  # delivered now: in the chart's current (last) minute
     dash = dashboard_snapshot()
     c2 = consumer_stats(dash, "c2")
     elapsed = dash.now.second + dash.now.microsecond / 1e6

@@ -11,8 +11,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from broker.xid import job_xid
-from jobs import state
 from jobs.models import DeliveryAttempt, Job, JobStatus, JobTransition
+from jobs.pull.claim import jobs_claim
+from tests.jobs.moves import job_move
 from tests.web.admin.conftest import consumer_pk, dead_ids, finish, queued_ids
 from web.admin.jobs import JobAdmin
 
@@ -47,7 +48,7 @@ def test_list_filters(admin_client, broker, make):
     assert len(listed(admin_client.get(URL, {"channel": channel}))) == 20
     assert listed(admin_client.get(URL, {"channel": channel + 1000})) == []
     assert len(listed(admin_client.get(URL, {"attempts": "0"}))) == 20
-    finish("c2", 2, state.QUEUED)  # two failed attempts
+    finish("c2", 2, QUEUED)  # two failed attempts
     assert len(listed(admin_client.get(URL, {"attempts": "1"}))) == 2
     assert len(listed(admin_client.get(URL, {"age": "lt5m"}))) == 20
     assert listed(admin_client.get(URL, {"age": "gt1h"})) == []
@@ -121,11 +122,11 @@ def test_job_page_shows_payload_headers_attempts_and_history(admin_client, world
                       HTTP_X_TRACE="trace-abc")
     assert r.status_code == 201
     job = Job.objects.get(consumer__consumer_id="c1", message__message_id="order-7")
-    claimed = state.jobs_claim(consumer_pk=job.consumer_id, limit=1)
+    claimed = jobs_claim(consumer_pk=job.consumer_id, limit=1)
     assert claimed[0].id == job.pk
     DeliveryAttempt.objects.create(job_id=job.pk, attempt=1, started_at=job.created_at, duration_ms=12.5,
                                    status_code=503, response_excerpt="upstream down", outcome="failed")
-    state.job_move(job_id=job.pk, from_status=INFLIGHT, to_status=DEAD, reason="push")
+    job_move(job_id=job.pk, from_status=INFLIGHT, to_status=DEAD, reason="push")
     html = admin_client.get(f"{URL}{job_xid(job.pk)}/change/").content.decode()
     assert "order-7" in html
     assert json.dumps({"order": 7, "items": [1, 2]}, indent=2).replace('"', "&quot;") in html  # pretty JSON
@@ -204,7 +205,7 @@ def test_delete_dead_action_deletes_only_dead_jobs(admin_client, broker):
 
 
 def test_select_across_requeues_every_matching_job(admin_client, broker):
-    finish("c2", 3, state.DEAD)
+    finish("c2", 3, DEAD)
     r = act(admin_client, "requeue", dead_ids()[:1], select_across="1")  # no filter: every job
     assert "Requeued 5 dead jobs." in messages_of(r)
     assert not Job.objects.filter(status=DEAD).exists()

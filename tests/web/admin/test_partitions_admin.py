@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 
 from broker.xid import job_xid
-from jobs import state
 from jobs.models import Job, JobStatus, Partition, PartitionStatus
+from jobs.pull.ack import jobs_ack_inflight
+from jobs.pull.claim import jobs_claim
 from tests.web.admin.conftest import consumer_pk
 
 # transaction=True: a partition settles after the moves of its jobs commit (on_commit)
@@ -30,9 +31,9 @@ def partition(key: str, consumer: str = "c2") -> Partition:
 def finish_gate(consumer: str, key: str, to_status: int) -> list[int]:
     """Claim every claimable job of the consumer (only the partition's current gate is claimable)
     and end it in ``to_status`` through the state machine."""
-    claimed = state.jobs_claim(consumer_pk=consumer_pk(consumer), limit=100)
+    claimed = jobs_claim(consumer_pk=consumer_pk(consumer), limit=100)
     assert claimed, "nothing claimable"
-    state.jobs_ack_inflight(consumer_pk=consumer_pk(consumer), job_ids=[j.id for j in claimed],
+    jobs_ack_inflight(consumer_pk=consumer_pk(consumer), job_ids=[j.id for j in claimed],
                             to_statuses=[to_status] * len(claimed), delays=[None] * len(claimed), max_retry=5)
     return [j.id for j in claimed]
 

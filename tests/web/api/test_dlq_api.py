@@ -6,8 +6,10 @@ import pytest
 from rest_framework.test import APIClient
 
 from broker.counters import counters_compact
-from jobs import state
 from jobs.models import Job, JobStatus
+from jobs.pull.claim import jobs_claim
+from jobs.state.transitions import DEAD, INFLIGHT
+from tests.jobs.moves import Move, jobs_move
 
 pytestmark = pytest.mark.django_db
 
@@ -20,8 +22,8 @@ def make_dead(consumer_id: str, n: int) -> list[int]:
                 .order_by("id").values_list("id", "consumer_id")[:n])
     assert len(jobs) == n
     consumer_pk = jobs[0][1]
-    claimed = state.jobs_claim(consumer_pk=consumer_pk, limit=n)
-    moved = state.jobs_move(moves=[state.Move(job_id=j.id, from_status=state.INFLIGHT, to_status=state.DEAD)
+    claimed = jobs_claim(consumer_pk=consumer_pk, limit=n)
+    moved = jobs_move(moves=[Move(job_id=j.id, from_status=INFLIGHT, to_status=DEAD)
                                    for j in claimed], reason="test")
     assert len(moved) == n
     return [j.id for j in claimed]

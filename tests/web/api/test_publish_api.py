@@ -11,6 +11,8 @@ from rest_framework.test import APIClient
 from broker.counters import JOB, MESSAGE, counters_compact, counts_for
 from broker.models import Message
 from jobs.models import Job, JobStatus
+from jobs.state.transitions import INFLIGHT, QUEUED
+from tests.jobs.moves import job_move
 
 pytestmark = pytest.mark.django_db
 
@@ -174,10 +176,9 @@ def test_counters_track_jobs_and_messages(world, api):
     c1 = world.api.get("/channel/ch1/consumer/c1").json()
     consumer_pk = Job.objects.filter(consumer__consumer_id="c1").first().consumer_id
     assert counts_for(scope=JOB, owner_ids=[consumer_pk])[consumer_pk] == {JobStatus.QUEUED: 4}
-    from jobs import state
 
     job = Job.objects.filter(consumer_id=consumer_pk).first()
-    assert state.job_move(job_id=job.pk, from_status=state.QUEUED, to_status=state.INFLIGHT, reason="t", timeout=30)
+    assert job_move(job_id=job.pk, from_status=QUEUED, to_status=INFLIGHT, reason="t", timeout=30)
     counters_compact()
     assert counts_for(scope=JOB, owner_ids=[consumer_pk])[consumer_pk] == {JobStatus.QUEUED: 3, JobStatus.INFLIGHT: 1}
     status = api.get("/channel/ch1/messages-status").json()

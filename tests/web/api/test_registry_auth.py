@@ -12,8 +12,8 @@ import pytest
 import requests
 from rest_framework.test import APIClient
 
-from tests.system.hardening.test_secure_defaults import settings_in_subprocess
 from tests.processes import start_web
+from tests.system.hardening.test_secure_defaults import settings_in_subprocess
 from web.middleware import signature_make
 
 SECRET = b"r" * 32

@@ -1,0 +1,25 @@
+"""Standard Webhooks signing of a callback: the ``whsec_`` secret as key bytes and the v1 signature
+of ``id.timestamp.body``. Push deliveries and doorbell rings are signed alike."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+
+
+def secret_bytes(secret: str | None) -> bytes | None:
+    """A ``whsec_`` secret as key bytes (base64 after the prefix), as the standardwebhooks package."""
+    if not secret:
+        return None
+    raw = secret[6:] if secret.startswith("whsec_") else secret
+    try:
+        return base64.b64decode(raw + "==") or None
+    except ValueError:
+        return None
+
+
+def sign(key: bytes, webhook_id: str, timestamp: int, body: bytes) -> str:
+    """Standard Webhooks v1: base64 HMAC-SHA256 of ``id.timestamp.body``."""
+    mac = hmac.new(key, f"{webhook_id}.{timestamp}.".encode() + body, hashlib.sha256).digest()
+    return "v1," + base64.b64encode(mac).decode()

@@ -1,0 +1,3 @@
+"""What an operator does and sees: dead-job and backlog actions (``dead_jobs``), partition actions
+(``partition_actions``), the dashboard's figures (``dashboard``, ``consumer_stats``), a job's own
+payload for the admin (``payloads``) and the query-plan check (``plans``)."""

@@ -1,0 +1,211 @@
+"""The batch pull: the request (``PullRequest``: parsing and its priority-group checks), the claim
+(QUEUED -> INFLIGHT, SKIP LOCKED, within the consumer's room and an optional byte budget:
+``jobs_claim``) and the long-poll wait that holds no connection while it sleeps
+(``jobs_pull``). Concurrent pullers on any number of processes never hold the same job."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from django.db import connection
+
+from broker.db.run import query_execute, query_fetchall, query_fetchone
+from broker.errors import InvalidInput
+from jobs.publish.messages import headers_decode
+from jobs.pull.auth import PullContext
+from jobs.pull.fields import int_field, timeout_parse
+from jobs.pull.queries import Q
+from jobs.pull.wakeups import wakeups
+from jobs.state.retries import inflight_timeout
+from jobs.state.transitions import INFLIGHT, QUEUED, transition_check
+from jobs.sweeps.inflight_timeout import consumer_sweep
+
+
+@dataclass
+class ClaimedJob:
+    id: int
+    priority: int
+    retry_count: int
+    incremental_timeout: float
+    deadline: object
+    message_id: str
+    payload: bytes
+    content_type: str
+    headers: dict
+    partition_key: str | None = None
+    gate: int = 0
+    message_type: str | None = None  # filters: the message's X-Broker-Message-Type
+
+
+def claimed_jobs(rows) -> list[ClaimedJob]:
+    """Rows shaped like ``claim_pull``'s result (id, priority, retry_count, incremental_timeout,
+    deadline, message_id, payload, content_type, headers[, partition key, gate[, type]]) as ClaimedJob objects."""
+    return [
+        ClaimedJob(id=r[0], priority=r[1], retry_count=r[2], incremental_timeout=r[3], deadline=r[4],
+                   message_id=r[5], payload=bytes(r[6]), content_type=r[7], headers=headers_decode(r[8]),
+                   partition_key=r[9] if len(r) > 9 else None, gate=r[10] if len(r) > 10 and r[10] else 0,
+                   message_type=r[11] if len(r) > 11 else None)
+        for r in rows
+    ]
+
+
+def jobs_claim(*, consumer_pk: int, limit: int, max_bytes: int | None = None,
+               incremental_timeout: float | None = None, connection_timeout: float | None = None,
+               reason: str = "claim") -> list[ClaimedJob]:
+    """Claim up to ``limit`` due QUEUED jobs of one consumer (priority, then oldest first), within
+    the consumer's room (not paused, ``maxAckPending``); with ``max_bytes``, stop before the
+    payloads add up to more than that (always at least one job, so one large payload cannot block
+    the consumer).
+
+    One prepared statement (pulls claim in many small statements, where planning would cost more
+    than the claim): ``SELECT ... FOR UPDATE SKIP LOCKED`` picks the rows, the running payload sum
+    (from the stored sizes, no detoasting) cuts the prefix that fits, the UPDATE moves them to
+    INFLIGHT with a deadline of stopTimeout + rationalDelay + IncrementalTimeout (an omitted
+    IncrementalTimeout keeps the job's stored one), and the trigger writes the history rows.
+    """
+    transition_check(QUEUED, INFLIGHT, "claim")
+    if limit <= 0:
+        return []
+    rows = query_fetchall(Q.claim_pull, {
+        "consumer": consumer_pk, "limit": int(limit), "max_bytes": None if max_bytes is None else int(max_bytes),
+        "timeout": inflight_timeout(0, connection_timeout), "inc": incremental_timeout, "reason": reason,
+    }, prepare=True)
+    return claimed_jobs(rows)
+
+
+PULL_BATCH_MAX = 1000
+PULL_EXPIRES_MAX = 60.0
+WAIT_SAFETY_NET = 5.0  # a waiting pull re-checks at least this often while the listener is up
+WAIT_UNLISTENED = 1.0  # ... and this often while it is (re)connecting
+
+
+@dataclass
+class PullRequest:
+    batch: int = 1
+    expires: float = 0.0
+    no_wait: bool = False
+    max_bytes: int | None = None
+    incremental_timeout: float | None = None
+    group: str = ""
+    priority: int = 0
+    pin_id: str = ""
+    min_pending: int = 0
+    min_ack_pending: int = 0
+
+
+def pull_request_parse(data: dict) -> PullRequest:
+    """Validate the pull body (keys case-insensitive). Every bad value is a 400."""
+    if not isinstance(data, dict):
+        raise InvalidInput("malformed_request", "body must be a JSON object")
+    fields = {str(k).lower(): v for k, v in data.items()}
+    req = PullRequest()
+    req.batch = int_field(fields, "batch", 1, PULL_BATCH_MAX, f"batch must be an integer from 1 to {PULL_BATCH_MAX}",
+                           default=req.batch)
+    expires = fields.get("expires")
+    if expires is not None:
+        if (isinstance(expires, bool) or not isinstance(expires, (int, float)) or not math.isfinite(expires)
+                or not 0 <= expires <= PULL_EXPIRES_MAX):
+            raise InvalidInput("invalid_expires", f"expires must be seconds from 0 to {PULL_EXPIRES_MAX:.0f}")
+        req.expires = float(expires)
+    no_wait = fields.get("no_wait")
+    if no_wait is not None:
+        if not isinstance(no_wait, bool):
+            raise InvalidInput("invalid_no_wait", "no_wait must be true or false")
+        req.no_wait = no_wait
+    req.max_bytes = int_field(fields, "max_bytes", 1, 2**62, "max_bytes must be a positive integer")
+    req.incremental_timeout = timeout_parse(fields.get("incrementaltimeout"))
+    # priority-group fields (checked against the consumer's policy by ``pull_request_check``)
+    for name in ("min_pending", "min_ack_pending"):
+        setattr(req, name, int_field(fields, name, 0, 2**62, f"{name} must be a non-negative integer", default=0))
+    req.priority = int_field(fields, "priority", 0, 9, "Bad Request - Priority must be between 0 and 9", default=0)
+    group = fields.get("group")
+    if group is not None:
+        if not isinstance(group, str):
+            raise InvalidInput("invalid_group", "Bad Request - Invalid Priority Group")
+        req.group = group
+    pin = fields.get("id")
+    if pin is not None:
+        if not isinstance(pin, str) or len(pin) > 64:
+            raise InvalidInput("invalid_id", "id must be the pin id string the broker sent")
+        req.pin_id = pin
+    return req
+
+
+def pull_request_check(*, ctx: PullContext, req: PullRequest) -> None:
+    """The priority-group checks of a pull, in ADR-42's order; a rejected pull is never queued."""
+    if (req.min_pending or req.min_ack_pending) and ctx.policy != "overflow":
+        raise InvalidInput("not_overflow_consumer", "Bad Request - Not a Overflow Priority consumer")
+    if req.pin_id and ctx.policy != "pinned_client":
+        raise InvalidInput("not_pinned_consumer", "Bad Request - Not a Pinned Client Priority consumer")
+    if ctx.policy != "none" and not req.group:
+        raise InvalidInput("group_missing", "Bad Request - Priority Group missing")
+    if req.group and req.group not in (ctx.groups or []):
+        raise InvalidInput("invalid_group", "Bad Request - Invalid Priority Group")
+
+
+def _claim(ctx: PullContext, req: PullRequest) -> list[ClaimedJob]:
+    return jobs_claim(consumer_pk=ctx.consumer_pk, limit=req.batch, max_bytes=req.max_bytes,
+                      incremental_timeout=req.incremental_timeout, reason="pull")
+
+
+def _next_check(due_in, deadline_in, remaining: float) -> float:
+    """How long to sleep: until woken, the earliest delayed job is due, the earliest in-flight
+    deadline passes (then this waiter sweeps it), the safety-net interval, or the end."""
+    cap = WAIT_SAFETY_NET if wakeups.connected.is_set() else WAIT_UNLISTENED
+    sleep = min(remaining, cap)
+    for value in (due_in, deadline_in):
+        if value is not None:
+            sleep = min(sleep, max(float(value), 0.0) + 0.05)
+    return max(sleep, 0.01)
+
+
+def pull_wait_begin(*, ctx: PullContext, req: PullRequest) -> tuple[bool, float, int]:
+    """Before a pull's first claim: sweep the consumer's overdue jobs, then whether the pull may
+    wait, until when (monotonic), and the wake-up mark taken now, so a publish between the first
+    claim and the wait still wakes it."""
+    consumer_sweep(consumer_pk=ctx.consumer_pk)
+    wait = req.expires > 0 and not req.no_wait
+    if wait:
+        wakeups.start()
+    return wait, time.monotonic() + req.expires, wakeups.mark(ctx.consumer_pk)
+
+
+def jobs_pull(*, ctx: PullContext, req: PullRequest) -> list[ClaimedJob]:
+    """Atomically claim up to ``batch`` due jobs (QUEUED -> INFLIGHT, SKIP LOCKED), so concurrent
+    pullers on any number of processes never hold the same job. With ``expires`` (and not
+    ``no_wait``) wait until at least one job is claimed or time runs out: the wait registers a
+    waiter row (NumWaiting, priority groups), holds no database connection or transaction while
+    sleeping, and is woken by the process's LISTEN thread when a publish or requeue NOTIFYs."""
+    wait, end, mark = pull_wait_begin(ctx=ctx, req=req)
+    jobs = _claim(ctx, req)
+    if jobs or not wait:
+        return jobs
+    waiter_id = None
+    try:
+        waiter_id = query_fetchone(Q.pull_waiter, {
+            "consumer": ctx.consumer_pk, "group": req.group, "priority": req.priority, "pin": req.pin_id,
+            "batch": req.batch, "max_bytes": req.max_bytes, "expires": req.expires,
+        })[0]
+        due_in, deadline_in = query_fetchone(Q.pull_next, {"consumer": ctx.consumer_pk})
+        while True:
+            now = time.monotonic()
+            remaining = end - now
+            if remaining <= 0:
+                return []
+            sleep = _next_check(due_in, deadline_in, remaining)
+            deadline_at = now + float(deadline_in) if deadline_in is not None else None
+            if not connection.in_atomic_block:  # (inside a caller's transaction there is nothing to release)
+                connection.close()  # never hold a connection (or transaction) while sleeping
+            wakeups.wait(ctx.consumer_pk, mark, sleep)
+            mark = wakeups.mark(ctx.consumer_pk)
+            consumer_sweep(consumer_pk=ctx.consumer_pk,
+                           force=deadline_at is not None and time.monotonic() >= deadline_at)
+            jobs = _claim(ctx, req)
+            if jobs:
+                return jobs
+            due_in, deadline_in = query_fetchone(Q.pull_next, {"consumer": ctx.consumer_pk})
+    finally:
+        if waiter_id is not None:
+            query_execute(Q.pull_waiter_delete, [waiter_id])

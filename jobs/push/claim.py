@@ -1,0 +1,84 @@
+"""The push claim: due QUEUED jobs across every push consumer within ``maxInFlight`` and the pacing
+of ``maxDeliveriesPerSecond`` (``claim_push``), taken under the push claim lock so two dispatchers
+never fill the same free slot."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import transaction
+
+from broker.db.run import bound_cursor, transition_errors
+from jobs.partitions.leases import push_claims_serialize
+from jobs.publish.messages import headers_decode
+from jobs.push.queries import Q
+from jobs.state.transitions import INFLIGHT, QUEUED, transition_check
+
+# Run first in a push dispatcher's transaction (record outcomes + claim), measured on the 2-core
+# machine (median claim of 10 jobs: 2.1 ms planned every time, 1.1 ms prepared and generic):
+# - plan_cache_mode: reuse the prepared generic plans (PostgreSQL otherwise keeps re-planning
+#   these statements, as its cost estimate favours custom plans); the statuses are inlined in the
+#   SQL so the generic plans still use the partial indexes.
+# - synchronous_commit off: claims and outcomes need no WAL flush before the dispatcher goes on.
+#   If a crash loses the last few milliseconds of them, those jobs are QUEUED or INFLIGHT again
+#   and are delivered (again): at-least-once holds, and no message is lost (publishing commits
+#   synchronously).
+PUSH_TRANSACTION_SETUP = Q.push_transaction_setup.sql
+
+
+@dataclass
+class PushJob:
+    id: int
+    consumer_pk: int
+    priority: int
+    retry_count: int
+    message_id: str
+    payload: bytes
+    content_type: str
+    headers: dict
+    consumer_updated_at: object
+    partition_key: str | None = None
+    gate: int = 0
+    message_type: str | None = None  # filters: sent as X-Broker-Message-Type
+    circuit_dirty: bool = False  # its consumer's circuit was counting failures or open when claimed
+
+
+def jobs_claim_push(*, limit: int, reason: str = "push", worker: str = "") -> list[PushJob]:
+    """Claim up to ``limit`` due QUEUED jobs across every push consumer: priority DESC, then
+    oldest first, never past a consumer's ``maxInFlight`` (counted over all processes) or its
+    ``maxDeliveriesPerSecond`` pacing. Moves them to INFLIGHT with a deadline of the consumer's
+    stopTimeout + rationalDelay.
+
+    Race-free by a transaction-level advisory lock taken *before* the claim statement: push
+    claims run one at a time database-wide, and each one's fresh READ COMMITTED snapshot sees
+    every earlier claim, so two dispatchers never both fill the same free slot (a single
+    statement could not: its snapshot predates any lock it waits for). A claim takes about a
+    millisecond, so the serialization costs nothing at our rates; acks need no lock (they only
+    free room). Pull consumers' jobs are never touched (``type = 'push'``).
+
+    Runs in the caller's transaction when there is one (the dispatcher records the previous
+    batch's outcomes and claims the next in one transaction). Partitioned jobs only of
+    partitions ``worker`` holds a live lease on (jobs.partitions).
+    """
+    transition_check(QUEUED, INFLIGHT, "claim")
+    if limit <= 0:
+        return []
+    params = {
+        "limit": int(limit),
+        "conn_timeout": float(settings.BROKER_CONNECTION_TIMEOUT),
+        "rational": float(settings.BROKER_RATIONAL_DELAY),
+        "reason": reason[:32],
+        "worker": worker or "",
+    }
+    with transaction.atomic(savepoint=False), transition_errors(), bound_cursor() as cur:
+        push_claims_serialize(cur, prepare=True)
+        cur.execute(Q.claim_push.sql, params, prepare=True)
+        rows = cur.fetchall()
+    return [
+        PushJob(id=r[0], consumer_pk=r[1], priority=r[2], retry_count=r[3], message_id=r[4],
+                payload=bytes(r[5]), content_type=r[6], consumer_updated_at=r[8],
+                partition_key=r[9], gate=r[10] or 0, message_type=r[11], circuit_dirty=r[12],
+                headers=headers_decode(r[7]))
+        for r in rows
+    ]

@@ -1,0 +1,148 @@
+"""The record of finished push attempts: each job still INFLIGHT moves to DELIVERED, QUEUED (retry
+after the backoff, at least a 429/503's Retry-After) or DEAD, every attempt's row is written and
+the circuit breakers are updated, in one statement per batch (``jobs_push_record``); one log line
+per attempt."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from broker.db.run import bound_cursor, transition_errors
+from broker.xid import job_xid
+from jobs.partitions.gates import GateMove, jobs_move_gate
+from jobs.partitions.settle import settle_on_commit
+from jobs.push.circuit import CircuitTally, attempt_failed, circuit_changes_advise, circuit_tallies
+from jobs.push.queries import Q
+from jobs.state.retries import backoff_delay, max_retry_for
+from jobs.state.transitions import DEAD, DELIVERED, INFLIGHT, QUEUED, transitions_check
+
+# One line per attempt under the dispatcher's logger name, which operators filter on (README:
+# "every push attempt writes one JSON line").
+logger = logging.getLogger("jobs.push.dispatcher")
+
+
+@dataclass
+class PushOutcome:
+    """A finished push attempt. ``to_status``: DELIVERED, DEAD, or QUEUED (retry + 1 after
+    ``delay`` seconds; DEAD instead past ``max_retry``). The rest is the attempt's record."""
+
+    job_id: int
+    to_status: int
+    attempt: int
+    age: float  # seconds since the attempt started
+    duration_ms: float
+    status_code: int | None
+    excerpt: str
+    error: str
+    request_id: str
+    outcome: str
+    delay: float | None = None
+    max_retry: int | None = None
+
+
+def jobs_push_record(*, outcomes: Sequence[PushOutcome], circuits: Sequence[CircuitTally] = ()) -> list[tuple]:
+    """Record finished push attempts in one statement: INFLIGHT -> DELIVERED / QUEUED / DEAD for
+    each job still in flight (guarded by the status, so a job the timeout sweep already moved
+    is left alone), its transition row, and every attempt's row (attempts are facts, recorded
+    even when the job moved meanwhile). One statement instead of a jobs_move plus an INSERT: a
+    dispatcher records and claims in every transaction, and round trips are its cost.
+
+    ``circuits``: the batch's tallies per consumer for the circuit breaker (jobs.push.circuit), applied
+    in the same statement. Returns the circuits whose state changed, as (consumer pk, new state)."""
+    if not outcomes:
+        return []
+    transitions_check((INFLIGHT, o.to_status) for o in outcomes)
+    params = {
+        "ids": [o.job_id for o in outcomes],
+        "to_s": [o.to_status for o in outcomes],
+        "delay": [o.delay for o in outcomes],
+        "max_retry": [o.max_retry for o in outcomes],
+        "attempts": [o.attempt for o in outcomes],
+        "ages": [o.age for o in outcomes],
+        "durations": [o.duration_ms for o in outcomes],
+        "codes": [o.status_code for o in outcomes],
+        "excerpts": [o.excerpt for o in outcomes],
+        "errors": [o.error for o in outcomes],
+        "request_ids": [o.request_id for o in outcomes],
+        "outcomes": [o.outcome for o in outcomes],
+        "cb_consumers": [t.consumer_pk for t in circuits],
+        "cb_ok": [t.ok for t in circuits],
+        "cb_fails": [t.fails for t in circuits],
+    }
+    with transition_errors(), bound_cursor() as cur:
+        cur.execute(Q.push_record.sql, params, prepare=True)
+        rows = cur.fetchall()
+    settle_on_commit(row[0] for row in rows)
+    return [(row[1], row[2]) for row in rows if row[1] is not None]
+
+
+def _clean(text: str) -> str:
+    return text.replace("\x00", "\ufffd")  # PostgreSQL text cannot hold NUL
+
+
+def outcomes_record(items: list[tuple], *, now: float | None = None) -> list[float]:
+    """Record finished attempts (``jobs_push_record``: one statement). ``items`` are
+    (PushJob, Target, Result). Returns the retry delays (seconds) so the caller can wake up
+    when those jobs are due.
+
+    2xx -> DELIVERED; 410 Gone -> DEAD; anything else -> QUEUED with retry + 1 after the
+    backoff (at least the Retry-After of a 429/503), or DEAD past the consumer's max retry.
+    """
+    if not items:
+        return []
+    now = time.monotonic() if now is None else now
+    outcomes = []
+    gate_moves = []
+    for job, target, result in items:
+        outcome = result.outcome
+        answer = result.answer
+        if answer is not None and answer.move:
+            outcome = "gate"  # recorded below as an attempt; the job moves to the gate first
+            gate_moves.append(GateMove(job_id=job.id, gate=answer.gate, payload=answer.payload))
+        elif answer is not None:  # the handler reported an error (or a bad answer): a failed attempt
+            outcome = "dead" if answer.no_retry else "failed"
+            result.error = answer.error
+        record = PushOutcome(
+            job_id=job.id, to_status=DELIVERED, attempt=job.retry_count + 1,
+            age=max(0.0, now - (result.finished - result.duration)), duration_ms=round(result.duration * 1000.0, 3),
+            status_code=result.status_code, excerpt=_clean(result.excerpt), error=_clean(result.error),
+            request_id=result.request_id, outcome=outcome,
+        )
+        if outcome in ("gone", "dead"):
+            record.to_status = DEAD
+        elif outcome == "gate":
+            record.to_status, record.delay = QUEUED, 0.0  # no-op: jobs_move_gate moved it
+        elif outcome != "delivered":
+            delay = backoff_delay(job.retry_count + 1, target.backoff)
+            if result.retry_after is not None:
+                delay = max(delay, result.retry_after)
+            record.to_status, record.delay = QUEUED, delay
+            record.max_retry = max_retry_for(target.max_retry)
+        outcomes.append(record)
+    jobs_move_gate(moves=gate_moves)  # before the record, which then leaves them alone
+    tallies = circuit_tallies(
+        (job.consumer_pk, attempt_failed(outcome=result.outcome, status_code=result.status_code),
+         job.circuit_dirty) for job, _target, result in items)
+    circuit_changes_advise(changes=jobs_push_record(outcomes=outcomes, circuits=tallies))
+    attempts_log(items)
+    return [o.delay for o in outcomes if o.delay is not None and o.outcome != "gate"]
+
+
+def attempts_log(items: list[tuple]) -> None:
+    """One structured line per attempt, with the job, message, channel and consumer ids as fields
+    (top-level keys of the JSON log): failures at WARNING, successes at DEBUG (at thousands of
+    deliveries a second an INFO line each would cost more CPU than the delivery)."""
+    debug = logger.isEnabledFor(logging.DEBUG)
+    for job, target, result in items:
+        outcome = result.outcome
+        if outcome == "delivered" and not debug:
+            continue
+        logger.log(logging.DEBUG if outcome == "delivered" else logging.WARNING,
+                   "push attempt %s: job %s, consumer %s", outcome, job_xid(job.id), target.consumer_id, extra={
+                       "job_id": job_xid(job.id), "message_id": job.message_id, "consumer_id": target.consumer_id,
+                       "channel_id": target.channel_id, "attempt": job.retry_count + 1, "outcome": outcome,
+                       "status_code": result.status_code, "duration_ms": round(result.duration * 1000.0, 3),
+                       "error": result.error[:200], "request_id": result.request_id})

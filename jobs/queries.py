@@ -1,6 +1,0 @@
-"""The jobs app's SQL, by name: ``Q.claim_pull`` etc. from ``jobs/queries.sql`` (format:
-``broker.db.queries``). ``ALL`` maps each name to its Query (the plan tests iterate over it)."""
-
-from broker.db.queries import app_queries
-
-ALL, Q = app_queries(__file__)
