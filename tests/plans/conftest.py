@@ -21,7 +21,8 @@ Each distribution is seen in three ``phases``, in this order:
   DELIVERED: dead tuples at the head of the claim index), then ``ANALYZE`` without a vacuum, as
   autovacuum's analyze may run before its vacuum.
 
-``BROKER_PLAN_ROWS`` sets the jobs of the biggest share (default 1,000,000).
+``BROKER_PLAN_ROWS`` sets the jobs of the biggest share (default 1,000,000; the ``one`` world has
+that many, the others half or a quarter: what a plan follows is the skew, not the size).
 """
 
 from __future__ import annotations
@@ -52,21 +53,21 @@ class Distribution:
     biggest: str = "pull"  # the role whose jobs the burst of acks hits ("small": the small ones)
 
 
-def _one(owner: str) -> Distribution:
+def _one(owner: str, rows: int = ROWS) -> Distribution:
     """``owner`` holds ~all of jobs_job; the others a few jobs each: ANALYZE's sample (30,000 rows)
     rarely sees them, so the statistics say one consumer (n_distinct ~1: a generic plan's
     "consumer_id = $1" matches ~every row), as in a database where one consumer's backlog is all there is."""
     rare = {"pull": "g % 250000 = 2", "push": "g % 250000 = 2", "grouped": "g % 250000 = 3",
             "parts": "g % 250000 = 7", "bell": "g % 250000 = 11"}
-    return Distribution(ROWS, {**rare, owner: "true"}, biggest=owner)
+    return Distribution(rows, {**rare, owner: "true"}, biggest=owner)
 
 
 DISTRIBUTIONS = {
     "one": _one("pull"),
-    "one-push": _one("push"),
+    "one-push": _one("push", ROWS // 2),  # (the skew, not the size, is what a plan follows)
     "few": Distribution(ROWS // 4, {"pull": "true", "push": "true", "grouped": "true", "parts": "true",
                                     "bell": "g % 200 = 0"}),
-    "many": Distribution(ROWS, {"pull": "g % 100 = 1", "push": "g % 100 = 2", "grouped": "g % 100 = 3",
+    "many": Distribution(ROWS // 2, {"pull": "g % 100 = 1", "push": "g % 100 = 2", "grouped": "g % 100 = 3",
                                 "parts": "g % 100 = 7", "bell": "g % 1000 = 11"}, small=True, biggest="small"),
 }
 PHASES = ("fresh", "analyzed", "acked")
