@@ -54,3 +54,8 @@ def stopping(factory):
     finally:
         for thing in started:
             thing.stop()
+
+
+def seed_one_channel(consumers: str) -> str:
+    """A seed INI with one channel ``ch`` (token ``ch-token``) and the given consumer sections."""
+    return "[initial-channels]\nch=Channel\n[initial-channel-tokens]\nch=ch-token\n" + consumers.lstrip("\n")

@@ -46,16 +46,11 @@ def jobs_move(*, moves: Sequence[Move], reason: str, consumer_pk: int | None = N
     transitions_check((m.from_status, m.to_status) for m in moves)
     if not moves:
         return {}
+    columns = {"ids": "job_id", "from_s": "from_status", "to_s": "to_status", "retry_inc": "retry_inc",
+               "delay": "delay", "timeout": "timeout", "inc": "incremental_timeout", "max_retry": "max_retry",
+               "reset": "retry_reset"}  # the statement's array parameters: one per Move field
     params = {
-        "ids": [m.job_id for m in moves],
-        "from_s": [m.from_status for m in moves],
-        "to_s": [m.to_status for m in moves],
-        "retry_inc": [m.retry_inc for m in moves],
-        "delay": [m.delay for m in moves],
-        "timeout": [m.timeout for m in moves],
-        "inc": [m.incremental_timeout for m in moves],
-        "max_retry": [m.max_retry for m in moves],
-        "reset": [m.retry_reset for m in moves],
+        **{name: [getattr(m, field) for m in moves] for name, field in columns.items()},
         "consumer": consumer_pk,
         "reason": reason[:32],
         "queued": QUEUED,

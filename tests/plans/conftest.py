@@ -104,21 +104,20 @@ SELECT m.id, {CONSUMER}, %(ch)s, x.status, m.priority, x.retry,
  ORDER BY m.id
 """
 
+def _mixed(status: str, retry: str, delay: str) -> str:
+    """A role with jobs in every status: ``status``/``retry``/``delay`` are CASE branches over n.g;
+    half the in-flight deadlines passed."""
+    return (f"SELECT CASE {status} END AS status, CASE {retry} ELSE 0 END AS retry, CASE {delay} ELSE -60 END"
+            " AS delay, CASE WHEN n.g %% 2 = 0 THEN -30 ELSE 60 END AS deadline, NULL::bigint AS partition, 0 AS gate")
+
+
 # the state of a role's job for message n.g: status, retry, delay (s from now; negative: due),
 # deadline (s from now), partition, gate
 SHAPES = {
-    "pull": """SELECT CASE WHEN n.g %% 100 < 90 THEN 1001 WHEN n.g %% 100 < 94 THEN 1002
-                           WHEN n.g %% 100 < 97 THEN 1004 ELSE 1003 END AS status,
-                      CASE WHEN n.g %% 20 = 1 THEN 1 ELSE 0 END AS retry,
-                      CASE WHEN n.g %% 40 = 1 THEN 3600 ELSE -60 END AS delay,
-                      CASE WHEN n.g %% 2 = 0 THEN -30 ELSE 60 END AS deadline,
-                      NULL::bigint AS partition, 0 AS gate""",
-    "push": """SELECT CASE WHEN n.g %% 100 < 60 THEN 1003 WHEN n.g %% 100 < 90 THEN 1001
-                           WHEN n.g %% 100 < 94 THEN 1002 ELSE 1004 END AS status,
-                      CASE WHEN n.g %% 10 = 3 THEN 2 ELSE 0 END AS retry,
-                      CASE WHEN n.g %% 20 = 3 THEN 600 ELSE -60 END AS delay,
-                      CASE WHEN n.g %% 2 = 0 THEN -30 ELSE 60 END AS deadline,
-                      NULL::bigint AS partition, 0 AS gate""",
+    "pull": _mixed("WHEN n.g %% 100 < 90 THEN 1001 WHEN n.g %% 100 < 94 THEN 1002 WHEN n.g %% 100 < 97 THEN 1004"
+                   " ELSE 1003", "WHEN n.g %% 20 = 1 THEN 1", "WHEN n.g %% 40 = 1 THEN 3600"),
+    "push": _mixed("WHEN n.g %% 100 < 60 THEN 1003 WHEN n.g %% 100 < 90 THEN 1001 WHEN n.g %% 100 < 94 THEN 1002"
+                   " ELSE 1004", "WHEN n.g %% 10 = 3 THEN 2", "WHEN n.g %% 20 = 3 THEN 600"),
     "grouped": """SELECT 1001 AS status, 0 AS retry, -60 AS delay, 0 AS deadline,
                          NULL::bigint AS partition, 0 AS gate""",
     "parts": """SELECT CASE WHEN n.g %% 250 = 7 THEN 1002 ELSE 1001 END AS status,

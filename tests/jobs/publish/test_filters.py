@@ -12,6 +12,7 @@ from rest_framework.test import APIClient
 from broker.message_types import message_type_matches
 from consumers.seed import seed_parse
 from jobs.models import Job, JobStatus
+from tests.helpers import seed_one_channel
 from tests.jobs.conftest import json_of
 from tests.jobs.pull.conftest import PullClient
 
@@ -156,11 +157,7 @@ def test_pulled_and_listed_jobs_carry_type(make):
 
 
 def test_seed_message_types_key():
-    plan = seed_parse("""
-[initial-channels]
-ch=Channel
-[initial-channel-tokens]
-ch=ch-token
+    plan = seed_parse(seed_one_channel("""
 [initial-consumers]
 good=
 bad=
@@ -174,7 +171,7 @@ token=t
 channel=ch
 type=pull
 messageTypes=order**
-""")
+"""))
     assert plan.consumers["good"]["message_types"] == ["order.*", "invoice.paid"]
     assert "bad" not in plan.consumers
     assert any("bad" in e and "messageTypes" in e for e in plan.errors)

@@ -11,6 +11,7 @@ from broker import netpolicy
 from consumers.models import Consumer
 from consumers.seed import seed_apply, seed_parse
 from jobs.models import DeliveryAttempt, Job, JobStatus
+from tests.helpers import seed_one_channel
 
 DENIED = [
     "http://127.0.0.1/x", "http://127.8.9.10:8080/x", "http://localhost:9/x", "http://10.0.0.1/",
@@ -87,11 +88,7 @@ def test_address_classification(settings):
 
 @pytest.mark.django_db
 def test_seed_skips_denied_consumers(deny, caplog):
-    plan = seed_parse("""
-[initial-channels]
-ch=Channel
-[initial-channel-tokens]
-ch=ch-token
+    plan = seed_parse(seed_one_channel("""
 [initial-consumers]
 metadata=http://169.254.169.254/latest
 public=http://93.184.216.34/hook
@@ -101,7 +98,7 @@ channel=ch
 [public]
 token=t2
 channel=ch
-""")
+"""))
     with caplog.at_level(logging.ERROR):
         seed_apply(plan)
     assert set(Consumer.objects.values_list("consumer_id", flat=True)) == {"public"}
