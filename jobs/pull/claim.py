@@ -37,16 +37,18 @@ class ClaimedJob:
     partition_key: str | None = None
     gate: int = 0
     message_type: str | None = None  # filters: the message's X-Broker-Message-Type
+    receipt: int | None = None  # this claim's receipt (jobs.pull.ack)
 
 
 def claimed_jobs(rows) -> list[ClaimedJob]:
     """Rows shaped like ``claim_pull``'s result (id, priority, retry_count, incremental_timeout,
-    deadline, message_id, payload, content_type, headers[, partition key, gate[, type]]) as ClaimedJob objects."""
+    deadline, message_id, payload, content_type, headers[, partition key, gate[, type[, receipt]]]) as
+    ClaimedJob objects."""
     return [
         ClaimedJob(id=r[0], priority=r[1], retry_count=r[2], incremental_timeout=r[3], deadline=r[4],
                    message_id=r[5], payload=bytes(r[6]), content_type=r[7], headers=headers_decode(r[8]),
                    partition_key=r[9] if len(r) > 9 else None, gate=r[10] if len(r) > 10 and r[10] else 0,
-                   message_type=r[11] if len(r) > 11 else None)
+                   message_type=r[11] if len(r) > 11 else None, receipt=r[12] if len(r) > 12 else None)
         for r in rows
     ]
 

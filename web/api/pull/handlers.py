@@ -18,7 +18,7 @@ from broker.errors import DomainError, Forbidden, InvalidInput
 from jobs.pull.ack import ack_request_parse, gate_parse, job_gate_move, jobs_ack
 from jobs.pull.auth import PullContext, pull_authenticate
 from jobs.pull.claim import pull_request_parse
-from jobs.pull.fields import limit_parse, timeout_parse
+from jobs.pull.fields import limit_parse, receipt_repr, timeout_parse
 from jobs.pull.serve import pull_serve
 from jobs.pull.shapes import claimed_repr
 from jobs.pull.spec import SPEC_STATES, job_transition, queued_jobs_list
@@ -31,6 +31,7 @@ JSON_BODY_LIMIT = 1024 * 1024
 ADMIN_META = "HTTP_X_BROKER_ADMIN_TOKEN"
 CHANNEL_TOKEN_META = "HTTP_X_BROKER_CHANNEL_TOKEN"
 CONSUMER_TOKEN_META = "HTTP_X_BROKER_CONSUMER_TOKEN"
+RECEIPT_HEADER = "X-Broker-Receipt"
 
 
 def json_response(body, status: int = 200) -> HttpResponse:
@@ -93,12 +94,15 @@ def job_state_post(request, channel_id: str, consumer_id: str, job_id: str) -> H
     except DomainError:
         authenticate(request, channel_id, consumer_id, job_id=job_id)  # auth errors come first
         raise
-    job_transition(
+    receipt = job_transition(
         channel_id=channel_id, consumer_id=consumer_id, job_id=job_id,
         channel_token=meta.get(CHANNEL_TOKEN_META), consumer_token=meta.get(CONSUMER_TOKEN_META),
         next_state=next_state, incremental_timeout=incremental,
     )
-    return HttpResponse(status=202)
+    response = HttpResponse(status=202)
+    if receipt is not None:  # a claim (INFLIGHT): its receipt, for an ack or progress (the body stays empty)
+        response[RECEIPT_HEADER] = receipt_repr(receipt)
+    return response
 
 
 def pull_post(request, channel_id: str, consumer_id: str) -> HttpResponse:
