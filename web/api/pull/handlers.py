@@ -11,6 +11,7 @@ and answer JSON bytes; errors are raised as domain errors and rendered by the ca
 from __future__ import annotations
 
 import json
+import select
 
 from django.http import HttpResponse
 
@@ -105,9 +106,36 @@ def job_state_post(request, channel_id: str, consumer_id: str, job_id: str) -> H
     return response
 
 
+# poll() events that say the peer hung up (POLLRDHUP: it closed its side, Linux; HUP/ERR: reported anyway)
+HUNG_UP = getattr(select, "POLLRDHUP", 0) | select.POLLHUP | select.POLLERR
+
+
+def client_gone_check(request):
+    """A check whether the client of ``request`` has hung up (its socket polls as closed by the peer),
+    for a long-poll to ask before it claims; None when the server does not give us the socket
+    (gunicorn does: ``gunicorn.socket``)."""
+    sock = request.META.get("gunicorn.socket")
+    if sock is None or not HUNG_UP:
+        return None
+
+    def gone() -> bool:
+        try:
+            fd = sock.fileno()
+            if fd < 0:
+                return True
+            poller = select.poll()
+            poller.register(fd, HUNG_UP)
+            return bool(poller.poll(0))
+        except (OSError, ValueError):
+            return True
+    return gone
+
+
 def pull_post(request, channel_id: str, consumer_id: str) -> HttpResponse:
     ctx = authenticate(request, channel_id, consumer_id)
-    served = pull_serve(ctx=ctx, req=pull_request_parse(json_body(request, empty={})))
+    req = pull_request_parse(json_body(request, empty={}))
+    req.client_gone = client_gone_check(request)
+    served = pull_serve(ctx=ctx, req=req)
     items = [claimed_repr(j) for j in served.jobs]
     body = {"Result": items}
     pin = served.pin_id
