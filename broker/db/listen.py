@@ -69,6 +69,7 @@ class Listener:
         self.failures = 0
         self.retry_at = 0.0
         self.received = 0  # notifications read so far (a payload may name no id)
+        self.doomed = False  # the server said it ends this connection (a FATAL notice): lost at once
 
     # --- connection -------------------------------------------------------------------------------
     def connect(self) -> psycopg.Connection | None:
@@ -80,6 +81,8 @@ class Listener:
             return None
         try:
             self.conn = dedicated_connect(application_name=self.application_name)
+            self.doomed = False
+            self.conn.add_notice_handler(self._notice)
             self.listen(*self.channels)
             if self.on_connect is not None:
                 self.on_connect(self.conn)
@@ -90,6 +93,14 @@ class Listener:
             logger.warning("%s: database connection back after %d attempts", self.application_name, self.failures)
         self.failures = 0
         return self.conn
+
+    def _notice(self, diag) -> None:
+        """A server that ends a connection (``pg_terminate_backend``, a shutdown, a crash of
+        another backend) first sends a FATAL error; arriving while no query runs, libpq hands it to
+        the notice handler and reports the loss only at the next read. Note it, so the read that
+        brought it reports the loss (the dispatcher reconnects at once instead of a turn later)."""
+        if diag.severity_nonlocalized in ("FATAL", "PANIC"):
+            self.doomed = True
 
     def listen(self, *channels: str) -> None:
         """LISTEN on more channels (names are code constants, never input)."""
@@ -131,6 +142,8 @@ class Listener:
             while (note := pgconn.notifies()) is not None:
                 self.received += 1
                 ids |= payload_ids(note.extra)
+            if self.doomed or pgconn.status != psycopg.pq.ConnStatus.OK:
+                raise psycopg.OperationalError("the server ended the connection")
         except Exception as exc:  # noqa: BLE001
             self.lost(exc)
             return None
