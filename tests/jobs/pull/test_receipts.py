@@ -11,8 +11,9 @@ from django.utils import timezone
 
 from broker.xid import job_pk
 from jobs.models import Job
+from jobs.push.claim import jobs_claim_push
 from jobs.sweeps.inflight_timeout import jobs_expire_inflight
-from tests.jobs.pull.conftest import claim_one, job_status, publish_n
+from tests.jobs.pull.conftest import PULL_HEADERS, PullClient, claim_one, job_status, publish_n
 
 pytestmark = pytest.mark.django_db
 
@@ -109,3 +110,22 @@ def test_every_claim_path_gives_a_new_receipt_even_across_a_replay(world, pc, ap
     assert r.json()["Result"][0]["Error"] == "stale_receipt"
     r = pc.ack([{"ID": jid, "NextState": "DELIVERED", "Receipt": pulled["Receipt"]}])
     assert r.json()["Result"][0]["Status"] == "DELIVERED"
+
+
+def test_grouped_pulls_and_push_claims_carry_receipts_too(world, api, client_anon):
+    r = api.put("/channel/ch1/consumer/grp", {"token": "g-token", "type": "pull", "priorityPolicy": "overflow",
+                                              "priorityGroups": ["A"]}, format="json")
+    assert r.status_code == 200, r.content
+    publish_n(world, 2)  # to every consumer of ch1: the push consumer c1, pull c2, grouped grp
+    grouped = PullClient(client_anon, base="/channel/ch1/consumer/grp",
+                         headers={**PULL_HEADERS, "HTTP_X_BROKER_CONSUMER_TOKEN": "g-token"})
+    [job] = grouped.pull(group="A", batch=1).json()["Result"]
+    assert job["Receipt"].isdigit()
+    r = grouped.ack([{"ID": job["ID"], "NextState": "DELIVERED", "Receipt": str(int(job["Receipt"]) + 10**6)}])
+    assert r.json()["Result"][0]["Error"] == "stale_receipt"
+    r = grouped.ack([{"ID": job["ID"], "NextState": "DELIVERED", "Receipt": job["Receipt"]}])
+    assert r.json()["Result"][0]["Status"] == "DELIVERED"
+    pushed = jobs_claim_push(limit=10)
+    assert len(pushed) == 2
+    receipts = list(Job.objects.filter(pk__in=[p.id for p in pushed]).values_list("receipt", flat=True))
+    assert None not in receipts and len(set(receipts)) == 2 and int(job["Receipt"]) not in receipts
