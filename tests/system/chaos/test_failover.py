@@ -299,6 +299,12 @@ def _terminate_broker_backends(cluster: Cluster) -> int:
     return rows[0][0]
 
 
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 def _recovered(pubs: Publishers, after: float) -> float:
     """Seconds from ``after`` until the first 201 answered after it."""
     times = [t for t, o in list(pubs.answers) if o == "201" and t >= after]
@@ -372,6 +378,7 @@ def test_failover_cut_connections_and_a_silent_network(tmp_path):
         def failover():
             start = time.monotonic()
             cluster.kill_primary()
+            assert wait_for(lambda: not _port_open(cluster.p_port), 5, 0.05), "the primary is still up"
             time.sleep(1)
             cluster.promote()
             assert cluster.sql(cluster.s_port, "SELECT pg_is_in_recovery()") == [(False,)]
