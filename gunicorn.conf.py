@@ -11,7 +11,14 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the repository root, for broker/
-from broker.embedded_db import database_url_ensure  # noqa: E402  (no Django: safe before it loads)
+from broker.db.urls import DatabaseUrlError, database_url_parse  # noqa: E402  (no Django: safe before it loads)
+from broker.embedded_db import database_url_ensure  # noqa: E402
+
+if os.environ.get("DATABASE_URL"):
+    try:
+        database_url_parse(os.environ["DATABASE_URL"])
+    except DatabaseUrlError as _exc:  # one line naming the refused part, before any worker starts
+        sys.exit(str(_exc))
 
 bind = os.environ.get("BROKER_BIND", "127.0.0.1:8080")
 workers = int(os.environ.get("BROKER_WEB_WORKERS", "2"))

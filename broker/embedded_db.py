@@ -33,6 +33,8 @@ from pathlib import Path
 
 import psycopg
 
+from broker.db.urls import database_url_parse
+
 # The package's import warns about XDG_RUNTIME_DIR (for a helper we do not use): kept out of the logs.
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -75,10 +77,12 @@ def started() -> EmbeddedServer | None:
 def database_url_ensure() -> str:
     """The explicit start step of every entry point: DATABASE_URL when set; else the embedded server
     under BROKER_DATA_DIR/postgres, started (or found) now, its URL exported so that Django's
-    settings and child processes (gunicorn workers, qcluster) use the same server."""
+    settings and child processes (gunicorn workers, qcluster) use the same server. Raises
+    ``broker.db.urls.DatabaseUrlError`` (one line naming the refused part) for a URL it cannot use."""
     global _started
     url = os.environ.get("DATABASE_URL")
     if url:
+        database_url_parse(url)  # a URL the broker cannot use stops here, in one line (DatabaseUrlError)
         return url
     _started = server_ensure(data_dir() / "postgres")
     os.environ["DATABASE_URL"] = _started.url

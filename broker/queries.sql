@@ -105,6 +105,12 @@ SELECT substring(payload FROM 1 FOR %s), octet_length(payload), content_type
 -- says why; tests/broker checks the two agree).
 SET plan_cache_mode = force_generic_plan;
 
+-- session_settings_set --
+-- index: none (session settings)
+-- A broker session's bounds, once per connection (settings.BROKER_DB_SESSION_SETTINGS: statement_timeout
+-- and idle_in_transaction_session_timeout from BROKER_DB_TIMEOUT; docs/high-availability.md).
+SELECT set_config(n, v, false) FROM unnest(%(names)s::text[], %(values)s::text[]) AS s(n, v);
+
 -- settings_local_set --
 -- index: none (sets planner settings)
 -- A statement's planner settings (its registry ``settings:`` line) for the rest of the transaction.

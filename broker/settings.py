@@ -14,9 +14,9 @@ import os
 import sys
 from pathlib import Path
 
-import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from broker.db.urls import DatabaseUrlError, django_database, options_settings
 from broker.embedded_db import data_dir
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -117,18 +117,23 @@ if not DATABASE_URL:
         "DATABASE_URL is not set: set it, or start the broker through manage.py, broker.wsgi or "
         "gunicorn.conf.py, which start the embedded PostgreSQL (broker.embedded_db.database_url_ensure)")
 
-DATABASES = {
-    "default": dj_database_url.parse(
-        DATABASE_URL,
-        conn_max_age=env_int("BROKER_DB_CONN_MAX_AGE", 300),
-        # No per-request "SELECT 1": a connection broken by a database restart fails one request
-        # with 503 and is then replaced (Django drops unusable connections after errors).
-        conn_health_checks=env_bool("BROKER_DB_HEALTH_CHECKS", False),
-    )
-}
-if not DATABASES["default"]["ENGINE"].endswith("postgresql"):
-    raise ImproperlyConfigured("DATABASE_URL must point at PostgreSQL (postgres://...)")
-DATABASES["default"].setdefault("OPTIONS", {})
+# libpq's URI, multi-host included (postgres://u:p@h1:5432,h2:5432/db?target_session_attrs=read-write),
+# with any libpq parameter in the query string and broker.db.urls.LIBPQ_DEFAULTS beneath them
+# (connect_timeout, TCP keepalives, tcp_user_timeout): every connection the broker opens uses them.
+# A URL it cannot use stops the start with one line naming the part (broker.db.urls.DatabaseUrlError).
+try:
+    _DATABASE = django_database(DATABASE_URL)
+except DatabaseUrlError as exc:
+    raise ImproperlyConfigured(str(exc)) from None
+# ENGINE broker.db.backend: Django's PostgreSQL backend whose connections bound every round trip
+# (BROKER_DB_TIMEOUT below).
+_DATABASE.update(
+    CONN_MAX_AGE=env_int("BROKER_DB_CONN_MAX_AGE", 300),
+    # No per-request "SELECT 1": a connection broken by a database restart fails one request
+    # with 503 and is then replaced (Django drops unusable connections after errors).
+    CONN_HEALTH_CHECKS=env_bool("BROKER_DB_HEALTH_CHECKS", False),
+)
+DATABASES = {"default": _DATABASE}
 DATABASES["default"]["OPTIONS"].setdefault("application_name", os.path.basename(sys.argv[0] or "broker")[:60])
 # jit = off on every session the broker opens (Django's connections, the dedicated LISTEN ones, the
 # django-q2 cluster; the Spark pipeline's JDBC URL carries the same option). The broker runs short
@@ -140,6 +145,25 @@ DATABASES["default"]["OPTIONS"].setdefault("application_name", os.path.basename(
 SESSION_OPTIONS = "-c jit=off"
 DATABASES["default"]["OPTIONS"]["options"] = " ".join(
     x for x in (DATABASES["default"]["OPTIONS"].get("options", ""), SESSION_OPTIONS) if x)
+# Every database round trip of the web processes and the workers is bounded (docs/high-availability.md):
+# the server cancels a statement (lock waits included) after BROKER_DB_TIMEOUT seconds
+# (statement_timeout), ends a session left idle inside a transaction after three times that
+# (idle_in_transaction_session_timeout: a client lost mid-transaction must not hold its locks), and
+# the client gives up on a round trip that got no answer DB_TIMEOUT_GRACE seconds later (a silent
+# link or server: broker.db.backend.BoundedConnection), closing the connection. On by default in the
+# serving processes only (a WSGI server that loaded broker.wsgi, and qcluster): migrations, operator
+# commands, benchmarks and tests may run long statements. A URL whose ``options`` sets one of these
+# settings keeps its own value.
+_SERVING = "broker.wsgi" in sys.modules or (
+    os.path.basename(sys.argv[0] or "") == "manage.py" and sys.argv[1:2] == ["qcluster"])
+BROKER_DB_TIMEOUT = env_float("BROKER_DB_TIMEOUT", 10.0 if _SERVING and not TESTING else 0.0)
+DB_TIMEOUT_GRACE = 2.0
+BROKER_DB_SESSION_SETTINGS = {
+    name: value for name, value in (
+        ("statement_timeout", f"{int(BROKER_DB_TIMEOUT * 1000)}ms"),
+        ("idle_in_transaction_session_timeout", f"{int(BROKER_DB_TIMEOUT * 3000)}ms"),
+    ) if BROKER_DB_TIMEOUT > 0 and name not in options_settings(DATABASES["default"]["OPTIONS"]["options"])
+}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- apps ---------------------------------------------------------------------------------------
@@ -288,13 +312,15 @@ Q_CLUSTER = {
     "poll": 0.2,
     "save_limit": 100,
     "ack_failures": True,
+    # the queue in PostgreSQL, riding out cut connections and failovers (broker/task_queue.py)
+    "broker_class": "broker.task_queue.OrmQueue",
 }
 # Beyond one machine (docs/multi-node.md): django-q2's task queue on Redis instead of the
 # database (needs the ``redis`` package). Tasks carry only wake-ups, never payloads, and the
 # schedules, results and every broker table stay in PostgreSQL; the ORM queue stays the default.
 BROKER_Q_REDIS_URL = env_str("BROKER_Q_REDIS_URL")
 if BROKER_Q_REDIS_URL:
-    del Q_CLUSTER["orm"]
+    del Q_CLUSTER["orm"], Q_CLUSTER["broker_class"]
     Q_CLUSTER["redis"] = BROKER_Q_REDIS_URL
 if TESTING:
     Q_CLUSTER["sync"] = env_bool("BROKER_Q_SYNC", True)

@@ -51,6 +51,11 @@ class Job(models.Model):
     last_reason = models.CharField(max_length=32, null=True, blank=True)
     # Expiry: the message's expires_at, copied at fan-out so claims test it on the job row.
     expires_at = models.DateTimeField(null=True, blank=True)
+    # The current claim's receipt: every claim (pull, grouped pull, the spec's INFLIGHT, push) takes
+    # a new value of the sequence jobs_job_receipt_seq (migration 0021), so it never repeats for a
+    # job (a replay resets the retry count, not this). An ack or progress carrying another receipt
+    # is a late one from an earlier holder: it changes nothing (jobs.pull.ack). NULL until claimed.
+    receipt = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         constraints = [

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import os
 import sys
-from urllib.parse import quote
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
+
+from broker.db.urls import DatabaseUrlError, jdbc_url
 
 JDBC_DRIVER = "org.postgresql.Driver"
 
@@ -72,33 +73,27 @@ def spark_session_build(*, master: str | None = None, app_name: str = "broker-pi
 
 
 def jdbc_options_build(*, alias: str = "default") -> dict[str, str]:
-    """url/user/password/driver for Spark's JDBC source, from the connection Django is using."""
+    """url/user/password/driver for Spark's JDBC source, from the connection Django is using: every
+    host of DATABASE_URL in order (``jdbc:postgresql://h1:p1,h2:p2/db?targetServerType=primary`` for
+    ``target_session_attrs=read-write``), its connect timeout, keepalives and sslmode
+    (``broker.db.urls.jdbc_url``)."""
     conn = connections[alias]
     sd = conn.settings_dict
     if conn.vendor != "postgresql":
         raise ImproperlyConfigured("the Spark pipeline reads PostgreSQL only")
-    host = sd.get("HOST") or "localhost"
-    if host.startswith("/"):
-        raise ImproperlyConfigured("JDBC needs a TCP host, not a unix socket directory; set HOST in DATABASE_URL")
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"  # IPv6 literal
-    port = sd.get("PORT") or 5432
     # prepareThreshold=-1: binary transfer from the first execution (the driver's default is text
     # until a statement has run 5 times, and every Spark read runs once). Decoding text timestamps
     # dominated the report's read: at 1M jobs binary took the JVM CPU from 7.3 to 3.7 s and the
     # read from 19.9 to 8.1 s (PostgreSQL formats no timestamps either).
     params = {"ApplicationName": "broker-pipeline", "prepareThreshold": "-1"}
     opts = sd.get("OPTIONS") or {}
-    if opts.get("sslmode"):
-        params["sslmode"] = opts["sslmode"]
     if opts.get("options"):  # the session options of every broker connection (jit = off: broker.settings)
         params["options"] = opts["options"]
-    query = "&".join(f"{k}={quote(str(v))}" for k, v in params.items())
-    options = {
-        "url": f"jdbc:postgresql://{host}:{port}/{quote(sd['NAME'])}?{query}",
-        "driver": JDBC_DRIVER,
-        "user": sd.get("USER") or "postgres",
-    }
+    try:
+        url = jdbc_url(sd, params=params)
+    except DatabaseUrlError as exc:
+        raise ImproperlyConfigured(str(exc)) from None
+    options = {"url": url, "driver": JDBC_DRIVER, "user": sd.get("USER") or "postgres"}
     if sd.get("PASSWORD"):
         options["password"] = sd["PASSWORD"]
     return options

@@ -29,11 +29,9 @@ def test_database_url() -> str:
     """URL of the database the current test session uses (pytest-django's test_... database)."""
     from django.db import connection
 
-    s = connection.settings_dict
-    auth = s.get("USER") or ""
-    if s.get("PASSWORD"):
-        auth += f":{s['PASSWORD']}"
-    return f"postgres://{auth}@{s.get('HOST') or '127.0.0.1'}:{s.get('PORT') or 5432}/{s['NAME']}"
+    from broker.db.urls import database_url_render
+
+    return database_url_render(connection.settings_dict)
 
 
 def child_env(**extra) -> dict:

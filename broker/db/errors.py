@@ -1,6 +1,10 @@
-"""Refusals the database makes on the domain's behalf, as domain errors."""
+"""Refusals the database makes on the domain's behalf, as domain errors; and which database errors
+mean "unavailable, try again" (``database_unavailable``)."""
 
 from __future__ import annotations
+
+import psycopg
+from django.db import DatabaseError, InterfaceError, OperationalError
 
 from broker.errors import Conflict
 
@@ -13,3 +17,40 @@ class IllegalTransition(Conflict):
 
     def __init__(self, detail: str) -> None:
         super().__init__("illegal_transition", detail)
+
+
+# SQLSTATEs that say "the database cannot serve this now, try again" rather than "this request is
+# wrong": the server is read-only (a standby, a demoted primary: 25006), shutting down or restarting
+# or the session was terminated (57P01-57P03), a statement or lock wait ran past its bound (57014,
+# 55P03), a serialization failure or deadlock (40001, 40P01), and whole classes 08 (connection) and
+# 53 (out of resources: too many connections, disk full).
+UNAVAILABLE_SQLSTATES = frozenset({"25006", "57P01", "57P02", "57P03", "57014", "55P03", "40001", "40P01"})
+UNAVAILABLE_CLASSES = ("08", "53")
+READ_ONLY_SQLSTATE = "25006"
+
+
+def sqlstate_of(exc: BaseException) -> str:
+    """The SQLSTATE of a psycopg error, or of the psycopg error a Django one wraps ('' if none)."""
+    for candidate in (exc, exc.__cause__):
+        state = getattr(candidate, "sqlstate", None)
+        if state:
+            return state
+    return ""
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` means the database cannot serve right now (down, unreachable, a connection
+    cut, failing over, read-only, a bound passed): a request answers 503 with Retry-After and a
+    loop reconnects, rather than a 500."""
+    if isinstance(exc, (OperationalError, InterfaceError, psycopg.OperationalError, psycopg.InterfaceError)):
+        return True
+    if not isinstance(exc, (DatabaseError, psycopg.Error)):
+        return False
+    state = sqlstate_of(exc)
+    return state in UNAVAILABLE_SQLSTATES or state[:2] in UNAVAILABLE_CLASSES
+
+
+def database_read_only(exc: BaseException) -> bool:
+    """Whether the server refused a write as read-only: the connection is on a standby (or a
+    demoted primary) and must be replaced, not reused (Django keeps a connection that still answers)."""
+    return sqlstate_of(exc) == READ_ONLY_SQLSTATE

@@ -19,19 +19,33 @@ from collections.abc import Callable, Sequence
 import psycopg
 from django.db import connection
 
+from broker.db.backend.base import bounded_connect
+from broker.db.run import session_bounds
+from broker.queries import Q as BROKER_Q
+
 logger = logging.getLogger(__name__)
 
-BACKOFF = (1.0, 2.0, 4.0)  # seconds before reconnect attempts 1, 2, 3 and after (reset on success)
+BACKOFF = (0.25, 0.5, 1.0, 2.0)  # seconds before reconnect attempts 1, 2, 3, 4 and after (reset on success)
 
 
 def dedicated_connect(*, application_name: str) -> psycopg.Connection:
     """An autocommit connection to Django's default database, outside Django's connection handling,
-    with the libpq parameters Django's own connections get (the session options: jit = off)."""
+    with the libpq parameters Django's own connections get (every host of DATABASE_URL, its libpq
+    parameters, the session options: jit = off) and the same bounds (a ``BoundedConnection``,
+    the session's statement timeout)."""
     params = connection.get_connection_params()
     for django_only in ("cursor_factory", "context", "prepare_threshold"):
         params.pop(django_only, None)
     params["application_name"] = application_name
-    return psycopg.connect(**{k: v for k, v in params.items() if v not in (None, "")}, autocommit=True)
+    conn = bounded_connect(**{k: v for k, v in params.items() if v not in (None, "")}, autocommit=True)
+    bounds = session_bounds()
+    if bounds is not None:
+        try:
+            conn.execute(BROKER_Q.session_settings_set.sql, bounds)
+        except BaseException:
+            conn.close()
+            raise
+    return conn
 
 
 def payload_ids(payload: bytes | str) -> set[int]:
@@ -55,6 +69,7 @@ class Listener:
         self.failures = 0
         self.retry_at = 0.0
         self.received = 0  # notifications read so far (a payload may name no id)
+        self.doomed = False  # the server said it ends this connection (a FATAL notice): lost at once
 
     # --- connection -------------------------------------------------------------------------------
     def connect(self) -> psycopg.Connection | None:
@@ -66,14 +81,26 @@ class Listener:
             return None
         try:
             self.conn = dedicated_connect(application_name=self.application_name)
+            self.doomed = False
+            self.conn.add_notice_handler(self._notice)
             self.listen(*self.channels)
             if self.on_connect is not None:
                 self.on_connect(self.conn)
         except Exception as exc:  # noqa: BLE001 - any failure: try again after the backoff
             self.lost(exc)
             return None
+        if self.failures:
+            logger.warning("%s: database connection back after %d attempts", self.application_name, self.failures)
         self.failures = 0
         return self.conn
+
+    def _notice(self, diag) -> None:
+        """A server that ends a connection (``pg_terminate_backend``, a shutdown, a crash of
+        another backend) first sends a FATAL error; arriving while no query runs, libpq hands it to
+        the notice handler and reports the loss only at the next read. Note it, so the read that
+        brought it reports the loss (the dispatcher reconnects at once instead of a turn later)."""
+        if diag.severity_nonlocalized in ("FATAL", "PANIC"):
+            self.doomed = True
 
     def listen(self, *channels: str) -> None:
         """LISTEN on more channels (names are code constants, never input)."""
@@ -83,7 +110,7 @@ class Listener:
 
     def lost(self, exc: BaseException | None = None) -> None:
         """Close after a failure; the next attempt comes after the backoff."""
-        if exc is not None:
+        if exc is not None and self.failures == 0:  # once per outage, not at every attempt
             logger.warning("%s: database connection lost (%s); reconnecting", self.application_name,
                            type(exc).__name__)
         self.close()
@@ -115,6 +142,8 @@ class Listener:
             while (note := pgconn.notifies()) is not None:
                 self.received += 1
                 ids |= payload_ids(note.extra)
+            if self.doomed or pgconn.status != psycopg.pq.ConnStatus.OK:
+                raise psycopg.OperationalError("the server ended the connection")
         except Exception as exc:  # noqa: BLE001
             self.lost(exc)
             return None

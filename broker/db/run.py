@@ -48,13 +48,27 @@ PLAN_CACHE_MODE = "force_generic_plan"
 
 def connection_plan_setup(sender=None, connection=None, **kwargs) -> None:
     """Django's ``connection_created``: plan the session's prepared statements generically (see
-    PLAN_CACHE_MODE). Sent in autocommit right after connecting, so no rollback undoes it."""
+    PLAN_CACHE_MODE), and set the session's bounds (``session_bounds``). Sent in autocommit right
+    after connecting, so no rollback undoes them."""
     if connection is None or connection.vendor != "postgresql":
         return
+    bounds = session_bounds()
+    if bounds is not None:
+        with connection.cursor() as cur:
+            cur.execute(Q.session_settings_set.sql, bounds)
     if not getattr(settings, "BROKER_PREPARED_STATEMENTS", True):
         return  # nothing is prepared: every statement is planned with its values
     with connection.cursor() as cur:
         cur.execute(Q.plan_cache_mode_set.sql)  # SET plan_cache_mode = PLAN_CACHE_MODE
+
+
+def session_bounds() -> dict | None:
+    """Parameters of ``session_settings_set`` for a new session: its statement and
+    idle-in-transaction timeouts (``settings.BROKER_DB_SESSION_SETTINGS``); None when there are none."""
+    values = getattr(settings, "BROKER_DB_SESSION_SETTINGS", None)
+    if not values:
+        return None
+    return {"names": list(values), "values": list(values.values())}
 
 
 def _sql(q: Query | str) -> str:

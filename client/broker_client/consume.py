@@ -217,6 +217,8 @@ class ConsumeLoop:
                 self.held.pop(job.id, None)
             return
         item = {"ID": job.id, "NextState": state}
+        if job.receipt is not None:
+            item["Receipt"] = job.receipt
         if state == QUEUED and delay:
             item["Delay"] = delay
         with self.lock:

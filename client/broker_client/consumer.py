@@ -180,6 +180,8 @@ class PullConsumer(Client):
         for outcome in outcomes:
             job, state, *rest = outcome
             item = {"ID": job.id if isinstance(job, Job) else str(job), "NextState": state}
+            if isinstance(job, Job) and job.receipt is not None:
+                item["Receipt"] = job.receipt
             if rest and rest[0] is not None and state == QUEUED:
                 item["Delay"] = rest[0]
             items.append(item)
@@ -198,6 +200,8 @@ class PullConsumer(Client):
     def outcome_send(self, *, job: Job, state: str, delay: float | None = None, gate: int | None = None,
                      payload=None) -> dict:
         item: dict = {"ID": job.id, "NextState": state}
+        if job.receipt is not None:
+            item["Receipt"] = job.receipt
         if gate is not None:
             item["Gate"] = int(gate)
             if payload is not None:
@@ -213,7 +217,9 @@ class PullConsumer(Client):
     def progress_send(self, *, job: Job, seconds: float | None = None, retry: RetryPolicy | None = None):
         """POST .../job/{id}/progress; the job's lease is renewed from the answer. A job that is no
         longer in flight is marked ``lost`` (and ``Conflict`` raised)."""
-        body = {"IncrementalTimeout": seconds} if seconds else {}
+        body: dict = {"IncrementalTimeout": seconds} if seconds else {}
+        if job.receipt is not None:
+            body["Receipt"] = job.receipt
         try:
             response, _ = self.transport.call("POST", f"{self.path}/job/{path_segment(job.id)}/progress", json=body,
                                               retry=retry)

@@ -65,7 +65,7 @@ class Job:
     ``move_to_gate(...)``."""
 
     __slots__ = ("id", "message_id", "_payload", "content_type", "priority", "attempt", "deadline",
-                 "incremental_timeout", "headers", "partition_key", "gate", "message_type", "pin_id", "raw",
+                 "incremental_timeout", "headers", "partition_key", "gate", "message_type", "pin_id", "receipt", "raw",
                  "_consumer", "_lease_start", "_lease", "_lock", "settled", "lost")
 
     def __init__(self, item: dict, consumer: JobOwner, *, received: float, server_now: float | None,
@@ -85,6 +85,9 @@ class Job:
         self.gate = item.get("Gate")
         self.message_type = item.get("Type", message.get("Type"))
         self.pin_id = item.get("PinId") or pin_id or None
+        # this claim's receipt (opaque): sent with every outcome and progress, so a late one (the
+        # lease ran out and another consumer holds the job now) changes nothing (stale_receipt)
+        self.receipt = item.get("Receipt")
         self._consumer = consumer
         self._lock = threading.Lock()
         self.settled = False  # an outcome was reported (by the handler or by consume)

@@ -98,7 +98,8 @@ def _move_auth(s: Sample, to_s=DELIVERED, from_s=(INFLIGHT,), async_commit=False
 def _ack(s: Sample) -> dict:
     ids = s.inflight_jobs
     return {"ids": ids, "to_s": [DELIVERED] * len(ids), "delay": [None] * len(ids), "consumer": s.pull,
-            "max_retry": 5, "queued": QUEUED, "dead": DEAD, "inflight": INFLIGHT, "reason": "pull-ack"}
+            "max_retry": 5, "queued": QUEUED, "dead": DEAD, "inflight": INFLIGHT, "reason": "pull-ack",
+            "receipts": [None] * (len(ids) - 1) + [7]}  # receipts: the ack of a claim given with one
 
 
 def _publish(s: Sample, **extra) -> dict:
@@ -129,7 +130,9 @@ CASES: list[Case] = [
     Case("jobs.partitions:gate_move", lambda s: {"ids": [s.parts_inflight_job], "gates": [1], "payloads": [None],
                                       "keep": [True], "consumer": s.parts}),
     Case("jobs.pull:extend", lambda s: {"ids": s.inflight_jobs[:1], "inflight": INFLIGHT, "consumer": s.pull,
-                                   "timeout": 32.25, "inc": None}),
+                                   "timeout": 32.25, "inc": None, "receipt": None}),
+    Case("jobs.pull:extend", lambda s: {"ids": s.inflight_jobs[:1], "inflight": INFLIGHT, "consumer": s.pull,
+                                   "timeout": 32.25, "inc": None, "receipt": 7}, id="extend-receipt"),
     Case("jobs.push:push_record", lambda s: {
         "ids": s.inflight_jobs, "to_s": [DELIVERED] * len(s.inflight_jobs), "delay": [None] * len(s.inflight_jobs),
         "max_retry": [5] * len(s.inflight_jobs), "attempts": [1] * len(s.inflight_jobs),

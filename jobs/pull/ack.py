@@ -1,6 +1,13 @@
 """A pull consumer's outcomes: the batch ack (``AckItem`` parsing, ``jobs_ack`` over the status
 writer ``jobs_ack_inflight``: INFLIGHT -> DELIVERED / DEAD / QUEUED in one statement), handler-driven
-gate moves of partitioned jobs, and progress (``job_progress``: a deadline extension, no move)."""
+gate moves of partitioned jobs, and progress (``job_progress``: a deadline extension, no move).
+
+Receipts: every claim gives the job a new receipt (``jobs_job.receipt``, from a sequence: it never
+repeats for the job, a replay included), sent with the job as ``"Receipt"``. An ack item or a
+progress request that carries one changes the job only while that claim is the current one, checked
+in the same statement; a late one from a holder whose lease ran out (the job was claimed again by
+someone else) changes nothing and is answered ``stale_receipt``, as SQS receipt handles and Pub/Sub
+ack ids are refused. Without a receipt everything is as before (webhook-broker's spec has none)."""
 
 from __future__ import annotations
 
@@ -8,19 +15,20 @@ import json
 from dataclasses import dataclass
 from typing import Sequence
 
-from broker.db.run import query_fetchall
+from broker.db.run import query_fetchall, query_fetchone
 from broker.errors import Conflict, InvalidInput, TooLarge
 from broker.times import rfc3339
 from broker.xid import job_xid
 from jobs.partitions.gates import GateMove, jobs_move_gate
 from jobs.partitions.settle import settle_on_commit
 from jobs.pull.auth import PullContext
-from jobs.pull.fields import job_id_parse, timeout_parse
+from jobs.pull.fields import job_id_parse, receipt_parse, timeout_parse
 from jobs.pull.queries import Q
 from jobs.state.retries import inflight_timeout
 from jobs.state.transitions import DEAD, DELIVERED, INFLIGHT, QUEUED, STATUS_NAMES, transitions_check
 
 ACK_STATES = {"DELIVERED": DELIVERED, "DEAD": DEAD, "QUEUED": QUEUED}
+STALE_DETAIL = "Receipt is not the job's current claim: it was claimed again since (your lease ran out)"
 ACK_MAX = 1000
 
 
@@ -32,6 +40,7 @@ class AckItem:
     delay: float | None
     gate: int | None = None  # partitions: NextState QUEUED with a Gate moves the job to that gate
     payload: bytes | None = None  # ... with this as its new payload (None: unchanged)
+    receipt: int | None = None  # the claim this outcome is for (None: whichever is current)
 
 
 def ack_request_parse(data) -> list[AckItem]:
@@ -53,7 +62,7 @@ def ack_request_parse(data) -> list[AckItem]:
         if "ID" not in item or "NextState" not in item:  # Go-style case-insensitive keys (rare): normalise
             item = {str(k).lower(): v for k, v in item.items()}
             item = {"ID": item.get("id"), "NextState": item.get("nextstate"), "Delay": item.get("delay"),
-                    "Gate": item.get("gate"), "Payload": item.get("payload")}
+                    "Gate": item.get("gate"), "Payload": item.get("payload"), "Receipt": item.get("receipt")}
         raw = item["ID"]
         if isinstance(raw, bool) or not isinstance(raw, (str, int)):
             raise InvalidInput("invalid_jobs", f"Jobs[{i}].ID must be a string")
@@ -78,7 +87,9 @@ def ack_request_parse(data) -> list[AckItem]:
             gate, payload = gate_parse(gate, item.get("Payload"), f"Jobs[{i}].")
         elif item.get("Payload") is not None:
             raise InvalidInput("invalid_payload", f"Jobs[{i}]: Payload is only valid with a Gate")
-        items.append(AckItem(job_id=job_id, raw_id=raw, target=target, delay=delay, gate=gate, payload=payload))
+        receipt = receipt_parse(item.get("Receipt"), f"Jobs[{i}].")
+        items.append(AckItem(job_id=job_id, raw_id=raw, target=target, delay=delay, gate=gate, payload=payload,
+                             receipt=receipt))
     return items
 
 
@@ -108,7 +119,8 @@ def jobs_ack(*, ctx: PullContext, items: list[AckItem]) -> list[dict]:
     """All outcomes in one statement (``jobs_ack_inflight``: UPDATE ... FROM unnest, guarded
     by INFLIGHT and the consumer), answered per job. QUEUED is a negative acknowledgement: retry
     + 1, due after ``Delay`` seconds, DEAD past the retry limit. A job that is not this consumer's
-    is ``not_found``; one that is not INFLIGHT is a ``conflict`` (with its current Status)."""
+    is ``not_found``; one that is not INFLIGHT is a ``conflict`` (with its current Status); one whose
+    ``Receipt`` is not its current claim's is ``stale_receipt`` (with its current Status), unchanged."""
     moves = [it for it in items if it.job_id is not None and it.gate is not None]
     moved_gate = jobs_move_gate(
         moves=[GateMove(job_id=it.job_id, gate=it.gate, payload=it.payload) for it in moves],
@@ -117,7 +129,7 @@ def jobs_ack(*, ctx: PullContext, items: list[AckItem]) -> list[dict]:
     outcome = jobs_ack_inflight(
         consumer_pk=ctx.consumer_pk, job_ids=[it.job_id for it in known],
         to_statuses=[it.target for it in known], delays=[it.delay for it in known],
-        max_retry=ctx.max_retry, reason="pull-ack",
+        max_retry=ctx.max_retry, reason="pull-ack", receipts=[it.receipt for it in known],
     ) if known else {}
     current = {}
     missed = [it.job_id for it in moves if it.job_id not in moved_gate]
@@ -134,9 +146,12 @@ def jobs_ack(*, ctx: PullContext, items: list[AckItem]) -> list[dict]:
             else:
                 result.append({"ID": it.raw_id, "Status": None, "Error": "not_found", "Detail": "job not found"})
             continue
-        moved, status, retry = outcome.get(it.job_id, (False, None, None))
+        moved, status, retry, receipt = outcome.get(it.job_id, (False, None, None, None))
         if moved:
             result.append({"ID": it.raw_id, "Status": STATUS_NAMES[status], "RetryCount": retry})
+        elif status is not None and it.receipt is not None and it.receipt != receipt:
+            result.append({"ID": it.raw_id, "Status": STATUS_NAMES.get(status), "Error": "stale_receipt",
+                           "Detail": STALE_DETAIL})
         elif status is not None:
             result.append({"ID": it.raw_id, "Status": STATUS_NAMES.get(status), "Error": "conflict",
                            "Detail": "job is not INFLIGHT"})
@@ -145,43 +160,52 @@ def jobs_ack(*, ctx: PullContext, items: list[AckItem]) -> list[dict]:
     return result
 
 
-def job_progress(*, ctx: PullContext, incremental_timeout: float | None) -> dict:
-    """Work in progress: extend an in-flight job's deadline; 409 when it is not INFLIGHT."""
+def job_progress(*, ctx: PullContext, incremental_timeout: float | None, receipt: int | None = None) -> dict:
+    """Work in progress: extend an in-flight job's deadline (only the claim ``receipt`` names, when
+    given); 409 ``job_not_inflight`` when it is not INFLIGHT, 409 ``stale_receipt`` when the receipt
+    is not its current claim's (nothing changes)."""
     extended = jobs_extend(consumer_pk=ctx.consumer_pk, job_ids=[ctx.job[0]],
-                                 incremental_timeout=incremental_timeout)
+                           incremental_timeout=incremental_timeout, receipt=receipt)
     if ctx.job[0] not in extended:
+        current = query_fetchone(Q.job_claim_state, {"job": ctx.job[0], "consumer": ctx.consumer_pk}) \
+            if receipt is not None else None
+        if current is not None and current[1] != receipt:
+            raise Conflict("stale_receipt", f"{STALE_DETAIL} (the job is {STATUS_NAMES.get(current[0])})")
         raise Conflict("job_not_inflight", "job is not INFLIGHT")
     deadline, retry = extended[ctx.job[0]]
     return {"ID": job_xid(ctx.job[0]), "Status": "INFLIGHT", "Deadline": rfc3339(deadline), "RetryCount": retry}
 
 
 def jobs_ack_inflight(*, consumer_pk: int, job_ids: Sequence[int], to_statuses: Sequence[int],
-                      delays: Sequence[float | None], max_retry: int, reason: str = "ack") -> dict[int, tuple]:
+                      delays: Sequence[float | None], max_retry: int, reason: str = "ack",
+                      receipts: Sequence[int | None] | None = None) -> dict[int, tuple]:
     """A pull consumer's outcomes for many in-flight jobs in one statement (the batch ack):
     INFLIGHT -> DELIVERED / DEAD, or QUEUED (negative acknowledgement: retry + 1, due after the
-    delay, DEAD past ``max_retry``; waiting pulls are notified). Guarded by INFLIGHT and the
-    consumer. Returns {job_id: (moved, status, retry_count)}: for a job that did not move,
-    ``status`` is its current one (None when it is not this consumer's)."""
+    delay, DEAD past ``max_retry``; waiting pulls are notified). Guarded by INFLIGHT, the consumer
+    and, for a job given a receipt, its current claim's receipt. Returns {job_id: (moved, status,
+    retry_count, receipt)}: for a job that did not move, ``status`` and ``receipt`` are its current
+    ones (None when it is not this consumer's)."""
     transitions_check((INFLIGHT, to_status) for to_status in to_statuses)
     if not job_ids:
         return {}
     rows = query_fetchall(Q.ack, {
         "ids": list(job_ids), "to_s": list(to_statuses), "delay": list(delays), "consumer": consumer_pk,
         "max_retry": int(max_retry), "queued": QUEUED, "dead": DEAD, "inflight": INFLIGHT,
-        "reason": reason[:32],
+        "reason": reason[:32], "receipts": list(receipts) if receipts is not None else [None] * len(job_ids),
     }, prepare=True)
     settle_on_commit(r[5] for r in rows if r[1] is not None and r[1] != QUEUED)
-    return {r[0]: (True, r[1], r[2]) if r[1] is not None else (False, r[3], None) for r in rows}
+    return {r[0]: (True, r[1], r[2], None) if r[1] is not None else (False, r[3], None, r[6]) for r in rows}
 
 
 def jobs_extend(*, consumer_pk: int, job_ids: Sequence[int], incremental_timeout: float | None = None,
-                connection_timeout: float | None = None) -> dict[int, tuple]:
+                connection_timeout: float | None = None, receipt: int | None = None) -> dict[int, tuple]:
     """Work in progress: push the deadline of in-flight jobs to now + stopTimeout + rationalDelay +
     IncrementalTimeout (never earlier than it was). Not a transition: status and retry count stay.
-    Returns {job_id: (deadline, retry_count)} for the jobs that are INFLIGHT and the consumer's."""
+    With ``receipt``, only a job whose current claim it is. Returns {job_id: (deadline, retry_count)}
+    for the jobs that are INFLIGHT and the consumer's."""
     if not job_ids:
         return {}
     rows = query_fetchall(Q.extend, {"ids": list(job_ids), "inflight": INFLIGHT, "consumer": consumer_pk,
-                                        "timeout": inflight_timeout(0, connection_timeout),
-                                        "inc": incremental_timeout}, prepare=True)
+                                     "timeout": inflight_timeout(0, connection_timeout),
+                                     "inc": incremental_timeout, "receipt": receipt}, prepare=True)
     return {row[0]: (row[1], row[2]) for row in rows}

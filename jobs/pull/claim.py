@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.db import connection
@@ -37,16 +38,18 @@ class ClaimedJob:
     partition_key: str | None = None
     gate: int = 0
     message_type: str | None = None  # filters: the message's X-Broker-Message-Type
+    receipt: int | None = None  # this claim's receipt (jobs.pull.ack)
 
 
 def claimed_jobs(rows) -> list[ClaimedJob]:
     """Rows shaped like ``claim_pull``'s result (id, priority, retry_count, incremental_timeout,
-    deadline, message_id, payload, content_type, headers[, partition key, gate[, type]]) as ClaimedJob objects."""
+    deadline, message_id, payload, content_type, headers[, partition key, gate[, type[, receipt]]]) as
+    ClaimedJob objects."""
     return [
         ClaimedJob(id=r[0], priority=r[1], retry_count=r[2], incremental_timeout=r[3], deadline=r[4],
                    message_id=r[5], payload=bytes(r[6]), content_type=r[7], headers=headers_decode(r[8]),
                    partition_key=r[9] if len(r) > 9 else None, gate=r[10] if len(r) > 10 and r[10] else 0,
-                   message_type=r[11] if len(r) > 11 else None)
+                   message_type=r[11] if len(r) > 11 else None, receipt=r[12] if len(r) > 12 else None)
         for r in rows
     ]
 
@@ -93,6 +96,10 @@ class PullRequest:
     pin_id: str = ""
     min_pending: int = 0
     min_ack_pending: int = 0
+    # Whether the client that sent the pull has hung up (the web layer's check of its socket; None:
+    # not known, taken as connected). A woken long-poll asks before it claims: jobs claimed for a
+    # client that is gone would sit in flight until their lease ran out (issue 23).
+    client_gone: Callable[[], bool] | None = None
 
 
 def pull_request_parse(data: dict) -> PullRequest:
@@ -177,7 +184,8 @@ def jobs_pull(*, ctx: PullContext, req: PullRequest) -> list[ClaimedJob]:
     pullers on any number of processes never hold the same job. With ``expires`` (and not
     ``no_wait``) wait until at least one job is claimed or time runs out: the wait registers a
     waiter row (NumWaiting, priority groups), holds no database connection or transaction while
-    sleeping, and is woken by the process's LISTEN thread when a publish or requeue NOTIFYs."""
+    sleeping, and is woken by the process's LISTEN thread when a publish or requeue NOTIFYs. A woken
+    pull whose client has hung up (``req.client_gone``) claims nothing and leaves the waiting list."""
     wait, end, mark = pull_wait_begin(ctx=ctx, req=req)
     jobs = _claim(ctx, req)
     if jobs or not wait:
@@ -199,6 +207,8 @@ def jobs_pull(*, ctx: PullContext, req: PullRequest) -> list[ClaimedJob]:
             if not connection.in_atomic_block:  # (inside a caller's transaction there is nothing to release)
                 connection.close()  # never hold a connection (or transaction) while sleeping
             wakeups.wait(ctx.consumer_pk, mark, sleep)
+            if req.client_gone is not None and req.client_gone():
+                return []  # abandoned: claims nothing and leaves the waiting list (finally)
             mark = wakeups.mark(ctx.consumer_pk)
             consumer_sweep(consumer_pk=ctx.consumer_pk,
                            force=deadline_at is not None and time.monotonic() >= deadline_at)

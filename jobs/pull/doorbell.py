@@ -46,7 +46,9 @@ from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
 
+import psycopg
 from django.conf import settings
+from django.db import Error as DatabaseError
 from django.db import connection
 
 from broker.counters import JOB, counts_for
@@ -250,11 +252,19 @@ class Ringer:
     def run(self, stop: threading.Event) -> None:
         """Until ``stop``: take the lock, then check and ring; on any database error start over."""
         self.client = Client()
+        down = False  # a database outage is logged once, not every second
         try:
             while not stop.is_set():
                 try:
                     self._session(stop)
-                except Exception:  # noqa: BLE001 - keep ringing after a database restart
+                    down = False
+                except (DatabaseError, psycopg.Error) as exc:  # a restart, a cut connection, a failover
+                    if not down:
+                        logger.warning("doorbell ringer: database unavailable (%s); starting over every 1 s",
+                                       type(exc).__name__)
+                    down = True
+                    stop.wait(1.0)
+                except Exception:  # noqa: BLE001 - keep ringing after anything
                     logger.exception("doorbell ringer failed; restarting in 1 s")
                     stop.wait(1.0)
                 finally:

@@ -50,3 +50,22 @@ def int_field(fields: dict, name: str, low: int, high: int, detail: str, *, defa
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise InvalidInput(f"invalid_{name}", detail)
     return value
+
+
+RECEIPT_NONE = 0  # what a receipt string the broker never issued reads as: no claim has it (the sequence starts at 1)
+
+
+def receipt_parse(value, where: str = "") -> int | None:
+    """A ``Receipt`` of an ack item or a progress request: the opaque string a pull answered with
+    the job (None when absent). A string the broker never issued matches no claim (a stale receipt,
+    answered as such); anything but a string is a 400."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidInput("invalid_receipt", f"{where}Receipt must be the string the broker sent with the job")
+    return int(value) if value.isascii() and value.isdigit() and 0 < len(value) < 19 else RECEIPT_NONE
+
+
+def receipt_repr(receipt: int | None) -> str | None:
+    """A claim's receipt as clients see it: an opaque string."""
+    return None if receipt is None else str(receipt)

@@ -22,8 +22,8 @@
 -- its room (not paused, maxAckPending from the maintained counters), partitioned jobs only at their
 -- partition's gate, and (with %(max_bytes)s) cut before the payloads add up to more than that
 -- (always at least one job); SKIP LOCKED picks, the UPDATE by primary key (= ANY(ARRAY(...)): a join
--- with picked hashed every job in the generic plan) moves them to INFLIGHT. Statuses are literals
--- so a generic plan can use the partial indexes.
+-- with picked hashed every job in the generic plan) moves them to INFLIGHT with a new receipt (the
+-- claim's, jobs.pull.ack). Statuses are literals so a generic plan can use the partial indexes.
 -- Two limits: a literal bound inside (1000 = jobs.pull.claim.PULL_BATCH_MAX, the most one pull
 -- claims), the consumer's room outside. A LIMIT the planner cannot read (a parameter, a subquery) is
 -- estimated at 10 % of the rows: with one consumer owning a 1M backlog that is ~100,000 rows, and a
@@ -71,15 +71,17 @@ u AS (
         status_changed_at = now(),
         deadline = now() + (%(timeout)s::float8 + COALESCE(%(inc)s::float8, j.incremental_timeout)) * interval '1 second',
         incremental_timeout = COALESCE(%(inc)s::float8, j.incremental_timeout),
-        last_reason = %(reason)s::text
+        last_reason = %(reason)s::text,
+        receipt = nextval('jobs_job_receipt_seq')
      WHERE j.id = ANY(ARRAY(SELECT id FROM picked)) AND j.status = 1001
     RETURNING j.id, j.message_id, j.priority, j.retry_count, j.incremental_timeout, j.deadline,
-              j.partition_id, j.gate, j.payload
+              j.partition_id, j.gate, j.payload, j.receipt
 )
 SELECT u.id, u.priority, u.retry_count, u.incremental_timeout, u.deadline,
        m.message_id, COALESCE(u.payload, m.payload), m.content_type, m.headers,
        CASE WHEN u.partition_id IS NOT NULL
-            THEN (SELECT pt.key FROM jobs_partition pt WHERE pt.id = u.partition_id) END, u.gate, m.type
+            THEN (SELECT pt.key FROM jobs_partition pt WHERE pt.id = u.partition_id) END, u.gate, m.type,
+       u.receipt
   FROM u JOIN broker_message m ON m.id = u.message_id
  ORDER BY u.priority DESC, u.id;
 
@@ -87,20 +89,29 @@ SELECT u.id, u.priority, u.retry_count, u.incremental_timeout, u.deadline,
 -- index: pk
 -- hot
 -- Push the deadline of a pull consumer's in-flight jobs (not a transition). ``+ 0``: status and
--- consumer checked on the row, so only the primary key serves it.
+-- consumer checked on the row, so only the primary key serves it. With %(receipt)s only the claim
+-- it names is extended (a late progress of an earlier holder changes nothing, jobs.pull.ack).
 UPDATE jobs_job SET
     deadline = GREATEST(deadline,
                         now() + (%(timeout)s::float8 + COALESCE(%(inc)s::float8, incremental_timeout)) * interval '1 second'),
     incremental_timeout = COALESCE(%(inc)s::float8, incremental_timeout)
  WHERE id = ANY(%(ids)s::bigint[]) AND status + 0 = 1002 AND consumer_id + 0 = %(consumer)s::bigint
+   AND (%(receipt)s::bigint IS NULL OR receipt = %(receipt)s::bigint)
 RETURNING id, deadline, retry_count;
+
+-- job_claim_state --
+-- index: pk
+-- A consumer's job's status and current receipt: why a progress changed nothing (stale receipt, or
+-- not in flight).
+SELECT status, receipt FROM jobs_job WHERE id = %(job)s::bigint AND consumer_id + 0 = %(consumer)s::bigint;
 
 -- pull_move_auth --
 -- index: pk
 -- hot
 -- The spec path's state change in one round trip: the auth row (channel, consumer, job) and the
 -- job's move when the tokens match (md5 digests compared), the consumer is a pull consumer and the
--- job is in one of %(from_s)s; never to INFLIGHT on a consumer with a priority policy.
+-- job is in one of %(from_s)s; never to INFLIGHT on a consumer with a priority policy. A move to
+-- INFLIGHT is a claim: a new receipt (jobs.pull.ack), returned last.
 WITH a AS (
     SELECT ch.id AS ch_pk, ch.token AS ch_token, c.id AS c_pk, c.token AS c_token, c.type AS c_type,
            c.max_retry, j.id AS j_id, j.status AS j_status, j.retry_count, j.incremental_timeout,
@@ -118,27 +129,32 @@ WITH a AS (
                         THEN now() + (%(timeout)s::float8 + COALESCE(%(inc)s::float8, j.incremental_timeout)) * interval '1 second'
                    END,
         incremental_timeout = COALESCE(%(inc)s::float8, j.incremental_timeout),
-        last_reason = %(reason)s::text
+        last_reason = %(reason)s::text,
+        receipt = CASE WHEN %(to_s)s::smallint = 1002 THEN nextval('jobs_job_receipt_seq') ELSE j.receipt END
       FROM a
      WHERE j.id = a.j_id AND j.consumer_id = a.c_pk AND a.c_type = 'pull'
        AND j.status = a.j_status AND a.j_status = ANY(%(from_s)s::smallint[])
        AND (%(to_s)s::smallint <> 1002 OR j.expires_at IS NULL OR j.expires_at > now())  -- expiry
        AND (a.c_policy = 'none' OR %(to_s)s::smallint <> 1002)
        AND md5(a.ch_token) = md5(%(ch_token)s::text) AND md5(a.c_token) = md5(%(c_token)s::text)
-    RETURNING j.id, j.status, j.retry_count, j.partition_id
+    RETURNING j.id, j.status, j.retry_count, j.partition_id, j.receipt
 )
 SELECT a.*, (SELECT count(*) FROM u), (SELECT u.partition_id FROM u),
        -- %(async_commit)s: commit without waiting for the WAL flush (jobs.pull.spec): SET LOCAL for
        -- the statement's own transaction (autocommit), read when it commits
-       CASE WHEN %(async_commit)s::bool THEN set_config('synchronous_commit', 'off', true) END FROM a;
+       CASE WHEN %(async_commit)s::bool THEN set_config('synchronous_commit', 'off', true) END,
+       (SELECT u.receipt FROM u) FROM a;
 
 -- ack --
 -- index: pk
 -- hot
 -- A pull consumer's outcomes for many in-flight jobs (the batch ack): INFLIGHT -> DELIVERED /
--- DEAD / QUEUED (retry + 1, DEAD past max_retry); waiting pulls are notified of requeues.
+-- DEAD / QUEUED (retry + 1, DEAD past max_retry); waiting pulls are notified of requeues. An item
+-- with a receipt moves only the claim it names (a late ack of an earlier holder changes nothing);
+-- the jobs that did not move come back with their current status and receipt.
 WITH v AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(to_s)s::smallint[], %(delay)s::float8[]) AS v(id, to_s, delay)
+    SELECT * FROM unnest(%(ids)s::bigint[], %(to_s)s::smallint[], %(delay)s::float8[], %(receipts)s::bigint[])
+           AS v(id, to_s, delay, receipt)
 ), u AS (
     UPDATE jobs_job j SET
         status = CASE WHEN v.to_s = 1001 AND j.retry_count + 1 > %(max_retry)s::int THEN 1004 ELSE v.to_s END,
@@ -150,11 +166,12 @@ WITH v AS (
         last_reason = %(reason)s::text
       FROM v
      WHERE j.id = v.id AND j.status + 0 = 1002 AND j.consumer_id + 0 = %(consumer)s::bigint  -- by primary key only
+       AND (v.receipt IS NULL OR j.receipt = v.receipt)
     RETURNING j.id, j.status, j.retry_count, j.partition_id
 ), n AS (
     SELECT pg_notify('broker_jobs', %(consumer)s::text) FROM u WHERE status = 1001 LIMIT 1
 )
-SELECT v.id, u.status, u.retry_count, c.status, (SELECT count(*) FROM n), u.partition_id
+SELECT v.id, u.status, u.retry_count, c.status, (SELECT count(*) FROM n), u.partition_id, c.receipt
   FROM v LEFT JOIN u ON u.id = v.id
          LEFT JOIN jobs_job c ON u.id IS NULL AND c.id = v.id AND c.consumer_id + 0 = %(consumer)s::bigint;
 
@@ -267,10 +284,11 @@ RETURNING id;
 -- group_jobs --
 -- index: pk
 -- hot
--- The jobs a group dispatch handed a waiter, still INFLIGHT, with their messages.
+-- The jobs a group dispatch handed a waiter, still INFLIGHT, with their messages (and receipts).
 SELECT j.id, j.priority, j.retry_count, j.incremental_timeout, j.deadline,
        m.message_id, COALESCE(j.payload, m.payload), m.content_type, m.headers,
-       (SELECT pt.key FROM jobs_partition pt WHERE pt.id = j.partition_id), j.gate, m.type  -- partitions, type
+       (SELECT pt.key FROM jobs_partition pt WHERE pt.id = j.partition_id), j.gate, m.type,  -- partitions, type
+       j.receipt
   FROM jobs_job j JOIN broker_message m ON m.id = j.message_id
  WHERE j.id = ANY(%s::bigint[]) AND j.status + 0 = %s  -- by primary key only
  ORDER BY j.priority DESC, j.id;

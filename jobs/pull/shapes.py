@@ -10,6 +10,7 @@ from broker.times import rfc3339
 from broker.xid import job_xid
 from jobs.publish.messages import headers_decode
 from jobs.pull.claim import ClaimedJob
+from jobs.pull.fields import receipt_repr
 
 
 def seconds_repr(value: float) -> float | int:
@@ -40,6 +41,8 @@ def claimed_repr(job: ClaimedJob) -> dict:
     }
     if job.message_type is not None:  # filters: the message's X-Broker-Message-Type
         body["Type"] = job.message_type
+    if job.receipt is not None:  # this claim's receipt: an ack or progress carrying it is checked (jobs.pull.ack)
+        body["Receipt"] = receipt_repr(job.receipt)
     if job.partition_key is not None:  # jobs.partitions: ack with NextState QUEUED + a higher Gate to move on
         body["PartitionKey"] = job.partition_key
         body["Gate"] = job.gate

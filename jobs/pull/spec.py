@@ -45,7 +45,7 @@ def queued_jobs_list(*, ctx: PullContext, limit: int) -> list[dict]:
 
 
 def job_transition(*, channel_id: str, consumer_id: str, job_id: str, channel_token: str | None,
-                   consumer_token: str | None, next_state: str, incremental_timeout: float | None) -> None:
+                   consumer_token: str | None, next_state: str, incremental_timeout: float | None) -> int | None:
     """The spec's state endpoint. Allowed: QUEUED->INFLIGHT, INFLIGHT->DELIVERED, INFLIGHT->DEAD,
     DEAD->INFLIGHT (retry + 1, no cap). The same state is a no-op (the caller answers 202; so a
     second claimer of an INFLIGHT job cannot tell it lost unless it sends an IncrementalTimeout,
@@ -55,13 +55,14 @@ def job_transition(*, channel_id: str, consumer_id: str, job_id: str, channel_to
     One round trip: ``job_move_spec`` reads the auth row and attempts the
     move (guarded by the tokens and the job's status) in one statement; the checks below then
     decide the answer from the row as it was before the move. Committed asynchronously unless
-    ``BROKER_PULL_ASYNC_COMMIT`` is off (``job_move_spec`` says why that is safe)."""
+    ``BROKER_PULL_ASYNC_COMMIT`` is off (``job_move_spec`` says why that is safe). Returns the new
+    claim's receipt when the job moved to INFLIGHT (jobs.pull.ack), else None."""
     target = SPEC_STATES[next_state]
     if incremental_timeout is not None and target != INFLIGHT:
         from_states: list[int] = []  # never moves; the 400 comes after the auth checks
     else:
         from_states = [QUEUED, DEAD] if target == INFLIGHT else [INFLIGHT]
-    row, moved, policy = job_move_spec(
+    row, moved, policy, receipt = _move_spec(
         channel_id=channel_id, consumer_id=consumer_id, job_id=job_id_parse(job_id),
         channel_token=channel_token, consumer_token=consumer_token, from_statuses=from_states,
         to_status=target, incremental_timeout=incremental_timeout, reason="pull",
@@ -69,7 +70,7 @@ def job_transition(*, channel_id: str, consumer_id: str, job_id: str, channel_to
     ctx = auth_check(row, channel_id=channel_id, consumer_id=consumer_id, channel_token=channel_token,
                      consumer_token=consumer_token, with_job=True)
     if moved:
-        return
+        return receipt if target == INFLIGHT else None
     if target == INFLIGHT and policy not in ("", "none"):  # claims go through the group dispatcher
         raise InvalidInput("group_missing", "Bad Request - Priority Group missing: claim jobs of a consumer "
                                                  "with a priority policy through .../pull with a group")
@@ -79,7 +80,7 @@ def job_transition(*, channel_id: str, consumer_id: str, job_id: str, channel_to
     if incremental_timeout is not None and (target != INFLIGHT or current == INFLIGHT):
         raise InvalidInput("timeout_invalid_state", "timeout provided with invalid state")
     if current == target:
-        return
+        return None
     if current in from_states:  # it was in a state we could move from, and someone else moved it first
         raise InvalidInput("invalid_transition", "invalid transition request: the job changed state concurrently")
     raise InvalidInput("invalid_transition", "invalid transition request")
@@ -152,6 +153,17 @@ def job_move_spec(*, channel_id: str, consumer_id: str, job_id: int | None, chan
     moments of such moves, which then read as not made: a lost claim leaves the job QUEUED, a lost
     DELIVERED or DEAD leaves it INFLIGHT until its deadline requeues it; either way it is delivered
     again (at-least-once), and the next durable commit flushes them all."""
+    return _move_spec(channel_id=channel_id, consumer_id=consumer_id, job_id=job_id, channel_token=channel_token,
+                      consumer_token=consumer_token, from_statuses=from_statuses, to_status=to_status,
+                      incremental_timeout=incremental_timeout, reason=reason, connection_timeout=connection_timeout,
+                      async_commit=async_commit)[:3]
+
+
+def _move_spec(*, channel_id: str, consumer_id: str, job_id: int | None, channel_token: str | None,
+               consumer_token: str | None, from_statuses: Sequence[int], to_status: int,
+               incremental_timeout: float | None, reason: str, connection_timeout: float | None = None,
+               async_commit: bool) -> tuple[tuple | None, bool, str, int | None]:
+    """``job_move_spec``, with the receipt of the claim it made (a move to INFLIGHT) last."""
     transitions_check((from_status, to_status) for from_status in from_statuses)
     rows = query_fetchall(Q.pull_move_auth, {
         "channel": channel_id, "consumer": consumer_id, "job": job_id,
@@ -160,9 +172,9 @@ def job_move_spec(*, channel_id: str, consumer_id: str, job_id: int | None, chan
         "timeout": inflight_timeout(0, connection_timeout), "reason": reason[:32], "async_commit": async_commit,
     }, prepare=True)
     if not rows:
-        return None, False, ""
+        return None, False, "", None
     row = rows[0]
     moved = bool(row[12])
     if moved and to_status in (DELIVERED, DEAD):
         settle_on_commit([row[13]])
-    return row[:11], moved, row[11] or ""
+    return row[:11], moved, row[11] or "", row[15] if moved else None

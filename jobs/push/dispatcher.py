@@ -33,6 +33,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 
+import psycopg
 from django.conf import settings
 from django.db import Error as DatabaseError
 from django.db import connection, transaction
@@ -54,6 +55,8 @@ logger = logging.getLogger(__name__)
 # Finished callbacks are held up to this long while others of the same burst are still running,
 # so one transaction records (and refills) a burst instead of a fragment of it.
 COALESCE = 0.002
+DB_RETRY = 0.5  # seconds between attempts while the database is unavailable
+DB_ERRORS = (DatabaseError, psycopg.Error)  # Django's, and psycopg's own (the raw bound cursor)
 LEASE_KICK = 0.2  # seconds: the soonest a NOTIFY brings the next partition lease cycle after the last
 
 
@@ -83,6 +86,7 @@ class _Loop:
     notified: bool = False  # a NOTIFY or timer is waiting for a claim (no coalescing delay then)
     # finished attempts not yet recorded (kept across a DB error)
     pending: list[tuple] = field(default_factory=list)
+    down_since: float | None = None  # monotonic time of the first database error of an outage
 
     @classmethod
     def begin(cls, *, claim_for: float, drain_for: float, stop: threading.Event | None, events: list | None,
@@ -215,19 +219,28 @@ class Engine:
         if notified is None:
             return True
         if time.monotonic() - self._pull_loaded > 5.0:
-            with connection.cursor() as cur:
-                cur.execute(Q.pull_consumer_ids.sql)
-                self.pull_pks = {row[0] for row in cur.fetchall()}
+            try:
+                with connection.cursor() as cur:
+                    cur.execute(Q.pull_consumer_ids.sql)
+                    self.pull_pks = {row[0] for row in cur.fetchall()}
+            except DB_ERRORS:
+                connection.close()
+                return True  # the claim finds out whether the database is back
             self._pull_loaded = time.monotonic()
         share = self.wake_share
         return any(pk not in self.pull_pks and (share is None or pk % share[1] == share[0]) for pk in notified)
 
-    def _submit(self, jobs: list) -> None:
+    def _targets_refresh(self, jobs: list) -> None:
+        """Load the consumers of ``jobs`` that are new or changed since cached (in the claim's
+        transaction: if this fails, the claim is rolled back with it and no job is left in flight
+        unsent)."""
         stale = {j.consumer_pk for j in jobs
                  if j.consumer_pk not in self.targets
                  or self.targets[j.consumer_pk].updated_at != j.consumer_updated_at}
         if stale:
             self.targets.update(targets_load(stale))
+
+    def _submit(self, jobs: list) -> None:
         items = []
         for job in jobs:
             target = self.targets.get(job.consumer_pk)
@@ -250,22 +263,56 @@ class Engine:
                            housekeeping=housekeeping)
         while True:
             now = time.monotonic()
-            self._events_run(loop, now)
-            self._claiming_check(loop, now)
-            self._timers_due(loop, now)
-            if self._collect_or_hold(loop):
-                continue
-            if not self._record_and_claim(loop, now):
-                continue  # database error: the finished attempts stay pending
-            self._leases_due(loop, now)
-            self._housekeeping_due(loop, now)
-            if self._drained(loop, now):
+            try:
+                if self._step(loop, now):
+                    break
+            except DB_ERRORS as exc:  # a step the others do not guard: the loop goes on all the same
+                self._db_failed(loop, exc)
+            except Exception:  # noqa: BLE001 - a bug must not end delivery (nor the slot's hand-over)
+                loop.stats["errors"] += 1
+                logger.exception("push dispatcher: unexpected error; going on in 1 s")
+                time.sleep(1.0)
+            if not loop.claiming and time.monotonic() >= loop.drain_until:
                 break
-            if loop.kicked and self.idle_capacity() > 0 and loop.claiming:
-                continue  # kicked (full batch, new leases, timer, wake-up) with room: claim before sleeping
-            self._sleep(loop)
         self._leases_release()
         return loop.result()
+
+    def _step(self, loop: _Loop, now: float) -> bool:
+        """One turn of the loop (``run``); True when the loop is over."""
+        self._events_run(loop, now)
+        self._claiming_check(loop, now)
+        self._timers_due(loop, now)
+        if self._collect_or_hold(loop):
+            return False
+        if not self._record_and_claim(loop, now):
+            return False  # database error: the finished attempts stay pending
+        self._leases_due(loop, now)
+        self._housekeeping_due(loop, now)
+        if self._drained(loop, now):
+            return True
+        if loop.kicked and self.idle_capacity() > 0 and loop.claiming:
+            return False  # kicked (full batch, new leases, timer, wake-up) with room: claim before sleeping
+        self._sleep(loop)
+        return False
+
+    @staticmethod
+    def _db_failed(loop: _Loop, exc: BaseException) -> None:
+        """A database error (the server restarting, a cut connection, a failover, a bound passed):
+        drop the connection (the next statement connects again, to whichever host is the primary
+        now) and try again after ``DB_RETRY``. Logged once per outage, with its length when it ends."""
+        loop.stats["errors"] += 1
+        connection.close()
+        if loop.down_since is None:
+            loop.down_since = time.monotonic()
+            logger.warning("push dispatcher: database unavailable (%s: %s); retrying every %g s", type(exc).__name__,
+                           (str(exc).strip().splitlines() or [""])[0], DB_RETRY)
+        time.sleep(DB_RETRY)
+
+    @staticmethod
+    def _db_back(loop: _Loop) -> None:
+        if loop.down_since is not None:
+            logger.warning("push dispatcher: database back after %.1f s", time.monotonic() - loop.down_since)
+            loop.down_since = None
 
     @staticmethod
     def _events_run(loop: _Loop, now: float) -> None:
@@ -310,7 +357,7 @@ class Engine:
     def _record_and_claim(self, loop: _Loop, now: float) -> bool:
         """Record the finished attempts and claim into the room there is, in one transaction so the
         room they freed is claimable at once; then schedule retries and hand the jobs over. False
-        after a database error (the attempts stay pending, the loop starts over after a second)."""
+        after a database error (the attempts stay pending, the loop starts over after ``DB_RETRY``)."""
         capacity = min(loop.batch, self.idle_capacity()) if loop.claiming else 0
         want_claim = capacity > 0 and (loop.kicked or now >= loop.next_poll)
         if not (loop.pending or want_claim):
@@ -318,12 +365,10 @@ class Engine:
         db_start = time.perf_counter()
         try:
             retry_delays, jobs = self._transaction(loop.pending, now, capacity if want_claim else 0)
-        except DatabaseError:
-            loop.stats["errors"] += 1
-            logger.exception("push dispatcher: database error; retrying in 1 s")
-            connection.close()
-            time.sleep(1.0)
+        except DB_ERRORS as exc:
+            self._db_failed(loop, exc)
             return False
+        self._db_back(loop)
         loop.stats["transactions"] += 1
         loop.stats["db_seconds"] += time.perf_counter() - db_start
         loop.stats["recorded"] += len(loop.pending)
@@ -348,6 +393,7 @@ class Engine:
                 retry_delays = outcomes_record(pending, now=now)
             if limit:
                 jobs = jobs_claim_push(limit=limit, worker=self.worker_id)
+                self._targets_refresh(jobs)
         return retry_delays, jobs
 
     def _hand_over(self, loop: _Loop, now: float, jobs: list) -> None:
@@ -372,8 +418,9 @@ class Engine:
 
     @staticmethod
     def _housekeeping_due(loop: _Loop, now: float) -> None:
-        """The housekeeping steps that are due (jobs.housekeeping), unless the caller turned them off."""
-        if loop.housekeeping and now >= loop.chores.next_due():
+        """The housekeeping steps that are due (jobs.housekeeping), unless the caller turned them off
+        or the database is unavailable (the next successful claim says it is back)."""
+        if loop.housekeeping and loop.down_since is None and now >= loop.chores.next_due():
             loop.chores.run_due(now)
 
     def _drained(self, loop: _Loop, now: float) -> bool:
@@ -409,7 +456,7 @@ class Engine:
         """One partition lease cycle (jobs.partitions); True when partitions were taken."""
         try:
             self.lease_stats = partition_leases_cycle(worker=self.worker_id, acquire=acquire)
-        except DatabaseError:
+        except DB_ERRORS:
             logger.exception("push dispatcher: partition lease cycle failed")
             connection.close()
             return False
@@ -419,7 +466,7 @@ class Engine:
         """Clean shutdown: give the leases back so other workers need not wait for them to expire."""
         try:
             partition_leases_release(worker=self.worker_id)
-        except DatabaseError:
+        except DB_ERRORS:
             logger.exception("push dispatcher: releasing partition leases failed")
             connection.close()
 

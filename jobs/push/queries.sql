@@ -89,7 +89,8 @@ WITH k AS MATERIALIZED (
     -- table's statistics (a cached generic plan built on a fresh table once scanned every
     -- queued job here).
     UPDATE jobs_job j SET status = 1002, status_changed_at = now(),
-                          deadline = now() + r.ttl * interval '1 second', last_reason = %(reason)s::text
+                          deadline = now() + r.ttl * interval '1 second', last_reason = %(reason)s::text,
+                          receipt = nextval('jobs_job_receipt_seq')  -- every claim's own (jobs.pull.ack)
       FROM (SELECT p.id, p.consumer_id FROM jobs_job p
              WHERE p.id = ANY(ARRAY(SELECT id FROM cand)) AND p.status = 1001
                FOR UPDATE SKIP LOCKED) pick

@@ -3,6 +3,7 @@ reconnecting with backoff after the server drops the connection."""
 
 from __future__ import annotations
 
+import select
 import time
 
 import pytest
@@ -56,3 +57,23 @@ def test_listen_notify_and_reconnect_after_the_connection_is_killed():
     finally:
         listener.close()
     assert listener.conn is None
+
+
+def test_the_read_that_brings_the_servers_goodbye_reports_the_loss():
+    """Issue 23 (the chaos test's lost LISTEN): a terminated backend sends a FATAL error, then closes.
+    libpq takes an error that arrives between queries as a notice and reports nothing; the read that
+    brought it must already say the connection is lost (None), not an empty set of ids."""
+    connects = []
+    listener = Listener(["broker_test_listen"], application_name="broker-test-listen-fatal",
+                        on_connect=lambda conn: connects.append(conn.info.backend_pid), backoff=(0.2,))
+    try:
+        fd = listener.fileno()
+        assert fd is not None
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_terminate_backend(%s)", [connects[0]])
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        assert poller.poll(5000), "the terminated connection never became readable"
+        assert listener.drain() is None and listener.conn is None
+    finally:
+        listener.close()

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
+import sys
 
-from django.db import InterfaceError, OperationalError
+from django.db import connection
 from django.http import JsonResponse
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework import exceptions as drf_exceptions
@@ -12,8 +13,10 @@ from rest_framework import serializers, status
 from rest_framework.response import Response
 
 from broker import errors
+from broker.db.errors import database_read_only, database_unavailable
 
 logger = logging.getLogger("broker.api.errors")  # its name before the move: what operators filter on
+DATABASE_RETRY_AFTER = 1  # seconds: a failover or a cut connection is over in a few
 
 
 class ErrorSerializer(serializers.Serializer):
@@ -116,11 +119,8 @@ def exception_handler(exc, context):
         if getattr(exc, "wait", None):
             headers["Retry-After"] = str(int(exc.wait))
         return error_response(exc.status_code, code, str(detail), headers)
-    if isinstance(exc, (OperationalError, InterfaceError)):
-        # The database is down or restarting: fail fast and tell clients to retry; never 201.
-        logger.warning("database unavailable: %s", type(exc).__name__)
-        return domain_error_response(errors.Unavailable("database_unavailable",
-                                                        "the database is unavailable, retry shortly", retry_after=1))
+    if database_unavailable(exc):
+        return database_unavailable_response(exc)
     if isinstance(exc, RecursionError):
         return error_response(status.HTTP_400_BAD_REQUEST, "malformed_request", "input is nested too deeply")
     if isinstance(exc, UnicodeDecodeError):
@@ -140,5 +140,23 @@ def not_found_view(request, exception=None):
     return JsonResponse({"error": "not_found", "detail": "no such resource"}, status=404)
 
 
+def database_unavailable_response(exc: BaseException) -> Response:
+    """503 ``database_unavailable`` with ``Retry-After``: the database is down, unreachable, failing
+    over or read-only (``broker.db.errors.database_unavailable``); clients retry, never a 201. A
+    connection that landed on a read-only server is dropped, so the next request connects again
+    (``target_session_attrs=read-write`` then finds the primary)."""
+    logger.warning("database unavailable: %s", type(exc).__name__)
+    if database_read_only(exc):
+        connection.close()
+    return domain_error_response(errors.Unavailable("database_unavailable", "the database is unavailable, retry shortly",
+                                                    retry_after=DATABASE_RETRY_AFTER))
+
+
 def server_error_view(request):
+    """handler500. Django calls it while handling the exception, so a database outage met outside
+    DRF (admin pages, /_status, /metrics, a middleware) is still the 503 it is, not a 500."""
+    exc = sys.exc_info()[1]
+    if exc is not None and database_unavailable(exc):
+        drf = database_unavailable_response(exc)
+        return JsonResponse(drf.data, status=drf.status_code, headers={"Retry-After": drf["Retry-After"]})
     return JsonResponse({"error": "internal_error", "detail": "internal server error"}, status=500)

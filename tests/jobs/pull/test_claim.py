@@ -22,7 +22,8 @@ def test_pull_claims_atomically_with_attempt_and_deadline(world, pc, settings):
     jobs = r.json()["Result"]
     assert [j["Message"]["MessageID"] for j in jobs] == ["m0", "m1", "m2"]
     for j in jobs:
-        assert set(j) == {"ID", "Priority", "IncrementalTimeout", "Attempt", "Deadline", "Message"}
+        # issue 23: every claim carries its receipt (an opaque string) for ack and progress
+        assert set(j) == {"ID", "Priority", "IncrementalTimeout", "Attempt", "Deadline", "Message", "Receipt"}
         assert j["Attempt"] == 1 and j["IncrementalTimeout"] == 10 and j["Deadline"].endswith("Z")
         assert job_status(j["ID"]) == ("INFLIGHT", 0)
     # claimed jobs are gone from the queue; the rest come next

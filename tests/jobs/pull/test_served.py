@@ -4,7 +4,9 @@ connection, count in NumWaiting across processes, and are woken at once by a pub
 
 from __future__ import annotations
 
+import json
 import random
+import socket
 import threading
 import time
 
@@ -12,7 +14,7 @@ import pytest
 import requests
 
 from tests.conftest import ADMIN_TOKEN
-from tests.processes import start_web
+from tests.processes import start_web, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -204,3 +206,45 @@ def test_long_polls_wait_without_connections_and_wake_on_publish(web):
     while stats(web)["NumWaiting"] and time.monotonic() < deadline:
         time.sleep(0.1)
     assert stats(web)["NumWaiting"] == 0
+
+
+def _pull_then_hang_up(url: str, expires: float):
+    """A long-poll pull sent on a raw socket (the caller closes it: a client that gave up)."""
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"batch": 1, "expires": expires}).encode()
+    sock = socket.create_connection((host, int(port)), timeout=5)
+    sock.sendall(f"POST /channel/ch/consumer/pc/pull HTTP/1.1\r\nHost: {host}:{port}\r\n".encode()
+                 + b"Content-Type: application/json\r\n"
+                 + "".join(f"{k}: {v}\r\n" for k, v in TOKENS.items()).encode()
+                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    return sock
+
+
+def test_abandoned_long_polls_claim_nothing(web):
+    """Issue 23: four pulls wait, their clients hang up; one publish: the woken pulls claim nothing and
+    leave the waiting list, and a live pull gets the job at once (not after the lease of a job claimed
+    for a client that is gone)."""
+    socks = [_pull_then_hang_up(web.url, 30) for _ in range(4)]
+    assert wait_for(lambda: stats(web)["NumWaiting"] == 4, 10), stats(web)
+    for sock in socks:
+        sock.close()
+    live: list = []
+    started = threading.Event()
+
+    def live_pull():
+        started.set()
+        live.append(requests.post(f"{web.base}/pull", json={"batch": 1, "expires": 20}, headers=TOKENS, timeout=30))
+
+    thread = threading.Thread(target=live_pull)
+    thread.start()
+    started.wait()
+    time.sleep(0.5)  # the live pull is waiting beside the abandoned ones
+    t0 = time.monotonic()
+    publish(web.url, 1, "abandoned")
+    thread.join(25)
+    took = time.monotonic() - t0
+    jobs = live[0].json()["Result"]
+    assert [j["Message"]["MessageID"] for j in jobs] == ["abandoned0"] and jobs[0]["Attempt"] == 1, jobs
+    assert took < 3.0, f"the live pull got the job after {took:.1f} s"
+    assert wait_for(lambda: stats(web)["NumWaiting"] == 0, 10), stats(web)  # the abandoned ones left
+    assert stats(web)["NumAckPending"] == 1  # only the live pull's claim is in flight

@@ -234,7 +234,7 @@ def test_claimed_job_shape():
     job = SimpleNamespace(id=7, priority=2, incremental_timeout=3.0, retry_count=1,
                           deadline=datetime(2026, 1, 1, tzinfo=timezone.utc), message_id="m", payload=b"p",
                           content_type="text/plain", headers={}, partition_key="k", gate=4,
-                          message_type="order.paid")
+                          message_type="order.paid", receipt=None)
     assert claimed_repr(job) == {
         "ID": job_xid(7), "Priority": 2, "IncrementalTimeout": 3, "Attempt": 2, "Deadline": "2026-01-01T00:00:00Z",
         "Message": {"MessageID": "m", "Payload": "p", "ContentType": "text/plain", "Headers": {}},

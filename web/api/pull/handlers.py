@@ -11,6 +11,7 @@ and answer JSON bytes; errors are raised as domain errors and rendered by the ca
 from __future__ import annotations
 
 import json
+import select
 
 from django.http import HttpResponse
 
@@ -18,7 +19,7 @@ from broker.errors import DomainError, Forbidden, InvalidInput
 from jobs.pull.ack import ack_request_parse, gate_parse, job_gate_move, jobs_ack
 from jobs.pull.auth import PullContext, pull_authenticate
 from jobs.pull.claim import pull_request_parse
-from jobs.pull.fields import limit_parse, timeout_parse
+from jobs.pull.fields import limit_parse, receipt_repr, timeout_parse
 from jobs.pull.serve import pull_serve
 from jobs.pull.shapes import claimed_repr
 from jobs.pull.spec import SPEC_STATES, job_transition, queued_jobs_list
@@ -31,6 +32,7 @@ JSON_BODY_LIMIT = 1024 * 1024
 ADMIN_META = "HTTP_X_BROKER_ADMIN_TOKEN"
 CHANNEL_TOKEN_META = "HTTP_X_BROKER_CHANNEL_TOKEN"
 CONSUMER_TOKEN_META = "HTTP_X_BROKER_CONSUMER_TOKEN"
+RECEIPT_HEADER = "X-Broker-Receipt"
 
 
 def json_response(body, status: int = 200) -> HttpResponse:
@@ -93,17 +95,47 @@ def job_state_post(request, channel_id: str, consumer_id: str, job_id: str) -> H
     except DomainError:
         authenticate(request, channel_id, consumer_id, job_id=job_id)  # auth errors come first
         raise
-    job_transition(
+    receipt = job_transition(
         channel_id=channel_id, consumer_id=consumer_id, job_id=job_id,
         channel_token=meta.get(CHANNEL_TOKEN_META), consumer_token=meta.get(CONSUMER_TOKEN_META),
         next_state=next_state, incremental_timeout=incremental,
     )
-    return HttpResponse(status=202)
+    response = HttpResponse(status=202)
+    if receipt is not None:  # a claim (INFLIGHT): its receipt, for an ack or progress (the body stays empty)
+        response[RECEIPT_HEADER] = receipt_repr(receipt)
+    return response
+
+
+# poll() events that say the peer hung up (POLLRDHUP: it closed its side, Linux; HUP/ERR: reported anyway)
+HUNG_UP = getattr(select, "POLLRDHUP", 0) | select.POLLHUP | select.POLLERR
+
+
+def client_gone_check(request):
+    """A check whether the client of ``request`` has hung up (its socket polls as closed by the peer),
+    for a long-poll to ask before it claims; None when the server does not give us the socket
+    (gunicorn does: ``gunicorn.socket``)."""
+    sock = request.META.get("gunicorn.socket")
+    if sock is None or not HUNG_UP:
+        return None
+
+    def gone() -> bool:
+        try:
+            fd = sock.fileno()
+            if fd < 0:
+                return True
+            poller = select.poll()
+            poller.register(fd, HUNG_UP)
+            return bool(poller.poll(0))
+        except (OSError, ValueError):
+            return True
+    return gone
 
 
 def pull_post(request, channel_id: str, consumer_id: str) -> HttpResponse:
     ctx = authenticate(request, channel_id, consumer_id)
-    served = pull_serve(ctx=ctx, req=pull_request_parse(json_body(request, empty={})))
+    req = pull_request_parse(json_body(request, empty={}))
+    req.client_gone = client_gone_check(request)
+    served = pull_serve(ctx=ctx, req=req)
     items = [claimed_repr(j) for j in served.jobs]
     body = {"Result": items}
     pin = served.pin_id

@@ -21,7 +21,7 @@ from jobs.advisories.record import advisories_list
 from jobs.pull import groups
 from jobs.pull import purge as pull_purge
 from jobs.pull.ack import job_progress
-from jobs.pull.fields import limit_parse, timeout_parse
+from jobs.pull.fields import limit_parse, receipt_parse, timeout_parse
 from jobs.pull.spec import job_delete_dead, job_detail, job_requeue_dead
 from web.api.common import ADMIN_PARAM, CHANNEL_TOKEN, ERROR, OBJ
 from web.api.pull import handlers
@@ -32,7 +32,10 @@ TOKENS = [CHANNEL_TOKEN, CONSUMER_TOKEN]
 ACCEPTED = OpenApiResponse(description="Accepted (empty body)")
 JOBS = OpenApiResponse(OpenApiTypes.OBJECT, description=(
     '{"Result": [{"ID", "Priority", "IncrementalTimeout", '
-    '"Message": {"MessageID", "Payload", "ContentType", "Headers"}}]}'))
+    '"Message": {"MessageID", "Payload", "ContentType", "Headers"}}]}; a pull\'s jobs also carry '
+    '"Attempt", "Deadline" and "Receipt" (the claim\'s opaque receipt, for ack and progress)'))
+CLAIM_ACCEPTED = OpenApiResponse(description="Accepted (empty body); a claim (INFLIGHT) carries X-Broker-Receipt",
+                                 response=None)
 AUTH_ERRORS = {400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 412: ERROR, 413: ERROR}
 class JsonOnly(BaseContentNegotiation):
     """Always JSON, without parsing the Accept header (our hot views answer JSON bytes anyway)."""
@@ -103,8 +106,12 @@ class JobView(HotView):
         "Allowed: QUEUED->INFLIGHT, INFLIGHT->DELIVERED, INFLIGHT->DEAD, DEAD->INFLIGHT "
         "(retry + 1). The same state is a 202 without change. IncrementalTimeout only with "
         "INFLIGHT from QUEUED or DEAD. Partitions: {\"NextState\": \"QUEUED\", \"Gate\": n, "
-        "\"Payload\"?} moves an INFLIGHT partitioned job to a higher gate. Anything else is a 400.",
-        responses={202: ACCEPTED, **AUTH_ERRORS},
+        "\"Payload\"?} moves an INFLIGHT partitioned job to a higher gate. Anything else is a 400. "
+        "A move to INFLIGHT is a claim: its receipt comes in the X-Broker-Receipt header (for the "
+        "Receipt of an ack item or a progress request).",
+        responses={202: CLAIM_ACCEPTED, **AUTH_ERRORS},
+        parameters=[*TOKENS, OpenApiParameter(handlers.RECEIPT_HEADER, OpenApiTypes.STR, OpenApiParameter.HEADER,
+                                              response=[202], description="a claim's receipt (opaque)")],
     )
     def post(self, request, channel_id: str, consumer_id: str, job_id: str):
         return handlers.job_state_post(request, channel_id, consumer_id, job_id)
@@ -133,9 +140,11 @@ class JobRequeueView(HotView):
 class JobProgressView(HotView):
     @json_post(
         "Extend an in-flight job's deadline (work in progress)",
-        'JSON {"IncrementalTimeout": seconds} (optional: the job\'s stored one). The new deadline '
-        "is now + stopTimeout + rationalDelay + IncrementalTimeout, never earlier than before; "
-        "the retry count does not change. 409 when the job is not INFLIGHT.",
+        'JSON {"IncrementalTimeout": seconds (optional: the job\'s stored one), "Receipt": the '
+        "claim's receipt (optional)}. The new deadline is now + stopTimeout + rationalDelay + "
+        "IncrementalTimeout, never earlier than before; the retry count does not change. 409 "
+        "job_not_inflight when the job is not INFLIGHT; 409 stale_receipt (nothing changes) when "
+        "the Receipt is not the job's current claim (it was claimed again since).",
         responses={200: OBJ, 409: ERROR, **AUTH_ERRORS},
     )
     def post(self, request, channel_id: str, consumer_id: str, job_id: str):
@@ -145,7 +154,8 @@ class JobProgressView(HotView):
             raise InvalidInput("malformed_request", "body must be a JSON object")
         fields = {str(k).lower(): v for k, v in data.items()}
         incremental = timeout_parse(fields.get("incrementaltimeout"))
-        return json_response(job_progress(ctx=ctx, incremental_timeout=incremental))
+        receipt = receipt_parse(fields.get("receipt"))
+        return json_response(job_progress(ctx=ctx, incremental_timeout=incremental, receipt=receipt))
 
 
 class PullView(HotView):
@@ -172,8 +182,10 @@ class AckView(HotView):
         'Partitions: {"ID", "NextState": "QUEUED", "Gate": n, "Payload"?} moves the job to gate n '
         '(above its gate) with Payload as its new payload, answered {"ID", "Status", "Gate"}. '
         "QUEUED is a negative acknowledgement (retry + 1, redelivered after Delay, DEAD past the "
-        'retry limit). Answered per job: {"Result": [{"ID", "Status", "RetryCount"} or '
-        '{"ID", "Status", "Error": "not_found"|"conflict"}]}.',
+        'retry limit). An item may carry the "Receipt" its job was pulled with: it then settles only '
+        "that claim. Answered per job: {\"Result\": [{\"ID\", \"Status\", \"RetryCount\"} or "
+        '{"ID", "Status", "Error": "not_found"|"conflict"|"stale_receipt", "Detail"}]} (stale_receipt: '
+        "the job was claimed again since; nothing changed, Status is its current one).",
         responses={200: OBJ, 413: ERROR, **AUTH_ERRORS},
     )
     def post(self, request, channel_id: str, consumer_id: str):

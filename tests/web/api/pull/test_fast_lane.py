@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import time
 
 import pytest
@@ -51,9 +52,20 @@ def both(settings, method, path, body=b"", **headers):
 def assert_same(fast, full, *, lane=True):
     assert getattr(fast.wsgi_request, "broker_fast_lane", False) is lane
     assert not getattr(full.wsgi_request, "broker_fast_lane", False)
-    assert (fast.status_code, fast.content) == (full.status_code, full.content)
-    assert sorted(fast.headers.items()) == sorted(full.headers.items())
+    assert (fast.status_code, _receipts_masked(fast.content)) == (full.status_code, _receipts_masked(full.content))
+    assert sorted(_receipt_masked(fast.headers)) == sorted(_receipt_masked(full.headers))
     return fast
+
+
+def _receipts_masked(content: bytes) -> bytes:
+    """The body, each job's ``"Receipt"`` as its shape only (see ``_receipt_masked``)."""
+    return re.sub(rb'"Receipt": ?"[0-9]+"', b'"Receipt":"<receipt>"', content)
+
+
+def _receipt_masked(headers) -> list:
+    """The headers, a claim's receipt as its shape only: each claim takes the next value of a sequence,
+    which the savepoint rollback between the two requests does not give back (issue 23)."""
+    return [(k, "<receipt>" if k == "X-Broker-Receipt" and v.isdigit() else v) for k, v in headers.items()]
 
 
 @pytest.fixture
