@@ -12,9 +12,12 @@ Each channel has a cursor (``jobs.models.RetentionCursor``): its ``tip`` walks f
 messages as they pass the window, so a batch starts right after what the last one removed, whatever
 the table's size; messages held back (a job still running, a DEAD job not old enough, a row someone
 held) are left behind the tip and re-examined by a slower pass (``sweep``) that starts at most once
-every ``SWEEP_EVERY`` seconds and runs at most ``SWEEP_BATCHES`` batches per call. A call spends at
-most ``RETENTION_BUDGET`` seconds (and one batch), each batch is its own short transaction, and one
-sweep runs at a time (an advisory lock): traffic is never stalled behind it.
+every ``SWEEP_EVERY`` seconds (15) and runs at most ``SWEEP_BATCHES`` batches per call: a message
+held back while its last job was still running goes within about 20 s of that job finishing (when
+few are held back; a pass over very many held back, a consumer days behind, takes longer but costs
+the same per call). A call spends at most ``RETENTION_BUDGET`` seconds (and one batch), each batch
+is its own short transaction, and one sweep runs at a time (an advisory lock): traffic is never
+stalled behind it.
 
 Not a job status change (the rows leave the database with their whole history), so it goes through
 no status writer, writes no history (the deleting statement clears ``broker.history_reason``, so the
@@ -46,7 +49,10 @@ from jobs.sweeps.queries import Q
 RETENTION_BATCH = 500  # messages examined per statement (with their jobs, history and attempts)
 RETENTION_BUDGET = 0.5  # seconds one call may spend on batches (plus the one under way)
 RETENTION_EVERY = 5.0  # seconds between two calls in a push dispatcher loop
-SWEEP_EVERY = 60.0  # seconds between two starts of the pass over the messages held back
+# seconds between two starts of the pass over the messages held back: a message whose jobs finish
+# after it passed the window (a push delivery under way when the sweep first saw it, a consumer that
+# was behind) goes within this plus RETENTION_EVERY once they finish, well inside the minute
+SWEEP_EVERY = 15.0
 SWEEP_BATCHES = 2  # batches of that pass per call: its cost stays bounded however many are held back
 RUN_BOUNDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0)  # seconds: the run-duration histogram
 RUN_BUCKET, RUN_SUM = 100, 199  # codes of the run counters (scope RETENTION_RUNS; 1: runs)
