@@ -12,15 +12,15 @@ load generator in its own thread (``--connections`` keep-alive connections, the 
 by hand: one core's small share is enough for 300 msg/s on loopback); it reports what it actually
 achieved, since on a 2-core machine the broker, PostgreSQL and the load share the cores.
 
-Every ``--every`` seconds (60) it prints a block: throughput of publish (and its target), push and
-pull; publish-to-delivery latency p50/p95/p99 of push and pull (from the publisher's send time,
+Every ``--every`` seconds (60; in a run under 20 minutes scaled like the verdict's windows) it
+prints a block: throughput of publish (its target, and the slots not answered yet), push and pull; publish-to-delivery latency p50/p95/p99 of push and pull (from the publisher's send time,
 an ``X-Sent-At`` metadata header, to the callback's arrival or the pull's answer); the database
 size and each big table's live and dead tuples and autovacuum count (pg_stat_user_tables); the RSS
 of every broker process (each gunicorn and qcluster process; PostgreSQL as the PSS total of the
 postmaster and its backends, so shared buffers count once, and their private memory); what
 retention removed in the interval (from the channel GET's ``Footprint``), its runs (/metrics) and
-the longest one (the sweep's last-run row, sampled four times a second), and the oldest stored
-message's age.
+the longest one (the sweep's last-run row, sampled four times a second), the oldest stored
+message's age, and the CPU the load generator's process used itself.
 
 The verdict compares the last 10 minutes with minutes 5 to 10 (``--seconds`` under 20 minutes:
 both windows scaled by seconds/1200, said in the output): database size within +-15 % (means),
@@ -39,6 +39,7 @@ import asyncio
 import json
 import os
 import re
+import resource
 import sys
 import tempfile
 import threading
@@ -51,8 +52,13 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import _read_response, build_request, smoke_args_parse, smoke_problems_exit  # noqa: E402
-from bench.push import ADMIN, PUBLISH_HEADERS, Broker, Receiver  # noqa: E402
+from bench.common import (
+    _read_response,
+    build_request,
+    smoke_args_parse,
+    smoke_problems_exit,
+)
+from bench.push import ADMIN, PUBLISH_HEADERS, Broker, Receiver
 
 SMOKE_TABLE = (r"^t= +\d+s publish +[\d.]+/s \(target [\d.]+.*\) push .* pull .*\| latency ms push .* pull .*\n"
                r" +db [\d.]+ MB \| .*message \d+/\d+.*\n +RSS MB web \[.*\n +retention removed \d+ messages.*\n"
@@ -60,6 +66,7 @@ SMOKE_TABLE = (r"^t= +\d+s publish +[\d.]+/s \(target [\d.]+.*\) push .* pull .*
 BIG = ["broker_message", "jobs_job", "jobs_jobtransition", "jobs_deliveryattempt", "broker_counterdelta"]
 VACUUMED = ["jobs_job", "broker_message"]  # the verdict's dead-tuple criterion
 BASE_WINDOW, LAST_WINDOW, FULL = (300.0, 600.0), 600.0, 1200.0  # seconds (for a run of 20 minutes or more)
+EVERY = 60.0  # seconds between reports
 DB_BAND, P99_FACTOR, RSS_BAND, RUN_MAX, DEAD_SHARE = 0.15, 1.25, 0.10, 2.0, 0.20
 CHANNEL, PULLER = "soak", "puller"
 
@@ -113,6 +120,12 @@ def memory(web_pgrp: int, workers_pgrp: int, postmaster: int | None) -> dict:
             "pg_private": sum(_proc_kb(f"/proc/{p}/status", "RssAnon") for p in pg) / 1024, "pg_n": len(pg)}
 
 
+def _cpu_self() -> float:
+    """CPU seconds this process (the load generator, the puller, the reports) used so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def postmaster_pid(broker: Broker) -> int | None:
     if broker.server_dir is None:
         return None
@@ -144,7 +157,8 @@ class Database:
         while not self.stop.wait(0.25):
             try:
                 row = self.sampler.execute("SELECT started_at, seconds FROM jobs_retentionrun WHERE id = 1").fetchone()
-            except Exception:  # noqa: BLE001 - a lost sample is not a failure of the broker
+            except Exception as exc:  # noqa: BLE001 - a lost sample is not a failure of the broker
+                print(f"(retention sample lost: {exc})", file=sys.stderr, flush=True)
                 continue
             if row and row[0] not in self.seen:
                 self.seen.add(row[0])
@@ -232,7 +246,7 @@ class Publisher:
                     if answer.get("connection", "").lower() == "close":
                         writer.close()
                         writer = None
-                except (OSError, ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError):
+                except (TimeoutError, OSError, ConnectionError, asyncio.IncompleteReadError, ValueError):
                     if writer is not None:
                         writer.close()
                     writer = None
@@ -299,7 +313,7 @@ def retention_figures(session: requests.Session, url: str) -> dict:
     text = requests.get(f"{url}/metrics", timeout=30).text
 
     def metric(pattern: str) -> float:
-        match = re.search(pattern, text, re.M)
+        match = re.search(pattern, text, re.MULTILINE)
         return float(match.group(1)) if match else 0.0
 
     runs = metric(r"^broker_retention_runs_total (\S+)$")
@@ -379,7 +393,7 @@ def channel_create(broker: Broker, receiver_port: int, retention: str, max_in_fl
 
 
 def block(r: Report, *, dt: float, rate: float, counts: dict, last: dict, errors: int, lag: int, ret: dict,
-          last_ret: dict, longest: float, runs: float) -> str:
+          last_ret: dict, longest: float, runs: float, load_cpu: float) -> str:
     removed = {k: v - last_ret["removed"].get(k, 0) for k, v in ret["removed"].items()}
     mem = r.mem
     tables = " ".join(f"{name.split('_', 1)[1]} {live}/{dead} (av {vac})"
@@ -393,7 +407,8 @@ def block(r: Report, *, dt: float, rate: float, counts: dict, last: dict, errors
         f"        db {r.db_mb:.1f} MB | live/dead tuples (autovacuums): {tables}\n"
         f"        RSS MB web [{', '.join(f'{m:.0f}' for m in sorted(mem['web'].values()))}]"
         f" qcluster [{', '.join(f'{m:.0f}' for m in sorted(mem['qcluster'].values()))}]"
-        f" postgres {mem['postgres']:.0f} PSS, {mem['pg_private']:.0f} private ({mem['pg_n']} procs)\n"
+        f" postgres {mem['postgres']:.0f} PSS, {mem['pg_private']:.0f} private ({mem['pg_n']} procs)"
+        f" | load generator CPU {100 * load_cpu:.0f} % of a core\n"
         f"        retention removed {removed.get('messages', 0)} messages, {removed.get('jobs', 0)} jobs, "
         f"{removed.get('transitions', 0)} transitions, {removed.get('attempts', 0)} attempts; "
         f"{runs - last_ret['runs']:.0f} runs, longest {longest:.3f} s; oldest stored message {oldest}")
@@ -404,13 +419,16 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=1800.0)
     parser.add_argument("--rate", type=float, default=300.0, help="single-message publishes per second")
     parser.add_argument("--retention", default="2m", help="the channel's retention (90s, 2m, 1h, ...)")
-    parser.add_argument("--every", type=float, default=60.0, help="seconds between reports")
+    parser.add_argument("--every", type=float, default=None,
+                        help="seconds between reports (default 60; a run under 20 minutes scales it with the windows)")
     parser.add_argument("--connections", type=int, default=16, help="the load generator's keep-alive connections")
     parser.add_argument("--pull-batch", type=int, default=50)
     parser.add_argument("--max-in-flight", type=int, default=None, help="push consumer's maxInFlight")
     parser.add_argument("--web-workers", type=int, default=2)
     parser.add_argument("--no-fsync", action="store_true", help="embedded server with fsync off")
     args = smoke_args_parse(parser, seconds=12.0, rate=30.0, retention="2s", every=2.0, connections=4)
+    if args.every is None:  # a report a minute, or as many reports per window as a 20-minute run has
+        args.every = max(2.0, EVERY * windows(args.seconds)[2])
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-soak-"))
     receiver = Receiver()
@@ -426,12 +444,13 @@ def main() -> None:
         (b0, b1), (l0, l1), scale = windows(args.seconds)
         print(f"soak: {args.seconds:.0f} s at {args.rate:.0f} msg/s, retention {args.retention}, 1 push + 1 pull "
               f"consumer, {args.web_workers} web workers, {os.cpu_count()} CPUs, logs in {workdir}", flush=True)
-        print(f"verdict windows: baseline {b0:.0f}-{b1:.0f} s, last {l0:.0f}-{l1:.0f} s"
-              + (f" (scaled by {scale:.3f}: the run is shorter than {FULL / 60:.0f} minutes)" if scale < 1 else ""),
-              flush=True)
+        print(f"verdict windows: baseline {b0:.0f}-{b1:.0f} s, last {l0:.0f}-{l1:.0f} s, a report every "
+              f"{args.every:.0f} s" + (f" (windows and reports scaled by {scale:.3f}: the run is shorter than "
+                                       f"{FULL / 60:.0f} minutes)" if scale < 1 else ""), flush=True)
         publisher = Publisher(broker.url, CHANNEL, args.rate, args.connections)
         puller = Puller(broker.url, CHANNEL, args.pull_batch)
         start = last_t = time.monotonic()
+        first_cpu = last_cpu = _cpu_self()
         publisher.start()
         puller.start()
         last = {"pub": 0, "push": 0, "pull": 0, "push_lat": 0, "pull_lat": 0}
@@ -454,12 +473,15 @@ def main() -> None:
             db_mb, tables = database.figures()
             ret = retention_figures(watch, broker.url)
             longest = database.longest_take()
+            cpu = _cpu_self()
+            load_cpu, last_cpu = (cpu - last_cpu) / dt, cpu
             longest_all, over = max(longest_all, longest), ret["over"]
             report = Report(t=now - start, db_mb=db_mb, tables=tables, mem=mem,
                             push_lat=push_lat[last["push_lat"]:], pull_lat=pull_lat[last["pull_lat"]:])
             counts = {"pub": published, "push": push_count, "pull": pulled}
             print(block(report, dt=dt, rate=args.rate, counts=counts, last=last, errors=errors + puller.errors,
-                        lag=publisher.lag(), ret=ret, last_ret=last_ret, longest=longest, runs=ret["runs"]), flush=True)
+                        lag=publisher.lag(), ret=ret, last_ret=last_ret, longest=longest, runs=ret["runs"],
+                        load_cpu=load_cpu), flush=True)
             reports.append(report)
             last = {**counts, "push_lat": len(push_lat), "pull_lat": len(pull_lat)}
             last_ret, last_t = ret, now
@@ -472,7 +494,8 @@ def main() -> None:
               f"{publisher.published / elapsed:.1f} msg/s achieved of {args.rate:.0f} target "
               f"({publisher.errors} failed, {publisher.scheduled - publisher.published - publisher.errors} "
               f"unanswered at the end); push {receiver.ask('count')} deliveries, pull {puller.pulled} jobs "
-              f"({puller.errors} failed pull/ack requests)", flush=True)
+              f"({puller.errors} failed pull/ack requests); its own CPU {100 * (_cpu_self() - first_cpu) / elapsed:.0f} % "
+              "of a core (publisher, puller and these reports)", flush=True)
         results = verdict(reports, seconds=args.seconds, over=over, longest=longest_all)
         for name, passed, figures in results:
             print(f"  {'PASS' if passed else 'FAIL'}  {name}: {figures}", flush=True)

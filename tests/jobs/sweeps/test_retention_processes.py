@@ -76,8 +76,8 @@ def test_the_dispatcher_loops_remove_finished_messages_within_a_minute_and_keep_
         r = s.post(f"{pull}/ack", json={"Jobs": [{"ID": held["ID"], "NextState": "DELIVERED"}]}, headers=PULL)
         assert r.status_code == 200, r.text
         metrics = requests.get(f"{url}/metrics").text
-        assert re.search(r'^broker_retention_removed_total\{channel="ch1",table="messages"\} 2(\.0)?$', metrics, re.M)
-        assert re.search(r'^broker_messages\{channel="ch1"\} 2(\.0)?$', metrics, re.M)
+        assert re.search(r'^broker_retention_removed_total\{channel="ch1",table="messages"\} 2(\.0)?$', metrics, re.MULTILINE)
+        assert re.search(r'^broker_messages\{channel="ch1"\} 2(\.0)?$', metrics, re.MULTILINE)
     finally:
         cluster.stop()
         web.stop()
