@@ -59,6 +59,7 @@ from bench.common import (
     smoke_problems_exit,
 )
 from bench.push import ADMIN, PUBLISH_HEADERS, Broker, Receiver
+from broker.durations import duration_parse
 
 SMOKE_TABLE = (r"^t= +\d+s publish +[\d.]+/s \(target [\d.]+.*\) push .* pull .*\| latency ms push .* pull .*\n"
                r" +db [\d.]+ MB \| .*message \d+/\d+.*\n +RSS MB web \[.*\n +retention removed \d+ messages.*\n"
@@ -438,6 +439,7 @@ def main() -> None:
     if args.every is None:  # a report a minute, or as many reports per window as a 20-minute run has
         args.every = max(2.0, EVERY * windows(args.seconds)[2])
 
+    retention_seconds = duration_parse(args.retention)  # the broker's parser: the PUT takes the same
     workdir = Path(tempfile.mkdtemp(prefix="bench-soak-"))
     receiver = Receiver()
     broker = Broker(args, workdir)
@@ -455,6 +457,10 @@ def main() -> None:
         print(f"verdict windows: baseline {b0:.0f}-{b1:.0f} s, last {l0:.0f}-{l1:.0f} s, a report every "
               f"{args.every:.0f} s" + (f" (windows and reports scaled by {scale:.3f}: the run is shorter than "
                                        f"{FULL / 60:.0f} minutes)" if scale < 1 else ""), flush=True)
+        if b0 < retention_seconds + EVERY:
+            print(f"note: the baseline window starts {b0:.0f} s in, before the tables can have reached their "
+                  f"steady size (retention {args.retention} plus a minute): for a short run scale --retention "
+                  f"too (e.g. --retention {max(1, round(120 * scale))}s)", flush=True)
         publisher = Publisher(broker.url, CHANNEL, args.rate, args.connections)
         puller = Puller(broker.url, CHANNEL, args.pull_batch)
         start = last_t = time.monotonic()
