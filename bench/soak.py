@@ -68,6 +68,7 @@ BIG = ["broker_message", "jobs_job", "jobs_jobtransition", "jobs_deliveryattempt
 VACUUMED = ["jobs_job", "broker_message"]  # the verdict's dead-tuple criterion
 BASE_WINDOW, LAST_WINDOW, FULL = (300.0, 600.0), 600.0, 1200.0  # seconds (for a run of 20 minutes or more)
 EVERY = 60.0  # seconds between reports
+SETTLE = 30.0  # seconds past the retention before the tables can be at their steady size (sweep, vacuum)
 DB_BAND, P99_FACTOR, RSS_BAND, RUN_MAX, DEAD_SHARE = 0.15, 1.25, 0.10, 2.0, 0.20
 CHANNEL, PULLER = "soak", "puller"
 
@@ -381,7 +382,7 @@ def verdict(reports: list[Report], *, seconds: float, over: float, longest: floa
         shares = [r.tables[table][1] / max(1, r.tables[table][0]) for r in last if table in r.tables]
         worst = max(shares) if shares else float("nan")
         out.append((f"{table} dead tuples under 20 % of live", bool(shares) and worst < DEAD_SHARE,
-                    f"worst {100 * worst:.1f} % over the last window"))
+                    f"worst {100 * worst:.1f} %, mean {100 * mean(shares):.1f} % over the last window's reports"))
     return out
 
 
@@ -457,9 +458,9 @@ def main() -> None:
         print(f"verdict windows: baseline {b0:.0f}-{b1:.0f} s, last {l0:.0f}-{l1:.0f} s, a report every "
               f"{args.every:.0f} s" + (f" (windows and reports scaled by {scale:.3f}: the run is shorter than "
                                        f"{FULL / 60:.0f} minutes)" if scale < 1 else ""), flush=True)
-        if b0 < retention_seconds + EVERY:
+        if b0 < retention_seconds + SETTLE:
             print(f"note: the baseline window starts {b0:.0f} s in, before the tables can have reached their "
-                  f"steady size (retention {args.retention} plus a minute): for a short run scale --retention "
+                  f"steady size (retention {args.retention} plus {SETTLE:.0f} s): for a short run scale --retention "
                   f"too (e.g. --retention {max(1, round(120 * scale))}s)", flush=True)
         publisher = Publisher(broker.url, CHANNEL, args.rate, args.connections)
         puller = Puller(broker.url, CHANNEL, args.pull_batch)
