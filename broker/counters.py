@@ -13,6 +13,14 @@ from broker.queries import Q
 JOB = 1
 MESSAGE = 2
 REDELIVERED = 2001  # pseudo status: QUEUED/INFLIGHT jobs with retry_count > 0
+# (3: scheduled messages, jobs.publish.scheduled; 4: delivery metrics, broker.delivery_metrics)
+# Retention (jobs.sweeps.retention): rows removed, per channel (status = RETENTION_TABLES code) and
+# per consumer (its jobs, their history and attempts), and the sweep's runs (owner 0: count, duration
+# histogram). Numbered after the issue that added them, clear of the small scopes above.
+RETENTION = 24
+RETENTION_CONSUMER = 25
+RETENTION_RUNS = 26
+RETENTION_TABLES = {1: "messages", 2: "jobs", 3: "transitions", 4: "attempts"}
 
 # (owner table of the annotated queryset, with a status?) -> the named scalar subquery
 _COLUMNS = {

@@ -24,6 +24,9 @@ class Channel(Registered):
     channel_id = models.CharField(max_length=255, unique=True)
     # Expiry: seconds a message without its own X-Broker-Message-TTL stays deliverable (null: forever).
     message_ttl = models.PositiveIntegerField(null=True, blank=True)
+    # Retention: seconds a message stays stored once all its jobs are finished (null: BROKER_RETENTION);
+    # removed by the retention sweep (jobs.sweeps.retention) with its jobs, history and attempts.
+    retention = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         indexes = [models.Index(fields=["-created_at", "-id"], name="channel_list")]

@@ -100,7 +100,7 @@ def db_now() -> datetime:
 
 def channel_upsert(*, channel_id: str, name: str | None, token: str | None, precondition: Precondition,
                    settings: dict | None = None):
-    """``settings``: validated model fields (message_ttl)."""
+    """``settings``: validated model fields (message_ttl, retention)."""
     fields = {"name": name} if name else {}
     fields.update(settings or {})
     return row_upsert(model=Channel, key_field="channel_id", key=channel_id,

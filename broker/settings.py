@@ -12,11 +12,13 @@ from __future__ import annotations
 import configparser
 import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
 from broker.db.urls import DatabaseUrlError, django_database, options_settings
+from broker.durations import duration_parse
 from broker.embedded_db import data_dir
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -60,6 +62,14 @@ def env_int(name: str, default: int | None) -> int | None:
     return _env_number(name, default, int, "an integer")
 
 
+def env_duration(name: str, default: str) -> timedelta:
+    """``90s``, ``15m``, ``12h``, ``7d`` or seconds (``broker.durations``), at least one second."""
+    seconds = _env_number(name, duration_parse(default), duration_parse, "a duration such as 90s, 15m, 7d")
+    if seconds < 1:
+        raise ImproperlyConfigured(f"{name} must be at least one second, got {_ENV.get(name)!r}")
+    return timedelta(seconds=seconds)
+
+
 # The webhook-broker INI file may also carry broker settings ([broker], [consumer-connection]);
 # environment variables win over it.
 BROKER_SEED_CONFIG = env_str("BROKER_SEED_CONFIG")
@@ -90,6 +100,10 @@ if BROKER_SEED_CONFIG and os.path.exists(BROKER_SEED_CONFIG):
                 _value = _ini.get(_section, _key).strip()
                 if _value:
                     _ENV[_name] = _value
+        # webhook-broker's retention key, in whole days (consumers.seed reports a bad value)
+        _days = _ini.get("prune", "message-retention-days", fallback="").strip()
+        if "BROKER_RETENTION" not in _ENV and _days.isdigit() and int(_days) > 0:
+            _ENV["BROKER_RETENTION"] = f"{int(_days)}d"
 
 DEBUG = env_bool("DJANGO_DEBUG", False)
 SECRET_KEY = env_str("DJANGO_SECRET_KEY")
@@ -346,12 +360,18 @@ LOGGING = {
     },
 }
 
+# --- retention (jobs/sweeps/retention.py, a housekeeping step) -----------------------------------
+# A message whose jobs are all finished is removed (with its jobs, history and attempts) once older
+# than its channel's ``retention`` or, when that is empty, BROKER_RETENTION; a DEAD job counts as
+# finished once dead for BROKER_DEAD_RETENTION (the Spark archive reads the same setting).
+BROKER_RETENTION = env_duration("BROKER_RETENTION", "7d")
+BROKER_DEAD_RETENTION = env_duration("BROKER_DEAD_RETENTION", "30d")
+
 # --- Spark pipeline (pipeline/: analytics report, archive-and-prune; see pipeline/__init__.py) ---
 SPARK_MASTER = env_str("SPARK_MASTER", "local[*]")  # any Spark master URL: local[N], spark://host:7077, ...
 BROKER_SPARK_DRIVER_MEMORY = env_str("BROKER_SPARK_DRIVER_MEMORY", "4g")
 BROKER_JDBC_JAR = env_str("BROKER_JDBC_JAR", "/usr/share/java/postgresql.jar")  # Debian libpostgresql-jdbc-java
 BROKER_SPARK_JDBC_PARTITIONS = env_int("BROKER_SPARK_JDBC_PARTITIONS", 4)  # parallel JDBC reads per table
-BROKER_DEAD_RETENTION = env_str("BROKER_DEAD_RETENTION", "90d")  # dead jobs are archived only past this age
 BROKER_PIPELINE_DIR = Path(env_str("BROKER_PIPELINE_DIR", str(BROKER_DATA_DIR / "pipeline")))
 
 # --- push delivery (jobs/push/, see jobs/push/dispatcher.py) -----------------------------------

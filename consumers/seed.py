@@ -6,6 +6,9 @@
     [initial-channel-tokens]  id=token
     [initial-producer-tokens] id=token
     [initial-producer-rate-limits] id=rateLimitPerSecond[,burst]   (flow control)
+    [initial-channel-retention] id=retention  (90s, 15m, 12h, 7d or seconds; empty: BROKER_RETENTION)
+    [prune]                   message-retention-days=N (webhook-broker's key: BROKER_RETENTION in days,
+                              read at start-up by broker.settings; a bad value is reported here)
     [<consumerId>]            token=, channel=, type=push|pull (empty = push), name=,
                               maxInFlight=, maxDeliveriesPerSecond=, maxAckPending=, maxQueued=, ordered=,
                               notifyInterval= (doorbell seconds > 0; a pull consumer with a
@@ -29,6 +32,7 @@ from urllib.parse import urlsplit
 from django.db import transaction
 from django.utils import timezone
 
+from broker.durations import retention_parse
 from broker.errors import DomainError
 from broker.message_types import message_types_parse
 from broker.models import Channel, Producer, SeedState
@@ -106,6 +110,7 @@ def seed_parse(text: str) -> SeedPlan:
         plan.errors.append(f"invalid INI: {exc}")
         return plan
     plan.channels = _registered(ini, "channel", plan.errors)
+    _retention_parse(ini, plan)
     plan.producers = _registered(ini, "producer", plan.errors)
     for pid in plan.producers:
         limit = _section(ini, "initial-producer-rate-limits").get(pid, "").strip()
@@ -176,6 +181,22 @@ def seed_parse(text: str) -> SeedPlan:
             continue
         plan.consumers[cid] = consumer
     return plan
+
+
+def _retention_parse(ini, plan: SeedPlan) -> None:
+    """Retention: ``[initial-channel-retention]`` per channel (a bad one is left out with an error),
+    ``[prune] message-retention-days`` checked (broker.settings reads it at start-up)."""
+    for cid, raw in _section(ini, "initial-channel-retention").items():
+        if cid not in plan.channels:
+            plan.errors.append(f"channel {cid}: retention for a channel not in [initial-channels], ignored")
+            continue
+        try:
+            plan.channels[cid]["retention"] = retention_parse(raw, field=f"channel {cid} retention")
+        except DomainError as exc:
+            plan.errors.append(f"{exc.detail}, ignored")
+    days = _section(ini, "prune").get("message-retention-days", "").strip()
+    if days and not (days.isdigit() and int(days) > 0):
+        plan.errors.append(f"[prune] message-retention-days {days!r} is not a positive number of days, ignored")
 
 
 def _apply_row(model, lookup: dict, values: dict):

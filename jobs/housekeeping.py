@@ -25,6 +25,7 @@ from jobs.publish.scheduled import scheduled_dispatch_due
 from jobs.pull.doorbell import PRUNE_EVERY, doorbell_prune
 from jobs.sweeps.inflight_timeout import jobs_expire_inflight
 from jobs.sweeps.message_expiry import jobs_expire_messages
+from jobs.sweeps.retention import RETENTION_EVERY, retention_sweep
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,9 @@ STEPS: tuple[Step, ...] = (
     Step("expired", jobs_expire_inflight, 1.0),  # in-flight jobs past their deadline: QUEUED again or DEAD
     Step("messages_expired", jobs_expire_messages, 1.0),  # QUEUED jobs whose message expired: DEAD (expired)
     Step("scheduled", scheduled_dispatch_due, 1.0),  # scheduled messages that are due: published
+    # finished messages past their channel's retention: removed with their jobs, history, attempts
+    # (bounded batches, at most half a second a call)
+    Step("retention_removed", retention_sweep, RETENTION_EVERY),
     Step("settled", partitions_settle_stale, 1.0),  # partitions whose settle was lost (throttled inside)
     Step("compacted", counters_compact, 5.0),  # counter deltas folded into their rows
     Step("doorbells_pruned", doorbell_prune, PRUNE_EVERY),  # doorbell state of consumers without one

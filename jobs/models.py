@@ -166,3 +166,31 @@ class PlanCheck(models.Model):
 
     def __str__(self) -> str:
         return f"{self.statement} ({self.mode})"
+
+
+class RetentionCursor(models.Model):
+    """Where the retention sweep (``jobs.sweeps.retention``) stands in one channel's messages, in
+    the order of ``message_channel_received`` (received_at, id). ``tip``: every message up to it was
+    examined once (new messages past the window are taken from there, so a pass never walks what
+    it already removed); ``sweep``: the position of the slower pass that re-examines the messages
+    kept back (a job not finished yet, a DEAD job not old enough), from the start up to the tip
+    (NULL: no pass under way; the next one starts ``SWEEP_EVERY`` after ``sweep_started_at``)."""
+
+    channel = models.OneToOneField(Channel, on_delete=models.CASCADE, primary_key=True, related_name="+",
+                                   db_constraint=False)
+    tip_at = models.DateTimeField(null=True)
+    tip_id = models.BigIntegerField(default=0)
+    sweep_at = models.DateTimeField(null=True)
+    sweep_id = models.BigIntegerField(null=True)
+    sweep_started_at = models.DateTimeField(null=True)
+
+
+class RetentionRun(models.Model):
+    """The last run of the retention sweep (one row, id 1): when, how long, what it removed. The
+    totals are maintained counters (``broker.counters`` RETENTION, RETENTION_CONSUMER, RETENTION_RUNS)."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    started_at = models.DateTimeField()
+    seconds = models.FloatField()  # its duration
+    removed = models.BigIntegerField(default=0)  # rows of the four tables it removed
+    batches = models.PositiveIntegerField(default=0)

@@ -12,6 +12,7 @@ from urllib.parse import urlencode
 from django.contrib import admin
 from django.urls import NoReverseMatch, reverse
 
+from broker.durations import duration_format
 from jobs.ops.dashboard import dashboard_snapshot, duration_text
 from jobs.state.transitions import DEAD, DELIVERED, INFLIGHT, QUEUED
 from pipeline.latest import pipeline_report_latest
@@ -40,6 +41,7 @@ class BrokerAdminSite(admin.AdminSite):
             "totals": _totals(dashboard, dashboard.failure_rate),
             "pipeline_report": _pipeline_report(),
             "channel_rows": [_channel_row(ch) for ch in dashboard.channels],
+            "retention": _retention(dashboard),
             "main_chart": svg.minute_chart(
                 delivered=dashboard.series.delivered, failed=dashboard.series.failed,
                 backlog=dashboard.series.backlog(dashboard.total("backlog_now")),
@@ -58,6 +60,19 @@ def _totals(source, failure_rate) -> dict:
         "delivered": source.total("delivered"), "dead": source.total("dead"),
         "per_minute": source.total("delivered_per_minute"),
         "failure_pct": None if failure_rate is None else round(100 * failure_rate, 1),
+    }
+
+
+def _retention(dashboard) -> dict:
+    """The footprint line: when the retention sweep last ran, what it removed, the oldest message."""
+    last = dashboard.retention_last_run
+    ages = [ch.oldest_message_age for ch in dashboard.channels if ch.oldest_message_age is not None]
+    return {
+        "last_run_ago": duration_text((dashboard.now - last.started_at).total_seconds()) if last else None,
+        "last_run_seconds": last.seconds if last else None,
+        "last_run_removed": last.removed if last else 0,
+        "removed": dashboard.removed,
+        "oldest": duration_text(max(ages)) if ages else None,
     }
 
 
@@ -103,6 +118,8 @@ def _channel_row(ch) -> dict:
         "spark": svg.minute_bars(ch.series.delivered, ch.series.failed, label=ch.channel.channel_id),
         "totals": _totals(ch, ch.failure_rate),
         "consumers": [_consumer_row(c) for c in ch.consumers],
+        "retention": duration_format(ch.retention),
+        "oldest": duration_text(ch.oldest_message_age) if ch.oldest_message_age is not None else None,
     }
 
 

@@ -1,5 +1,5 @@
 """A consumer's figures for its GET (and the admin): jobs by status from the maintained counters
-(never a count over jobs) and the pulls waiting now."""
+(never a count over jobs), the pulls waiting now, and its footprint (retention)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from broker.db.run import query_fetchone
 from jobs.ops.queries import Q
 from jobs.state.transitions import DEAD, DELIVERED, INFLIGHT, QUEUED
 from jobs.sweeps.inflight_timeout import consumer_sweep
+from jobs.sweeps.retention import consumer_footprint
 
 
 def consumer_stats(*, consumer_pk: int, sweep: bool = False) -> dict:
@@ -25,4 +26,6 @@ def consumer_stats(*, consumer_pk: int, sweep: bool = False) -> dict:
         "NumWaiting": waiting,
         "NumDead": counts.get(DEAD, 0),
         "NumDelivered": counts.get(DELIVERED, 0),
+        # retention: the oldest stored job's message, what retention removed, its last run
+        "Footprint": consumer_footprint(consumer_pk=consumer_pk),
     }

@@ -8,7 +8,9 @@ big table, so a page costs the same with a thousand jobs or a hundred million:
 - per-minute figures: ``jobs_minutestat``, kept by triggers on ``jobs_job``
   (jobs/migrations/0011_dashboard_minute_stats.py): at most 60 rows per consumer and connection;
 - oldest queued job: one backward index probe per consumer (``job_consumer_status``);
-- overdue in-flight jobs: the partial index on in-flight deadlines, capped.
+- overdue in-flight jobs: the partial index on in-flight deadlines, capped;
+- the footprint (retention): each channel's oldest stored message (one probe of
+  ``message_channel_received``), the rows retention removed (counters) and its last run (one row).
 
 Alerts are rules over a consumer's figures (``alert_rule``); features that land later (flow
 control: "consumer paused"; priority groups: "pin changing often") add their rule here.
@@ -28,6 +30,7 @@ from broker.times import db_now
 from consumers.models import Consumer
 from jobs.ops.queries import Q
 from jobs.state.transitions import DEAD, DELIVERED, INFLIGHT, QUEUED
+from jobs.sweeps.retention import LastRun, oldest_messages, removed_by_channel, retention_last_run, retention_seconds
 
 MINUTES = 60  # the charts' window
 RATE_MINUTES = 5  # the "delivered / min" figures: the charts' last five bars
@@ -147,9 +150,16 @@ class ChannelStats:
     messages: int = 0
     scheduled: int = 0
     series: Series = field(default_factory=Series)
+    retention: int = 0  # seconds: the retention in force
+    oldest_message_age: float | None = None  # seconds; None: no message stored
+    removed: dict = field(default_factory=dict)  # rows removed by retention, by table
 
     def total(self, name: str) -> int:
         return sum(getattr(c, name) for c in self.consumers)
+
+    @property
+    def removed_rows(self) -> int:
+        return sum(self.removed.values())
 
     @property
     def alerts(self) -> list[Alert]:
@@ -168,6 +178,16 @@ class Dashboard:
     alerts: list[Alert]  # every alert, errors first
     series: Series  # all consumers
     overdue_inflight: int = 0
+    retention_last_run: LastRun | None = None
+
+    @property
+    def removed(self) -> dict:
+        """Rows removed by retention, by table, over every channel shown."""
+        total: dict = {}
+        for ch in self.channels:
+            for table, n in ch.removed.items():
+                total[table] = total.get(table, 0) + n
+        return total
 
     @property
     def consumers(self) -> list[ConsumerStats]:
@@ -333,9 +353,14 @@ def dashboard_snapshot(*, channel_pks: list[int] | None = None) -> Dashboard:
             channel.consumers.append(stats)
             channel.series.add(stats.series)
         total.add(stats.series)
+    oldest = oldest_messages(channel_pks=list(channels))
+    removed = removed_by_channel(list(channels))
     for pk, channel in channels.items():
         channel.messages = sum(message_counts.get(pk, {}).values())
         channel.scheduled = scheduled_counts.get(pk, {}).get(SCHEDULED, 0)
+        channel.retention = retention_seconds(channel.channel)
+        channel.oldest_message_age = oldest[pk].age if pk in oldest else None
+        channel.removed = removed.get(pk, {})
 
     alerts: list[Alert] = []
     overdue = overdue_inflight_count()
@@ -347,7 +372,7 @@ def dashboard_snapshot(*, channel_pks: list[int] | None = None) -> Dashboard:
         alerts.extend(channel.alerts)
     alerts.sort(key=lambda a: a.level != "error")
     return Dashboard(now=now, channels=list(channels.values()), alerts=alerts, series=total,
-                     overdue_inflight=overdue)
+                     overdue_inflight=overdue, retention_last_run=retention_last_run())
 
 
 def duration_text(seconds: float | None) -> str:

@@ -29,6 +29,7 @@ from broker.db.queries import Query
 from broker.db.run import query_execute, query_fetchall, query_fetchone
 from jobs.ops.queries import Q
 from jobs.state.transitions import DEAD, DELIVERED, INFLIGHT, QUEUED
+from jobs.sweeps.retention import END, RETENTION_BATCH, START
 
 logger = logging.getLogger(__name__)
 # every named-query registry (``<package>/queries.sql``): jobs has one per package
@@ -108,6 +109,12 @@ def _publish(s: Sample, **extra) -> dict:
             "types": ["order.created", None], "ttls": [60, None], **extra}
 
 
+def _retention(s: Sample, after: tuple, until: tuple) -> dict:
+    # an hour's window: most of the plan tests' messages (10 ms apart) are past it
+    return {"channel": s.channel, "after_at": after[0], "after_id": after[1], "until_at": until[0],
+            "until_id": until[1], "retention": 3600.0, "dead_retention": 86400.0, "limit": RETENTION_BATCH}
+
+
 CASES: list[Case] = [
     # --- claims ---------------------------------------------------------------------------------
     Case("jobs.pull:claim_pull", _claim),
@@ -150,6 +157,10 @@ CASES: list[Case] = [
     Case("jobs.sweeps:expire_inflight", lambda s: {"max_retry": 5, "limit": 5000, "consumer": s.pull},
          id="expire-inflight-consumer"),
     Case("jobs.sweeps:expire_messages", lambda s: {"limit": 5000}),
+    Case("jobs.sweeps:retention_channels", lambda s: {"retention": 3600}),
+    Case("jobs.sweeps:retention_batch", lambda s: _retention(s, START, END), id="retention-batch-tip"),
+    Case("jobs.sweeps:retention_batch", lambda s: _retention(s, (START[0], 1000), (END[0], 500_000)),
+         id="retention-batch-sweep"),
     Case("jobs.partitions:partitions_stale", lambda s: [100]),
     Case("jobs.partitions:partition_counts", lambda s: [s.partition, 0], sorts="groups the jobs of one partition"),
     Case("jobs.partitions:partition_gate_busy", lambda s: [s.partition, 0, s.partition, 0]),
@@ -173,6 +184,8 @@ CASES: list[Case] = [
     # --- dashboard and statistics ---------------------------------------------------------------
     Case("jobs.ops:oldest_queued", lambda s: {"queued": QUEUED, "ids": s.consumers}),
     Case("jobs.ops:overdue_inflight", lambda s: {"inflight": INFLIGHT, "grace": 60, "cap": 1000}),
+    Case("jobs.sweeps:oldest_messages", lambda s: {"ids": [s.channel]}),
+    Case("jobs.sweeps:oldest_consumer_messages", lambda s: {"ids": s.consumers}),
     # two small tables (a row per owner and status; the deltas since the last compaction, every few
     # seconds), read by their indexes or whole: no index to insist on, no big table to scan
     Case("broker:counter_counts", lambda s: {"scope": 1, "ids": [s.pull]}, index=()),

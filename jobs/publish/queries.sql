@@ -218,7 +218,10 @@ VALUES (%s, %s, %s, now(), now()) ON CONFLICT (producer_id) DO NOTHING;
 -- consumer's messageTypes match and it has not expired. QUEUED and INFLIGHT jobs are skipped, and
 -- so are partitioned jobs and messages (a job put back below its partition's gate could never run
 -- again). The moves' history is the trigger's (last_reason 'replay'); the trigger covers UPDATE and
--- DELETE only, so the new jobs' NULL -> QUEUED rows (reason 'replay') are written here.
+-- DELETE only, so the new jobs' NULL -> QUEUED rows (reason 'replay') are written here. The messages
+-- are held FOR KEY SHARE until the chunk commits: the retention sweep (retention_batch) skips a
+-- message so held, and one it is removing right now is waited for and then left out, so no job is
+-- ever added to a message on its way out.
 WITH m AS MATERIALIZED (
     -- a range on channel_id keeps it in the sort keys: only message_channel_received gives this order
     SELECT id, priority, received_at, type, expires_at FROM broker_message
@@ -226,6 +229,7 @@ WITH m AS MATERIALIZED (
        AND (received_at, id) > (%(after_at)s::timestamptz, %(after_id)s::bigint)
        AND received_at <= %(until)s::timestamptz
      ORDER BY channel_id, received_at, id LIMIT %(limit)s
+       FOR KEY SHARE
 ), cur AS MATERIALIZED (
     -- per message by job_unique_per_consumer (LIMIT 1: a nested loop, never a hash of every job)
     SELECT j.id, j.message_id, j.status, j.partition_id, j.expires_at

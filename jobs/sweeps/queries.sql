@@ -67,3 +67,188 @@ SELECT count(*), (SELECT array_agg(DISTINCT partition_id) FROM u WHERE partition
 -- The status of this job if its message has expired (no row: not expired, or no such job). Asked
 -- only after a move was refused, to answer 409 message_expired.
 SELECT status FROM jobs_job WHERE id = %(job)s AND expires_at <= now();
+
+-- retention_lock --
+-- index: none (an advisory lock)
+-- One retention sweep at a time per database (every dispatcher loop and the maintenance task call
+-- it; the others return at once). Session-level: held across the sweep's statements, each its own
+-- transaction, and released by retention_unlock (or with the connection).
+SELECT pg_try_advisory_lock(hashtext('broker_retention'));
+
+-- retention_unlock --
+-- index: none (an advisory lock)
+-- The sweep is done (retention_lock).
+SELECT pg_advisory_unlock(hashtext('broker_retention'));
+
+-- retention_channels --
+-- index: message_channel_received
+-- hot
+-- Every channel with the retention in force (its own, else %(retention)s seconds), its cursor, and
+-- whether its tip has work: a message past the window after the tip (one probe of
+-- message_channel_received per channel, which starts after what was already removed: no walk over
+-- dead index entries). The database clock comes back with them. Channels are few; no message
+-- table is read whole.
+SELECT c.id, w.secs, k.tip_at, k.tip_id, k.sweep_at, k.sweep_id, k.sweep_started_at,
+       (SELECT 1 FROM broker_message m
+         WHERE m.channel_id BETWEEN c.id AND c.id
+           AND (m.received_at, m.id) > (COALESCE(k.tip_at, '-infinity'::timestamptz), COALESCE(k.tip_id, 0))
+           AND m.received_at < now() - make_interval(secs => w.secs)
+         ORDER BY m.channel_id, m.received_at, m.id LIMIT 1) IS NOT NULL AS due,
+       now()
+  FROM broker_channel c
+ CROSS JOIN LATERAL (SELECT COALESCE(c.retention, %(retention)s::int)::float8 AS secs) w
+  LEFT JOIN jobs_retentioncursor k ON k.channel_id = c.id
+ ORDER BY c.id;
+
+-- retention_batch --
+-- index: message_channel_received, job_unique_per_consumer, broker_message_pkey, jobs_jobtransition_job_id_4c64a2d7, jobs_deliveryattempt_job_id_e4685361
+-- hot
+-- settings: enable_seqscan=off
+-- One batch of the retention sweep (jobs.sweeps.retention) in one channel: the next %(limit)s
+-- messages after (%(after_at)s, %(after_id)s) and up to (%(until_at)s, %(until_id)s) in
+-- message_channel_received's order that are older than %(retention)s seconds are examined; each one
+-- whose jobs are all finished (DELIVERED, or DEAD for %(dead_retention)s seconds and not holding
+-- back a FAILED partition at its gate) is removed with its jobs, their history and attempts.
+-- Never a message with a QUEUED or INFLIGHT job, even against a concurrent replay or requeue: the
+-- message and its jobs are locked (SKIP LOCKED: a row someone holds is skipped, never waited for),
+-- the finished test reads the locked (latest) row versions, and a message goes only when every job
+-- the statement's snapshot holds was locked unchanged (same status and status_changed_at: no history
+-- row or attempt can have been added that this statement would not see). A replay holds its
+-- messages FOR KEY SHARE (replay_chunk), so it never adds a job to a message being removed. The
+-- deletes write no history (broker.history_reason is cleared: the jobs_job trigger then writes
+-- none) and remove the jobs' history instead; the counter triggers keep the job and message counts
+-- right, and the rows removed are added to the retention counters (scopes 24 and 25). Returns the
+-- messages examined, the last one's keyset (the cursor), and the four counts removed. Every table
+-- is read through an index, by message or by job; enable_seqscan=off keeps it so for the history
+-- and attempt tables whatever their statistics say (analyzed while small, a plan read them whole).
+WITH r AS (
+    SELECT set_config('broker.history_reason', '', true) AS why
+), cand AS MATERIALIZED (
+    -- a range on channel_id keeps it in the sort keys: only message_channel_received gives this order
+    SELECT m.id, m.received_at FROM broker_message m
+     WHERE m.channel_id BETWEEN %(channel)s::bigint AND %(channel)s::bigint
+       AND (m.received_at, m.id) > (%(after_at)s::timestamptz, %(after_id)s::bigint)
+       AND (m.received_at, m.id) <= (%(until_at)s::timestamptz, %(until_id)s::bigint)
+       AND m.received_at < now() - make_interval(secs => %(retention)s::float8)
+     ORDER BY m.channel_id, m.received_at, m.id
+     LIMIT %(limit)s::int
+), msg AS MATERIALIZED (
+    SELECT m.id FROM broker_message m WHERE m.id = ANY(ARRAY(SELECT id FROM cand)) FOR UPDATE SKIP LOCKED
+), seen AS MATERIALIZED (
+    -- every job of those messages as the statement's snapshot holds it (no lock)
+    SELECT j.id, j.message_id, j.status, j.status_changed_at FROM jobs_job j
+     WHERE j.message_id = ANY(ARRAY(SELECT id FROM msg))
+), jl AS MATERIALIZED (
+    -- the same jobs locked: the latest committed version of each, or none when someone holds it
+    SELECT j.id, j.message_id, j.consumer_id, j.status, j.status_changed_at, j.partition_id, j.gate
+      FROM jobs_job j
+     WHERE j.message_id = ANY(ARRAY(SELECT id FROM msg))
+       FOR UPDATE SKIP LOCKED
+), held AS (
+    -- messages to keep: a job skipped, changed since the snapshot, or not finished
+    SELECT DISTINCT s.message_id FROM seen s LEFT JOIN jl ON jl.id = s.id
+     WHERE jl.id IS NULL OR jl.status <> s.status OR jl.status_changed_at <> s.status_changed_at
+        OR NOT (jl.status = 1003
+                OR (jl.status = 1004
+                    AND jl.status_changed_at < now() - make_interval(secs => %(dead_retention)s::float8)
+                    -- a probe by primary key (as NOT EXISTS it became a join over every FAILED partition)
+                    AND (jl.partition_id IS NULL
+                         OR (SELECT 1 FROM jobs_partition p
+                              WHERE p.id = jl.partition_id AND p.status = 2 AND p.gate = jl.gate) IS NULL)))
+), ok AS MATERIALIZED (
+    SELECT msg.id FROM msg WHERE NOT EXISTS (SELECT 1 FROM held WHERE held.message_id = msg.id)
+), dj AS (
+    -- by primary key; the history trigger finds broker.history_reason empty and writes nothing
+    DELETE FROM jobs_job j
+     WHERE j.id = ANY(ARRAY(SELECT jl.id FROM jl JOIN ok ON ok.id = jl.message_id))
+       AND (SELECT why FROM r) IS NOT NULL
+    RETURNING j.id, j.consumer_id
+), dt AS (
+    DELETE FROM jobs_jobtransition t WHERE t.job_id = ANY(ARRAY(SELECT id FROM dj)) RETURNING t.job_id
+), da AS (
+    DELETE FROM jobs_deliveryattempt a WHERE a.job_id = ANY(ARRAY(SELECT id FROM dj)) RETURNING a.job_id
+), dm AS (
+    DELETE FROM broker_message m WHERE m.id = ANY(ARRAY(SELECT id FROM ok)) RETURNING m.id
+), n AS (
+    SELECT (SELECT count(*) FROM dm) AS messages, (SELECT count(*) FROM dj) AS jobs,
+           (SELECT count(*) FROM dt) AS transitions, (SELECT count(*) FROM da) AS attempts
+), per_job AS (
+    SELECT dj.consumer_id, 2 AS what, 1::bigint AS k FROM dj
+    UNION ALL SELECT dj.consumer_id, 3, 1 FROM dt JOIN dj ON dj.id = dt.job_id
+    UNION ALL SELECT dj.consumer_id, 4, 1 FROM da JOIN dj ON dj.id = da.job_id
+), c AS (
+    INSERT INTO broker_counterdelta (scope, owner_id, status, delta)
+    SELECT 25, consumer_id, what, sum(k) FROM per_job GROUP BY consumer_id, what
+    UNION ALL
+    SELECT 24, %(channel)s::bigint, v.what, v.k FROM n
+     CROSS JOIN LATERAL (VALUES (1, n.messages), (2, n.jobs), (3, n.transitions), (4, n.attempts)) v(what, k)
+     WHERE v.k > 0
+    RETURNING 1
+), last AS (
+    SELECT received_at, id FROM cand ORDER BY received_at DESC, id DESC LIMIT 1
+)
+SELECT (SELECT count(*) FROM cand), (SELECT received_at FROM last), (SELECT id FROM last),
+       n.messages, n.jobs, n.transitions, n.attempts, (SELECT count(*) FROM c)
+  FROM n;
+
+-- retention_cursor_save --
+-- index: pk
+-- Where the retention sweep stands in one channel (jobs_retentioncursor, one row per channel).
+INSERT INTO jobs_retentioncursor (channel_id, tip_at, tip_id, sweep_at, sweep_id, sweep_started_at)
+VALUES (%(channel)s, %(tip_at)s, %(tip_id)s, %(sweep_at)s, %(sweep_id)s, %(sweep_started_at)s)
+ON CONFLICT (channel_id) DO UPDATE SET
+    tip_at = EXCLUDED.tip_at, tip_id = EXCLUDED.tip_id, sweep_at = EXCLUDED.sweep_at,
+    sweep_id = EXCLUDED.sweep_id, sweep_started_at = EXCLUDED.sweep_started_at;
+
+-- retention_run_record --
+-- index: pk
+-- The sweep's last run (one row) and its run counters: a run, its duration's histogram bucket
+-- (%(bucket)s) and the duration in microseconds (scope 26, owner 0; folded by counters_compact).
+WITH last AS (
+    INSERT INTO jobs_retentionrun (id, started_at, seconds, removed, batches)
+    VALUES (1, now() - make_interval(secs => %(seconds)s::float8), %(seconds)s, %(removed)s, %(batches)s)
+    ON CONFLICT (id) DO UPDATE SET started_at = EXCLUDED.started_at, seconds = EXCLUDED.seconds,
+                                   removed = EXCLUDED.removed, batches = EXCLUDED.batches
+    RETURNING 1
+)
+INSERT INTO broker_counterdelta (scope, owner_id, status, delta)
+SELECT 26, 0, v.status, v.delta FROM last
+ CROSS JOIN (VALUES (1, 1::bigint), (%(bucket)s::int, 1), (199, %(micros)s::bigint)) v(status, delta);
+
+-- retention_last_run --
+-- index: pk
+-- The sweep's last run: when it started, how long it took, the rows it removed (none: never ran).
+SELECT started_at, seconds, removed FROM jobs_retentionrun WHERE id = 1;
+
+-- oldest_messages --
+-- index: message_channel_received
+-- hot
+-- The oldest stored message of each channel (the footprint): its received_at and age in seconds, by
+-- the first entry of message_channel_received per channel. The sweep removes from that end, so the
+-- entries it left are skipped until a vacuum (autovacuum keeps them few: jobs migration 0021).
+SELECT id, at, extract(epoch FROM now() - at)::float8 FROM (
+    SELECT c.id, (SELECT m.received_at FROM broker_message m WHERE m.channel_id BETWEEN c.id AND c.id
+                   ORDER BY m.channel_id, m.received_at, m.id LIMIT 1) AS at
+      FROM unnest(%(ids)s::bigint[]) AS c(id)) x;
+
+-- oldest_consumer_messages --
+-- index: job_consumer_status
+-- hot
+-- The message of each consumer's oldest stored job (its lowest id in any status): its received_at
+-- and age in seconds. One backward probe of job_consumer_status per status (ranges, not
+-- equalities, keep that index's sort keys, as in oldest_queued), then the message by primary key.
+SELECT id, at, extract(epoch FROM now() - at)::float8 FROM (
+    SELECT c.id, (SELECT m.received_at FROM jobs_job j JOIN broker_message m ON m.id = j.message_id
+                   WHERE j.id = (SELECT min(f.id) FROM (VALUES (1001), (1002), (1003), (1004)) s(status)
+                                  CROSS JOIN LATERAL (
+                                      SELECT k.id FROM jobs_job k
+                                       WHERE k.consumer_id BETWEEN c.id AND c.id
+                                         AND k.status BETWEEN s.status AND s.status
+                                       ORDER BY k.consumer_id DESC, k.status DESC, k.id LIMIT 1) f)) AS at
+      FROM unnest(%(ids)s::bigint[]) AS c(id)) x;
+
+-- consumer_retention --
+-- index: pk
+-- The retention in force for a consumer's channel (its own, else %(retention)s seconds).
+SELECT COALESCE(ch.retention, %(retention)s::int) FROM consumers_consumer c
+  JOIN broker_channel ch ON ch.id = c.channel_id WHERE c.id = %(consumer)s;

@@ -22,6 +22,7 @@ from django.utils.http import http_date
 from django.utils.text import Truncator
 
 from broker.counters import JOB, MESSAGE, counter_column, counts_for
+from broker.durations import duration_format, retention_parse
 from broker.errors import DomainError, PreconditionFailed
 from broker.models import Channel, Message, Producer, ScheduledMessage
 from broker.registry import Precondition, channel_upsert, producer_upsert
@@ -30,6 +31,7 @@ from consumers.models import Consumer
 from jobs.models import Job
 from jobs.ops.dashboard import SCHEDULED_SCOPE
 from jobs.publish.scheduled import scheduled_message_cancel
+from jobs.sweeps.retention import channel_footprint
 from jobs.state.transitions import DEAD, INFLIGHT, QUEUED
 from web.admin.helpers import (VIEW_ONLY, ChannelFilter, LargeTableAdmin, ReadOnlyAdmin, ServiceFormAdmin, admin_url,
                                changelist_url, json_block, mask, payload_preview, table, url_id_validator)
@@ -59,9 +61,25 @@ class RegistryForm(forms.ModelForm):
 
 
 class ChannelForm(RegistryForm):
+    retention_text = forms.CharField(
+        label="Retention", required=False, strip=True,
+        help_text="How long a message whose jobs are all finished stays stored: 90s, 15m, 12h, 7d "
+                  "(empty: BROKER_RETENTION). It is also the window in which a message id is refused again.")
+
     class Meta:
         model = Channel
         fields = ("channel_id", "name")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.instance.pk and self.instance.retention is not None:
+            self.fields["retention_text"].initial = duration_format(self.instance.retention)
+
+    def clean_retention_text(self):
+        try:  # the PUT's rules (broker.durations)
+            return retention_parse(self.cleaned_data.get("retention_text"))
+        except DomainError as exc:
+            raise forms.ValidationError(exc.detail) from None
 
 
 class ProducerForm(RegistryForm):
@@ -128,10 +146,30 @@ class ChannelAdmin(RegistryAdmin):
     form = ChannelForm
     key_field = "channel_id"
     upsert = staticmethod(channel_upsert)
-    extra_fields = ("consumers_table",)
+    extra_fields = ("footprint", "consumers_table")
     list_display = ("channel_id", "name", "token_col", "consumers_col", "messages_col", "scheduled_col", "created_at")
     search_fields = ("channel_id", "name")
     ordering = ("channel_id",)
+
+    def get_fields(self, request, obj=None):
+        fields = list(super().get_fields(request, obj))
+        fields.insert(fields.index("new_token") + 1, "retention_text")
+        return tuple(fields)
+
+    def upsert_extra(self, data) -> dict:
+        return {"settings": {"retention": data.get("retention_text")}}
+
+    @admin.display(description="footprint")
+    def footprint(self, obj):
+        """What GET /channel/.. reports as Footprint (retention)."""
+        f = channel_footprint(channel=obj)
+        removed = f["RemovedByRetention"]
+        return table(["retention", "oldest stored message", "removed by retention", "retention last ran"], [[
+            f["Retention"] + ("" if obj.retention is not None else " (BROKER_RETENTION)"),
+            f"{f['OldestMessageAt'] or '-'}",
+            f"{removed['Messages']:,} messages, {removed['Jobs']:,} jobs, {removed['Transitions']:,} state "
+            f"changes, {removed['Attempts']:,} attempts",
+            f["RetentionLastRunAt"] or "never"]])
 
     def get_queryset(self, request):
         return super().get_queryset(request).annotate(

@@ -17,6 +17,7 @@ from consumers.waiters import pull_waiters_count
 from jobs.models import JobStatus
 from jobs.ops.plans import plan_regressions_count
 from jobs.push.circuit import circuits_open
+from jobs.sweeps import retention
 
 
 class DatabaseCollector:
@@ -73,7 +74,8 @@ class DatabaseCollector:
             redelivered.add_metric(labels, counts.get(REDELIVERED, 0))
         messages = GaugeMetricFamily("broker_messages", "Messages per channel", labels=["channel"])
         message_counts = counts_for(scope=MESSAGE)
-        for ch in Channel.objects.only("id", "channel_id"):
+        channels = list(Channel.objects.only("id", "channel_id", "retention"))
+        for ch in channels:
             messages.add_metric([ch.channel_id], sum(message_counts.get(ch.pk, {}).values()))
         plans = GaugeMetricFamily("broker_plan_regressions",
                                   "Hot statements whose last plan check (after an ANALYZE of jobs_job or "
@@ -81,6 +83,41 @@ class DatabaseCollector:
         plans.add_metric([], plan_regressions_count())
         yield from (jobs, dead, backlog, inflight, redelivered, messages, waiters, circuit, attempts, attempt_seconds,
                     latency, plans)
+        yield from footprint_metrics(channels)
+
+
+def footprint_metrics(channels: list) -> list:
+    """Retention (jobs.sweeps.retention): per channel the window in force, the oldest stored message's
+    age and the rows removed; the sweep's runs (a histogram of their durations) and its last run.
+    One index probe per channel and a few counter rows."""
+    window = GaugeMetricFamily("broker_retention_seconds", "Retention in force (the channel's, else "
+                               "BROKER_RETENTION)", labels=["channel"])
+    oldest_age = GaugeMetricFamily("broker_oldest_message_age_seconds", "Age of the oldest stored message "
+                                   "(channels with messages)", labels=["channel"])
+    removed = CounterMetricFamily("broker_retention_removed", "Rows removed by retention, by table "
+                                  "(messages, jobs, transitions, attempts)", labels=["channel", "table"])
+    oldest = retention.oldest_messages(channel_pks=[ch.pk for ch in channels])
+    removed_counts = retention.removed_by_channel()
+    for ch in channels:
+        window.add_metric([ch.channel_id], retention.retention_seconds(ch))
+        if oldest.get(ch.pk) is not None and oldest[ch.pk].age is not None:
+            oldest_age.add_metric([ch.channel_id], max(oldest[ch.pk].age, 0.0))
+        for table in retention.RETENTION_TABLES.values():
+            removed.add_metric([ch.channel_id, table], removed_counts.get(ch.pk, {}).get(table, 0))
+    runs = retention.run_counts()
+    run_total = CounterMetricFamily("broker_retention_runs", "Runs of the retention sweep")
+    run_total.add_metric([], runs.get(retention.RUNS, 0))
+    durations = HistogramMetricFamily("broker_retention_run_duration_seconds", "Duration of a retention sweep run")
+    buckets, total = dm.histogram(runs, base=retention.RUN_BUCKET, sum_code=retention.RUN_SUM,
+                                  bounds=retention.RUN_BOUNDS)
+    durations.add_metric([], buckets, total)
+    last = retention.retention_last_run()
+    last_at = GaugeMetricFamily("broker_retention_last_run_timestamp_seconds", "When the retention sweep last "
+                                "ran (Unix time; 0: never)")
+    last_at.add_metric([], last.started_at.timestamp() if last else 0.0)
+    last_seconds = GaugeMetricFamily("broker_retention_last_run_duration_seconds", "How long its last run took")
+    last_seconds.add_metric([], last.seconds if last else 0.0)
+    return [window, oldest_age, removed, run_total, durations, last_at, last_seconds]
 
 
 class MetricsView(APIView):

@@ -7,10 +7,12 @@ from drf_spectacular.utils import extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from broker.durations import retention_parse
 from broker.errors import NotFound
 from broker.message_types import ttl_parse
 from broker.models import Channel, Producer
 from broker.registry import Precondition, channel_upsert, producer_upsert
+from jobs.sweeps.retention import channel_footprint
 from web.api.common import (ADMIN_PARAM, ERROR, LIST, OBJ, PAGE_PARAMS, PRECONDITION, channel_or_404, form_number,
                             form_value, with_last_modified)
 from web.api.pagination import paginate
@@ -89,16 +91,21 @@ class ChannelListView(APIView):
 
 
 class ChannelView(APIView):
-    @extend_schema(summary="Get a channel", **GET_SCHEMA)
+    @extend_schema(summary="Get a channel", description="With its Footprint: the retention in force, the oldest "
+                   "stored message, the rows retention removed and when the retention sweep last ran.", **GET_SCHEMA)
     def get(self, request, channel_id: str):
         require_registry(request)
         channel = channel_or_404(channel_id)
-        return with_last_modified(channel_repr(channel), channel)
+        body = channel_repr(channel)
+        body["Footprint"] = channel_footprint(channel=channel)
+        return with_last_modified(body, channel)
 
     @extend_schema(
         summary="Create or update a channel",
         description="Form fields (or JSON): token, name, messageTTL (seconds 1..31536000: default TTL of its "
-                    "messages; 'none' clears it). Update needs If-Unmodified-Since.",
+                    "messages; 'none' clears it), retention (how long a message whose jobs are all finished "
+                    "stays stored: a duration such as 90s, 15m, 12h, 7d or seconds, 1s..3650d; empty or 'none': "
+                    "BROKER_RETENTION). Update needs If-Unmodified-Since.",
         **PUT_SCHEMA,
     )
     def put(self, request, channel_id: str):
@@ -107,10 +114,15 @@ class ChannelView(APIView):
 
 
 def channel_settings_parse(request) -> dict:
-    """Expiry field of the channel PUT: messageTTL (seconds; 'none' clears it; absent: unchanged)."""
+    """Fields of the channel PUT: messageTTL (expiry: seconds; 'none' clears it; absent: unchanged) and
+    retention (a duration; empty or 'none' clears it: BROKER_RETENTION applies; absent: unchanged)."""
+    fields: dict = {}
+    retention = form_value(request, "retention")
+    if retention is not None:
+        fields["retention"] = retention_parse(retention)
     raw = form_value(request, "messageTTL")
     if raw is None:
-        return {}
+        return fields
     if isinstance(raw, str) and raw.strip().lower() in ("none", "null"):
-        return {"message_ttl": None}
-    return {"message_ttl": ttl_parse(raw, field="messageTTL")} if str(raw).strip() else {}
+        return {**fields, "message_ttl": None}
+    return {**fields, "message_ttl": ttl_parse(raw, field="messageTTL")} if str(raw).strip() else fields

@@ -6,6 +6,7 @@ from datetime import datetime
 
 from django.utils.http import http_date
 
+from broker.durations import duration_format
 from broker.times import rfc3339
 
 
@@ -35,6 +36,8 @@ def channel_repr(c) -> dict:
         "BroadcastURL": f"{base}/broadcast",
         "MessagesStatusURL": f"{base}/messages-status",
         "MessageTTL": c.message_ttl,  # expiry: default TTL (seconds) of its messages; null: none
+        # how long a finished message stays stored ("7d"); null: BROKER_RETENTION (Footprint.Retention)
+        "Retention": None if c.retention is None else duration_format(c.retention),
     }
 
 

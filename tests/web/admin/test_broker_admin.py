@@ -55,6 +55,29 @@ def test_channel_token_change_through_the_service(admin_client, broker, client_a
     assert (ch.name, ch.token) == ("Renamed", LONG)
 
 
+def test_channel_retention_through_the_form_with_the_puts_rules(admin_client, broker, api):
+    """The admin's channel form edits ``retention`` (issue 24) by the PUT's rules and shows the footprint."""
+    ch = Channel.objects.get(channel_id="ch1")
+    html = admin_client.get(f"/admin/broker/channel/{ch.pk}/change/").content.decode()
+    assert 'name="retention_text"' in html and "(BROKER_RETENTION)" in html and "removed by retention" in html
+    data = {"name": "One", "new_token": "", "retention_text": "90m", "loaded_at": int(ch.updated_at.timestamp())}
+    r = admin_client.post(f"/admin/broker/channel/{ch.pk}/change/", data, follow=True)
+    assert r.status_code == 200 and not r.context.get("errors")
+    ch.refresh_from_db()
+    assert ch.retention == 5400 and api.get("/channel/ch1").json()["Retention"] == "90m"
+    html = admin_client.get(f"/admin/broker/channel/{ch.pk}/change/").content.decode()
+    assert 'value="90m"' in html
+    # a bad duration is a form error and changes nothing; emptying it hands the channel back to the default
+    data["loaded_at"] = int(ch.updated_at.timestamp())
+    r = admin_client.post(f"/admin/broker/channel/{ch.pk}/change/", data | {"retention_text": "soon"})
+    assert r.status_code == 200 and "must be a duration" in r.content.decode()
+    ch.refresh_from_db()
+    assert ch.retention == 5400
+    r = admin_client.post(f"/admin/broker/channel/{ch.pk}/change/", data | {"retention_text": ""}, follow=True)
+    ch.refresh_from_db()
+    assert r.status_code == 200 and ch.retention is None and api.get("/channel/ch1").json()["Retention"] is None
+
+
 def test_add_channel_and_producer(admin_client, db):
     r = admin_client.post("/admin/broker/channel/add/", {"channel_id": "fresh", "name": "", "new_token": ""},
                           follow=True)
