@@ -11,27 +11,18 @@ from typing import Sequence
 
 from django.db import connection, transaction
 
+from jobs.sweeps.retention import Removed
 from pipeline.queries import Q
 
 ADVISORY_KEY = "broker_pipeline_archive"
 
 
 @dataclass
-class PruneCounts:
-    messages: int = 0
-    jobs: int = 0
-    transitions: int = 0
-    attempts: int = 0
+class PruneCounts(Removed):
+    """The rows removed (as retention counts them), and what the archive's prune saw besides."""
+
     already_gone: int = 0  # deleted by an earlier (interrupted) run
     changed: list[int] = field(default_factory=list)  # changed since export: kept in PostgreSQL
-
-    def add(self, other: "PruneCounts") -> None:
-        self.messages += other.messages
-        self.jobs += other.jobs
-        self.transitions += other.transitions
-        self.attempts += other.attempts
-        self.already_gone += other.already_gone
-        self.changed += other.changed
 
     def as_dict(self) -> dict:
         return {"messages": self.messages, "jobs": self.jobs, "transitions": self.transitions,

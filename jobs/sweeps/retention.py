@@ -35,7 +35,7 @@ be published again.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 
 from django.conf import settings
@@ -75,10 +75,9 @@ class Removed:
         return self.messages + self.jobs + self.transitions + self.attempts
 
     def add(self, other: Removed) -> None:
-        self.messages += other.messages
-        self.jobs += other.jobs
-        self.transitions += other.transitions
-        self.attempts += other.attempts
+        """Field by field (a subclass's counters and lists too: pipeline.prune.PruneCounts)."""
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
 @dataclass
