@@ -13,15 +13,20 @@ class Registered(models.Model):
     token = models.CharField(max_length=255)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField()
+    key_field = ""  # the unique id the API names the row by (channel_id, producer_id)
 
     class Meta:
         abstract = True
+
+    def __str__(self) -> str:
+        return getattr(self, self.key_field)
 
 
 class Channel(Registered):
     """A named stream of messages; every consumer of the channel gets one job per message."""
 
     channel_id = models.CharField(max_length=255, unique=True)
+    key_field = "channel_id"
     # Expiry: seconds a message without its own X-Broker-Message-TTL stays deliverable (null: forever).
     message_ttl = models.PositiveIntegerField(null=True, blank=True)
     # Retention: seconds a message stays stored once all its jobs are finished (null: BROKER_RETENTION);
@@ -31,12 +36,10 @@ class Channel(Registered):
     class Meta:
         indexes = [models.Index(fields=["-created_at", "-id"], name="channel_list")]
 
-    def __str__(self) -> str:
-        return self.channel_id
-
 
 class Producer(Registered):
     producer_id = models.CharField(max_length=255, unique=True)
+    key_field = "producer_id"
     # Flow control: a token bucket in the row (null rate: no limit). ``rate_tokens``/``rate_at`` are
     # the bucket's state, updated atomically by each publish (``publishing.producer_rate_take``).
     rate_limit_per_second = models.FloatField(null=True, blank=True)
@@ -46,9 +49,6 @@ class Producer(Registered):
 
     class Meta:
         indexes = [models.Index(fields=["-created_at", "-id"], name="producer_list")]
-
-    def __str__(self) -> str:
-        return self.producer_id
 
 
 class MessageContent(models.Model):
