@@ -13,6 +13,7 @@ from broker.registry import Precondition
 from broker.times import rfc3339_parse
 from broker.tokens import tokens_equal
 from consumers import services
+from consumers.filters import filter_parse
 from consumers.models import Consumer
 from consumers.priority import priority_config_parse
 from jobs.ops.consumer_stats import consumer_stats
@@ -61,11 +62,13 @@ def consumer_repr(consumer: Consumer, *, show_secret: bool) -> dict:
         "Ordered": consumer.ordered,
         "CircuitBreakerFailures": consumer.circuit_breaker_failures,
         "CircuitBreakerProbeSeconds": consumer.circuit_breaker_probe_seconds,
+        "CircuitBreakerOpenAfterSeconds": consumer.circuit_breaker_open_after_seconds,
         "NotifyInterval": consumer.notify_interval,
         "PriorityPolicy": consumer.priority_policy,
         "PriorityTimeout": consumer.priority_timeout,
         "PriorityGroups": groups.groups_state(target=groups.target_for(consumer)),
         "MessageTypes": message_types_text(consumer.message_types),  # filters: as the PUT takes them
+        "Filter": consumer.filter,  # content filters (consumers.filters): the object, null for none
     }
     if show_secret:
         body["SigningSecret"] = consumer.signing_secret
@@ -84,6 +87,10 @@ def _non_negative_int(request, name: str) -> int | None:
     return _positive_int(request, name, allow_zero=True)
 
 
+def _non_negative_float(request, name: str) -> float | None:
+    return form_number(request, name, float, lambda v: 0 <= v < 1e9, range_text="must be a number of seconds >= 0")
+
+
 # (form field, model field, parser), checked in this order
 _FLOW_NUMBERS = (("maxInFlight", "max_in_flight", _positive_int),
                  ("maxDeliveriesPerSecond", "max_deliveries_per_second", _positive_float),
@@ -91,6 +98,8 @@ _FLOW_NUMBERS = (("maxInFlight", "max_in_flight", _positive_int),
                  ("maxAckPending", "max_ack_pending", _positive_int))
 _RETRY_NUMBERS = (("circuitBreakerFailures", "circuit_breaker_failures", _non_negative_int),  # jobs.push.circuit; 0 = off
                   ("circuitBreakerProbeSeconds", "circuit_breaker_probe_seconds", _positive_float),
+                  # open only after failing this long with no success (0: on the failures alone)
+                  ("circuitBreakerOpenAfterSeconds", "circuit_breaker_open_after_seconds", _non_negative_float),
                   ("notifyInterval", "notify_interval", _positive_float),
                   ("maxRetry", "max_retry", _non_negative_int))
 
@@ -135,6 +144,8 @@ def consumer_settings_parse(request) -> dict:
     patterns = message_types_parse(form_value(request, "messageTypes"))  # filters; absent: unchanged
     if patterns is not None:
         fields["message_types"] = patterns or None  # empty: every message
+    if hasattr(request.data, "get") and request.data.get("filter") is not None:  # content filters; absent: unchanged
+        fields["filter"] = filter_parse(request.data.get("filter"))  # JSON text, or an object in a JSON body
     return fields
 
 
