@@ -17,6 +17,7 @@ from rest_framework.test import APIClient
 
 from consumers.filters import filter_matches, filter_parse
 from consumers.models import Consumer
+from consumers.seed import seed_apply, seed_parse
 from jobs.models import Job, JobStatus
 
 FILTERS = {
@@ -205,3 +206,32 @@ def test_sql_function_agrees_with_the_python_reference(flt, body, json_payload, 
         got = cur.fetchone()[0]
     expected = filter_matches(parsed, headers=headers, **({"body": body} if json_payload else {}))
     assert got is expected, (parsed, body, json_payload, headers)
+
+
+# --- $and, nested $or, the seed key ---------------------------------------------------------------
+
+def test_and_or_at_any_level_over_http(make):
+    make.channel()
+    make.producer()
+    make.consumer("k", type="pull", callback=None, filter=json.dumps({"$and": [
+        {"body": {"$or": [{"n": {"$gte": 5}}, {"tag": "vip"}]}},
+        {"headers": {"X-Region": {"$in": ["eu", "uk"]}}},
+    ]}))
+    sent = [("a", {"n": 7}, {"X-Region": "eu"}), ("b", {"n": 1, "tag": "vip"}, {"X-Region": "uk"}),
+            ("c", {"n": 7}, {"X-Region": "us"}), ("d", {"n": 1}, {"X-Region": "eu"}), ("e", {"n": 9}, {})]
+    for mid, body, headers in sent:
+        assert _publish(make, mid, body, "application/json", headers).status_code == 201
+    assert set(Job.objects.values_list("message__message_id", flat=True)) == {"a", "b"}
+
+
+def test_seed_key_filter(make, api):
+    ini = ("[initial-channels]\nch9=Nine\n[initial-channel-tokens]\nch9=t9\n[initial-consumers]\nf1=\nf2=\nbad=\n"
+           "[f1]\ntoken=f1\nchannel=ch9\ntype=pull\nfilter={\"body\": {\"kind\": {\"$in\": [\"a\", \"b\"]}}}\n"
+           "[f2]\ntoken=f2\nchannel=ch9\ntype=pull\nfilter=\n"
+           "[bad]\ntoken=b\nchannel=ch9\ntype=pull\nfilter={\"body\": {\"kind\": {\"$like\": 1}}}\n")
+    plan = seed_parse(ini)
+    assert any("bad" in e and "$like" in e for e in plan.errors), plan.errors
+    seed_apply(plan)
+    assert api.get("/channel/ch9/consumer/f1").json()["Filter"] == {"body": {"kind": {"$in": ["a", "b"]}}}
+    assert api.get("/channel/ch9/consumer/f2").json()["Filter"] is None
+    assert not Consumer.objects.filter(consumer_id="bad").exists()
