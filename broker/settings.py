@@ -239,7 +239,8 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
-                             "web.api.errors.schema_common_responses"],  # 503 (and HMAC 401/403) everywhere
+                             "web.api.errors.schema_common_responses",
+                             "web.api.put_schemas.schema_links"],  # issue 25: PUT links, ConsumerFilter  # 503 (and HMAC 401/403) everywhere
 }
 
 # --- broker settings ---------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from jobs.push.circuit import circuit_state, consumer_circuit_close
 from web.api.common import (ADMIN_PARAM, CHANNEL_TOKEN, CONSUMER_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, PRECONDITION,
                             channel_or_404, form_number, form_value, with_last_modified)
 from web.api.pagination import paginate
+from web.api.put_schemas import CONSUMER_PUT, CONSUMER_PUT_FORM, put_request
 from web.api.representations import changed_at
 from web.auth import is_admin, registry_allowed, require_admin, require_registry
 
@@ -135,9 +136,11 @@ def consumer_settings_parse(request) -> dict:
             steps = [float(x) for x in raw.split(",") if x.strip()]
         except ValueError:
             raise InvalidInput("invalid_retryBackoff", "retryBackoff must be comma-separated seconds") from None
-        if not steps or any(s < 0 for s in steps):
+        if not steps or any(not 0 <= s < 1e9 for s in steps):  # NaN and infinity fail too
             raise InvalidInput("invalid_retryBackoff", "retryBackoff must be comma-separated seconds")
         fields["retry_backoff"] = ",".join(f"{s:g}" for s in steps)
+        if len(fields["retry_backoff"]) > 255:  # the column's length
+            raise InvalidInput("invalid_retryBackoff", "retryBackoff is longer than 255 characters")
     raw = form_value(request, "signingSecret")
     if raw is not None and raw.strip():
         fields["signing_secret"] = services.signing_secret_validate(raw.strip())
@@ -207,12 +210,15 @@ class ConsumerView(APIView):
                     "> 0, default 1: the doorbell of a pull consumer with a callbackUrl rings at most once "
                     "per interval); push consumers: circuitBreakerFailures (consecutive failed attempts that open "
                     "the circuit, default 10, 0 = off), circuitBreakerProbeSeconds (seconds between probes while "
-                    "open, default 30); pull consumers: "
+                    "open, default 30), circuitBreakerOpenAfterSeconds (the circuit opens only after failing this "
+                    "long with no successful attempt, default 10, 0 = on the failures alone); pull consumers: "
                     "priorityPolicy (none|overflow|pinned_client|prioritized), priorityGroups (one group name), "
                     "priorityTimeout (seconds, pinned_client default 120; the only priority field that may "
                     "change later); messageTypes (comma-separated type patterns: a type, prefix.* for the prefix "
-                    "and anything under it, * for all; empty: all; GET shows them as MessageTypes).",
-        parameters=[ADMIN_PARAM, PRECONDITION], request=OpenApiTypes.OBJECT,
+                    "and anything under it, * for all; empty: all; GET shows them as MessageTypes); filter (a content "
+                    "filter, ConsumerFilter: the object in a JSON body or its JSON text as a form field; empty: none; "
+                    "GET shows it as Filter); both messageTypes and filter must match.",
+        parameters=[ADMIN_PARAM, PRECONDITION], request=put_request(CONSUMER_PUT, CONSUMER_PUT_FORM),
         responses={200: OBJ, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 412: ERROR, 415: ERROR},
     )
     def put(self, request, channel_id: str, consumer_id: str):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -14,13 +13,14 @@ from broker.registry import Precondition, channel_upsert, producer_upsert
 from web.api.common import (ADMIN_PARAM, ERROR, LIST, OBJ, PAGE_PARAMS, PRECONDITION, channel_or_404, form_number,
                             form_value, with_last_modified)
 from web.api.pagination import paginate
+from web.api.put_schemas import CHANNEL_PUT, PRODUCER_PUT, put_request
 from web.api.representations import channel_repr, producer_repr
 from web.auth import require_registry
 
 # The OpenAPI description of the three kinds of registry request (producers and channels alike).
 LIST_SCHEMA = {"parameters": [ADMIN_PARAM, *PAGE_PARAMS], "responses": {200: LIST, 400: ERROR, 401: ERROR, 403: ERROR}}
 GET_SCHEMA = {"parameters": [ADMIN_PARAM], "responses": {200: OBJ, 401: ERROR, 403: ERROR, 404: ERROR}}
-PUT_SCHEMA = {"parameters": [ADMIN_PARAM, PRECONDITION], "request": OpenApiTypes.OBJECT,
+PUT_SCHEMA = {"parameters": [ADMIN_PARAM, PRECONDITION],
               "responses": {200: OBJ, 400: ERROR, 401: ERROR, 403: ERROR, 412: ERROR, 415: ERROR}}
 
 
@@ -61,7 +61,7 @@ class ProducerView(APIView):
         description="Form fields (or JSON): token, name, rateLimitPerSecond (messages per second, empty or 0: "
                     "no limit), burst (bucket size, default max(1, rateLimitPerSecond)). Update needs "
                     "If-Unmodified-Since.",
-        **PUT_SCHEMA,
+        request=put_request(PRODUCER_PUT), **PUT_SCHEMA,
     )
     def put(self, request, producer_id: str):
         return registry_put(request, producer_upsert, producer_repr, producer_id=producer_id,
@@ -99,7 +99,7 @@ class ChannelView(APIView):
         summary="Create or update a channel",
         description="Form fields (or JSON): token, name, messageTTL (seconds 1..31536000: default TTL of its "
                     "messages; 'none' clears it). Update needs If-Unmodified-Since.",
-        **PUT_SCHEMA,
+        request=put_request(CHANNEL_PUT), **PUT_SCHEMA,
     )
     def put(self, request, channel_id: str):
         return registry_put(request, channel_upsert, channel_repr, channel_id=channel_id,
