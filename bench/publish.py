@@ -42,14 +42,15 @@ def setup(url: str, channel: str, consumers: int) -> None:
                      headers=admin).raise_for_status()
 
 
-def single(url: str, channel: str, total: int, concurrency: int, extra_headers: dict | None = None) -> float:
+def single(url: str, channel: str, total: int, concurrency: int, extra_headers: dict | None = None,
+           payload: bytes = PAYLOAD) -> float:
     run = uuid.uuid4().hex[:8]
     headers = {"X-Broker-Channel-Token": "ct", "X-Broker-Producer-ID": "bench", "X-Broker-Producer-Token": "pt",
                "Content-Type": "application/json", **(extra_headers or {})}
 
     def make(i):
         return build_request("POST", f"/channel/{channel}/broadcast",
-                             {**headers, "X-Broker-Message-ID": f"{run}-{i}"}, PAYLOAD)
+                             {**headers, "X-Broker-Message-ID": f"{run}-{i}"}, payload)
 
     elapsed, statuses, _ = asyncio.run(run_load(url, make, total, concurrency))
     assert statuses == {201: total}, statuses

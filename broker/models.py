@@ -59,6 +59,10 @@ class MessageContent(models.Model):
     content_type = models.CharField(max_length=255, default="application/octet-stream")
     priority = models.IntegerField(default=0)
     headers = models.JSONField(default=dict, blank=True)
+    # Trace context (W3C, issue 25): the producer's traceparent / tracestate, or a new trace started
+    # at publish; every delivery carries the trace id (jobs.push.delivery, jobs.pull.shapes).
+    traceparent = models.CharField(max_length=55, blank=True, default="", db_default="")
+    tracestate = models.CharField(max_length=512, blank=True, default="", db_default="")
 
     class Meta:
         abstract = True

@@ -31,6 +31,20 @@ def _bumped_updated_at():
     return Greatest(now, truncated + SECOND, output_field=DateTimeField())
 
 
+TEXT_MAX = 255  # ids, names and tokens: the columns' length (OpenAPI: maxLength)
+
+
+def text_check(value: str | None, *, label: str, code: str, max_length: int = TEXT_MAX) -> None:
+    """An id, name or token the database can hold: at most ``max_length`` characters and no NUL
+    (PostgreSQL text cannot store it); anything else is a 400 ``code``, never a failed INSERT."""
+    if value is None:
+        return
+    if len(value) > max_length:
+        raise InvalidInput(code, f"{label} is longer than {max_length} characters")
+    if "\x00" in value:
+        raise InvalidInput(code, f"{label} must not contain NUL characters")
+
+
 @dataclass
 class Precondition:
     """The If-Unmodified-Since header of an update, parsed."""
@@ -54,6 +68,9 @@ def row_upsert(*, model, key_field: str, key: str, fields: dict, token: str | No
     Returns (instance, created). The update is one conditional UPDATE, so of two concurrent
     writers with the same If-Unmodified-Since exactly one wins; the other gets 412.
     """
+    text_check(key, label="the id", code="invalid_id")
+    text_check(fields.get("name"), label="name", code="invalid_name")
+    text_check(token, label="token", code="invalid_token")
     lookup = {key_field: key, **(extra_where or {})}
     existing = model.objects.filter(**lookup).only("pk").first()
     if existing is None:

@@ -20,6 +20,7 @@ from django.core.exceptions import ImproperlyConfigured
 from broker.db.urls import DatabaseUrlError, django_database, options_settings
 from broker.durations import duration_parse
 from broker.embedded_db import data_dir
+from broker.tracing import otel_configured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 TESTING = "pytest" in sys.modules or os.environ.get("BROKER_TESTING") == "1"
@@ -276,7 +277,8 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
-                             "web.api.errors.schema_common_responses"],  # 503 (and HMAC 401/403) everywhere
+                             "web.api.errors.schema_common_responses",
+                             "web.api.put_schemas.schema_links"],  # issue 25: PUT links, ConsumerFilter  # 503 (and HMAC 401/403) everywhere
 }
 
 # --- broker settings ---------------------------------------------------------------------------
@@ -380,6 +382,9 @@ BROKER_PIPELINE_DIR = Path(env_str("BROKER_PIPELINE_DIR", str(BROKER_DATA_DIR / 
 BROKER_PUSH_DISPATCHERS = env_int("BROKER_PUSH_DISPATCHERS", max(1, Q_CLUSTER["workers"] - 1))
 BROKER_PUSH_CONCURRENCY = env_int("BROKER_PUSH_CONCURRENCY", 256)  # callbacks in flight per dispatcher
 BROKER_PUSH_BATCH = env_int("BROKER_PUSH_BATCH", 200)  # most jobs claimed by one statement
+# Trace context (issue 25): spans are exported when the standard OTEL_* variables ask for traces
+# (an OTLP endpoint, or OTEL_TRACES_EXPORTER); otherwise the OpenTelemetry SDK is never imported.
+OTEL_TRACING = otel_configured(os.environ)
 BROKER_PUSH_POLL = env_float("BROKER_PUSH_POLL", 1.0)  # safety-net poll; wake-ups come by NOTIFY
 BROKER_PUSH_LOOP_SECONDS = env_float("BROKER_PUSH_LOOP_SECONDS", 60.0)  # < Q_CLUSTER timeout
 BROKER_PUSH_EXCERPT_BYTES = env_int("BROKER_PUSH_EXCERPT_BYTES", 1024)  # response body kept per attempt

@@ -49,10 +49,18 @@ class Consumer(models.Model):
     # Filters: type patterns (``order.*``, ``invoice.paid``, ``*``); null = every message. Matched by
     # the fan-out statements (insert_* in jobs/publish/queries.sql); rules in broker.message_types.
     message_types = ArrayField(models.CharField(max_length=130), null=True, blank=True)
-    # Circuit breaker (push; jobs.push.circuit): OPEN after this many consecutive failed attempts (0: off),
-    # then one probe delivery every ``circuit_breaker_probe_seconds``.
+    # Content filters (consumers.filters): the filter as given (normalized; null = every message) and
+    # its plan, the flat form ``broker_filter_match`` walks in the fan-out statement without a query
+    # per node; the plan is compiled from ``filter`` by a database trigger on every write (migration
+    # 0011), so no writer can let them disagree.
+    filter = models.JSONField(null=True, blank=True)
+    filter_plan = models.JSONField(null=True, blank=True, editable=False)
+    # Circuit breaker (push; jobs.push.circuit): OPEN after this many consecutive failed attempts (0: off)
+    # when they have gone on for ``circuit_breaker_open_after_seconds`` without a success, then one
+    # probe delivery every ``circuit_breaker_probe_seconds``.
     circuit_breaker_failures = models.PositiveIntegerField(default=10, db_default=10)
     circuit_breaker_probe_seconds = models.FloatField(default=30.0, db_default=30.0)
+    circuit_breaker_open_after_seconds = models.FloatField(default=10.0, db_default=10.0)
 
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField()
@@ -61,7 +69,10 @@ class Consumer(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["channel", "consumer_id"], name="consumer_unique_per_channel"),
         ]
-        indexes = [models.Index(fields=["channel", "-created_at", "-id"], name="consumer_list")]
+        indexes = [models.Index(fields=["channel", "-created_at", "-id"], name="consumer_list"),
+                   # filters: whether the channel has a filtered consumer (one probe per publish)
+                   models.Index(fields=["channel"], name="consumer_filtered",
+                                condition=models.Q(filter_plan__isnull=False))]
 
     def __str__(self) -> str:
         return f"{self.channel.channel_id}/{self.consumer_id}"
@@ -202,6 +213,9 @@ class Circuit(models.Model):
     since = models.DateTimeField()
     failures = models.IntegerField(default=0)
     next_probe_at = models.DateTimeField(null=True, blank=True)
+    # The first failure of the current run (null after a success): the circuit opens only once the
+    # run has lasted ``circuitBreakerOpenAfterSeconds`` (no success since, so none for that long).
+    failing_since = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"circuit of consumer {self.consumer_id}"

@@ -13,7 +13,8 @@
                               maxInFlight=, maxDeliveriesPerSecond=, maxAckPending=, maxQueued=, ordered=,
                               notifyInterval= (doorbell seconds > 0; a pull consumer with a
                               callback URL in [initial-consumers] gets the doorbell),
-                              messageTypes= (filters: comma-separated type patterns; empty = all)
+                              messageTypes= (filters: comma-separated type patterns; empty = all),
+                              filter= (content filter: a JSON object on one line; empty = none)
 
 A consumer with an invalid type, an unknown channel or a bad callback URL is skipped with a
 logged error (as the pull-consumer spec says); the rest of the file still applies.
@@ -38,6 +39,7 @@ from broker.message_types import message_types_parse
 from broker.models import Channel, Producer, SeedState
 from broker.netpolicy import CallbackDenied, callback_url_check
 from broker.registry import db_now, row_update
+from consumers.filters import filter_parse
 from consumers.models import Consumer
 from consumers.services import signing_secret_generate
 
@@ -173,6 +175,8 @@ def seed_parse(text: str) -> SeedPlan:
         try:  # filters: type patterns (broker.message_types); absent: left as they are
             if "messageTypes" in options:
                 consumer["message_types"] = message_types_parse(options["messageTypes"]) or None
+            if "filter" in options:  # content filters (consumers.filters): JSON on one line; empty: none
+                consumer["filter"] = filter_parse(options["filter"])
         except DomainError as exc:
             plan.errors.append(f"consumer {cid}: {exc.detail}, skipped")
             continue

@@ -32,7 +32,13 @@ def signing_secret_validate(secret: str) -> str:
     return "whsec_" + raw
 
 
+CALLBACK_URL_MAX = 2048  # Consumer.callback_url
+
+
 def callback_url_validate(url: str) -> str:
+    if len(url) > CALLBACK_URL_MAX or "\x00" in url:
+        raise InvalidInput("invalid_callback_url", f"callbackUrl must be an absolute http(s) URL of at most "
+                                                   f"{CALLBACK_URL_MAX} characters")
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - a bad port or IPv6 literal raises ValueError: a 400, not a 500

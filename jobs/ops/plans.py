@@ -106,7 +106,8 @@ def _ack(s: Sample) -> dict:
 def _publish(s: Sample, **extra) -> dict:
     return {"channel": s.channel, "producer": s.producer, "mids": ["x1", "x2"], "payloads": [b"a", b"b"],
             "ctypes": ["text/plain"] * 2, "prios": [0, 0], "headers": ["{}", "{}"],
-            "types": ["order.created", None], "ttls": [60, None], **extra}
+            "types": ["order.created", None], "ttls": [60, None],
+            "tps": ["00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", ""], "tss": ["", ""], **extra}
 
 
 def _retention(s: Sample, after: tuple, until: tuple) -> dict:
@@ -176,7 +177,8 @@ CASES: list[Case] = [
     Case("jobs.publish:insert_partitioned", lambda s: _publish(s, pkeys=["k1", "k1"], gates=[0, 1])),
     Case("jobs.publish:insert_one", lambda s: {"channel": s.channel, "producer": s.producer, "mid": "x1", "payload": b"a",
                                        "ctype": "text/plain", "prio": 0, "headers": "{}", "type": "order.created",
-                                       "ttl": 60}),
+                                       "ttl": 60, "tp": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+                                       "ts": ""}),
     Case("jobs.publish:publish_auth", lambda s: {"producer": "plans", "channel": s.channel_name}),
     # --- doorbell and ready / next-due probes ---------------------------------------------------
     Case("jobs.pull:doorbell_ring", lambda s: {"ids": None}),

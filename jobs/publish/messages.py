@@ -20,6 +20,7 @@ from psycopg.types.json import Jsonb
 from broker.db.run import query_fetchall
 from broker.errors import Conflict, InvalidInput
 from broker.models import Channel, Producer
+from broker.tracing import TraceContext, span_start, trace_new
 from broker.xid import xid_new
 from jobs.advisories.record import ADVISORY_PRODUCER
 from jobs.partitions.rows import partitions_for_publish
@@ -47,6 +48,7 @@ class NewMessage:
     gate: int = 0  # X-Broker-Gate
     type: str | None = None  # filters: X-Broker-Message-Type (broker.message_types)
     ttl: int | None = None  # expiry: X-Broker-Message-TTL seconds (None: the channel's messageTTL)
+    trace: TraceContext | None = None  # the producer's traceparent / tracestate (None: a new trace)
 
 
 PARTITION_KEY_MAX = 255
@@ -82,7 +84,8 @@ def partition_parse(key: str | None, raw_gate: str | None) -> tuple[str | None, 
     return key, gate
 
 
-def _publish_partitioned(ctx: PublishContext, messages: list[NewMessage], ids: list[str]) -> list[tuple]:
+def _publish_partitioned(ctx: PublishContext, messages: list[NewMessage], ids: list[str],
+                         traces: list[TraceContext]) -> list[tuple]:
     """A publish with partition keys, in one transaction: partitions upserted and checked first
     (409 ``partition_closed`` / ``gate_passed`` roll everything back), then messages and jobs in
     one statement, then the partitions whose gate is below a new job's are settled (they may have
@@ -99,6 +102,7 @@ def _publish_partitioned(ctx: PublishContext, messages: list[NewMessage], ids: l
             "prios": [m.priority for m in messages], "headers": [Jsonb(m.headers or {}) for m in messages],
             "types": [m.type for m in messages], "ttls": [m.ttl for m in messages],
             "pkeys": [m.partition_key for m in messages], "gates": [int(m.gate) for m in messages],
+            "tps": [t.traceparent for t in traces], "tss": [t.tracestate for t in traces],
         }, prepare=True)
         for pk in settle:
             partition_settle(partition_pk=pk)
@@ -114,15 +118,19 @@ def messages_publish(*, ctx: PublishContext, messages: list[NewMessage]) -> list
     if ctx.rate:
         producer_rate_take(ctx=ctx, n=len(messages))
     ids = [m.message_id or message_id_generate() for m in messages]
+    spans = [span_start(f"publish {ctx.channel_id}", parent=m.trace, kind="producer", attributes={
+        "messaging.system": "broker", "messaging.operation.type": "send", "messaging.destination.name": ctx.channel_id,
+        "messaging.message.id": mid, "broker.message.type": m.type}) for m, mid in zip(messages, ids)]
+    traces = [message_trace(m, span) for m, span in zip(messages, spans)]
     # Prepared statements: planning these multi-CTE statements costs more than running them.
     if any(m.partition_key is not None for m in messages):
-        rows = _publish_partitioned(ctx, messages, ids)
+        rows = _publish_partitioned(ctx, messages, ids, traces)
     elif len(messages) == 1:
         m = messages[0]
         rows = query_fetchall(Q.insert_one, {
             "channel": ctx.channel_pk, "producer": ctx.producer_pk, "mid": ids[0], "payload": m.payload,
             "ctype": m.content_type, "prio": m.priority, "headers": Jsonb(m.headers or {}),
-            "type": m.type, "ttl": m.ttl,
+            "type": m.type, "ttl": m.ttl, "tp": traces[0].traceparent, "ts": traces[0].tracestate,
         }, prepare=True)
     else:
         rows = query_fetchall(Q.insert_many, {
@@ -135,6 +143,8 @@ def messages_publish(*, ctx: PublishContext, messages: list[NewMessage]) -> list
             "headers": [Jsonb(m.headers or {}) for m in messages],
             "types": [m.type for m in messages],
             "ttls": [m.ttl for m in messages],
+            "tps": [t.traceparent for t in traces],
+            "tss": [t.tracestate for t in traces],
         }, prepare=True)
     created = {r[0] for r in rows}
     result = []
@@ -144,7 +154,18 @@ def messages_publish(*, ctx: PublishContext, messages: list[NewMessage]) -> list
             created.discard(mid)  # a repeat of the same id later in the batch is a duplicate
         else:
             result.append((mid, False))
+    for span, (_mid, fresh) in zip(spans, result):
+        if span is not None:
+            span.end(**{"broker.duplicate": not fresh})
     return result
+
+
+def message_trace(message: NewMessage, span) -> TraceContext:
+    """The trace context stored with a message: its publish span's when OpenTelemetry records one
+    (the producer's span its parent), else the producer's own, else a new trace."""
+    if span is not None:
+        return TraceContext(span.traceparent, message.trace.tracestate if message.trace else "")
+    return message.trace or trace_new()
 
 
 def message_publish(*, ctx: PublishContext, message: NewMessage) -> str:

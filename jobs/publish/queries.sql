@@ -45,25 +45,36 @@ RETURNING rate_tokens;
 -- index: message_unique_per_channel
 -- hot
 -- One message and its fan-out in one statement: the message (a duplicate id inserts nothing), one
--- QUEUED job per consumer of its channel (jobs_created), and a NOTIFY of their waiters on commit.
+-- QUEUED job per consumer of its channel whose messageTypes and filter match (jobs_created), and a
+-- NOTIFY of their waiters on commit. Filters (consumers.filters): ``b`` is the payload as jsonb and
+-- the headers by lower-case name, computed once per message and only when the channel has a
+-- filtered consumer (consumer_filtered: one probe of an index of the filtered consumers only);
+-- ``broker_filter_match`` (consumers migration 0011) runs for filtered consumers only.
 WITH m AS (
     INSERT INTO broker_message (channel_id, message_id, producer_id, payload, content_type, priority,
-                                headers, status, received_at, dispatched_at, type, expires_at)
+                                headers, status, received_at, dispatched_at, type, expires_at, traceparent, tracestate)
     VALUES (%(channel)s::bigint, %(mid)s::text, %(producer)s::bigint, %(payload)s::bytea, %(ctype)s::text,
             %(prio)s::int, %(headers)s::jsonb, 102, now(), now(),
-            %(type)s::text, now() + COALESCE(%(ttl)s::int, (SELECT message_ttl FROM broker_channel WHERE id = %(channel)s::bigint)) * interval '1 second')
+            %(type)s::text, now() + COALESCE(%(ttl)s::int, (SELECT message_ttl FROM broker_channel WHERE id = %(channel)s::bigint)) * interval '1 second',
+            %(tp)s::text, %(ts)s::text)
     ON CONFLICT (channel_id, message_id) DO NOTHING
     RETURNING id, message_id, priority, channel_id, type, expires_at
+), b AS MATERIALIZED (
+    SELECT broker_payload_json(%(payload)s::bytea, %(ctype)s::text) AS body,
+           broker_headers_lower(%(headers)s::jsonb) AS headers
+     WHERE EXISTS (SELECT 1 FROM consumers_consumer k WHERE k.channel_id = %(channel)s::bigint AND k.filter_plan IS NOT NULL)
 ), jobs_created AS (
     INSERT INTO jobs_job (message_id, consumer_id, channel_id, status, priority, retry_count,
                           next_attempt_at, incremental_timeout, status_changed_at, created_at, expires_at)
     SELECT src.id, c.id, c.channel_id, 1001, src.priority, 0, now(), 0, now(), now(), src.expires_at
-      FROM m src JOIN consumers_consumer c ON c.channel_id = src.channel_id
+      FROM m src JOIN consumers_consumer c ON c.channel_id = src.channel_id LEFT JOIN b ON true
      WHERE (c.message_types IS NULL OR cardinality(c.message_types) = 0 OR EXISTS (
                SELECT 1 FROM unnest(c.message_types) p
                 WHERE p = '*' OR CASE WHEN right(p, 2) = '.*'
                                       THEN src.type = left(p, -2) OR starts_with(src.type, left(p, -1))
                                       ELSE src.type = p END))  -- the consumer's messageTypes
+       AND CASE WHEN c.filter_plan IS NULL THEN true  -- filters: only filtered consumers evaluate one
+                ELSE broker_filter_match(c.filter_plan, b.body, COALESCE(b.headers, '{}')) END
      ORDER BY src.id, c.id  -- job ids follow message order: pulls are "oldest first" by job id
     RETURNING consumer_id
 ), jobs_notified AS (
@@ -75,28 +86,39 @@ SELECT m.message_id, (SELECT count(*) FROM jobs_notified) FROM m;
 -- insert_many --
 -- index: message_unique_per_channel
 -- hot
--- insert_one for a batch of messages (input order kept: job ids follow message order).
+-- insert_one for a batch of messages (input order kept: job ids follow message order; ``b`` per
+-- message id, the first occurrence of a repeated id, as the insert keeps it).
 WITH m AS (
     INSERT INTO broker_message (channel_id, message_id, producer_id, payload, content_type, priority,
-                                headers, status, received_at, dispatched_at, type, expires_at)
+                                headers, status, received_at, dispatched_at, type, expires_at, traceparent, tracestate)
     SELECT %(channel)s::bigint, t.mid, %(producer)s::bigint, t.payload, t.ctype, t.prio, t.headers, 102, now(), now(),
-           t.type, now() + COALESCE(t.ttl, (SELECT message_ttl FROM broker_channel WHERE id = %(channel)s::bigint)) * interval '1 second'
+           t.type, now() + COALESCE(t.ttl, (SELECT message_ttl FROM broker_channel WHERE id = %(channel)s::bigint)) * interval '1 second',
+           t.tp, t.ts
       FROM unnest(%(mids)s::text[], %(payloads)s::bytea[], %(ctypes)s::text[], %(prios)s::int[],
-                  %(headers)s::jsonb[], %(types)s::text[], %(ttls)s::int[])
-           WITH ORDINALITY AS t(mid, payload, ctype, prio, headers, type, ttl, ord)
+                  %(headers)s::jsonb[], %(types)s::text[], %(ttls)s::int[], %(tps)s::text[], %(tss)s::text[])
+           WITH ORDINALITY AS t(mid, payload, ctype, prio, headers, type, ttl, tp, ts, ord)
      ORDER BY t.ord
     ON CONFLICT (channel_id, message_id) DO NOTHING
     RETURNING id, message_id, priority, channel_id, type, expires_at
+), b AS MATERIALIZED (
+    SELECT DISTINCT ON (t.mid) t.mid, broker_payload_json(t.payload, t.ctype) AS body,
+           broker_headers_lower(t.headers) AS headers
+      FROM unnest(%(mids)s::text[], %(payloads)s::bytea[], %(ctypes)s::text[], %(headers)s::jsonb[])
+           WITH ORDINALITY AS t(mid, payload, ctype, headers, ord)
+     WHERE EXISTS (SELECT 1 FROM consumers_consumer k WHERE k.channel_id = %(channel)s::bigint AND k.filter_plan IS NOT NULL)
+     ORDER BY t.mid, t.ord
 ), jobs_created AS (
     INSERT INTO jobs_job (message_id, consumer_id, channel_id, status, priority, retry_count,
                           next_attempt_at, incremental_timeout, status_changed_at, created_at, expires_at)
     SELECT src.id, c.id, c.channel_id, 1001, src.priority, 0, now(), 0, now(), now(), src.expires_at
-      FROM m src JOIN consumers_consumer c ON c.channel_id = src.channel_id
+      FROM m src JOIN consumers_consumer c ON c.channel_id = src.channel_id LEFT JOIN b ON b.mid = src.message_id
      WHERE (c.message_types IS NULL OR cardinality(c.message_types) = 0 OR EXISTS (
                SELECT 1 FROM unnest(c.message_types) p
                 WHERE p = '*' OR CASE WHEN right(p, 2) = '.*'
                                       THEN src.type = left(p, -2) OR starts_with(src.type, left(p, -1))
                                       ELSE src.type = p END))  -- the consumer's messageTypes
+       AND CASE WHEN c.filter_plan IS NULL THEN true  -- filters: only filtered consumers evaluate one
+                ELSE broker_filter_match(c.filter_plan, b.body, COALESCE(b.headers, '{}')) END
      ORDER BY src.id, c.id  -- job ids follow message order: pulls are "oldest first" by job id
     RETURNING consumer_id
 ), jobs_notified AS (
@@ -112,17 +134,25 @@ SELECT m.message_id, (SELECT count(*) FROM jobs_notified) FROM m;
 -- (upserted before, in the same transaction) at the message's gate.
 WITH m AS (
     INSERT INTO broker_message (channel_id, message_id, producer_id, payload, content_type, priority,
-                                headers, status, received_at, dispatched_at, type, expires_at)
+                                headers, status, received_at, dispatched_at, type, expires_at, traceparent, tracestate)
     SELECT %(channel)s::bigint, t.mid, %(producer)s::bigint, t.payload, t.ctype, t.prio, t.headers, 102, now(), now(),
-           t.type, now() + COALESCE(t.ttl, (SELECT message_ttl FROM broker_channel WHERE id = %(channel)s::bigint)) * interval '1 second'
+           t.type, now() + COALESCE(t.ttl, (SELECT message_ttl FROM broker_channel WHERE id = %(channel)s::bigint)) * interval '1 second',
+           t.tp, t.ts
       FROM unnest(%(mids)s::text[], %(payloads)s::bytea[], %(ctypes)s::text[], %(prios)s::int[],
-                  %(headers)s::jsonb[], %(types)s::text[], %(ttls)s::int[])
-           WITH ORDINALITY AS t(mid, payload, ctype, prio, headers, type, ttl, ord)
+                  %(headers)s::jsonb[], %(types)s::text[], %(ttls)s::int[], %(tps)s::text[], %(tss)s::text[])
+           WITH ORDINALITY AS t(mid, payload, ctype, prio, headers, type, ttl, tp, ts, ord)
      ORDER BY t.ord
     ON CONFLICT (channel_id, message_id) DO NOTHING
     RETURNING id, message_id, priority, channel_id, type, expires_at
+), b AS MATERIALIZED (  -- filters, as in insert_many
+    SELECT DISTINCT ON (t.mid) t.mid, broker_payload_json(t.payload, t.ctype) AS body,
+           broker_headers_lower(t.headers) AS headers
+      FROM unnest(%(mids)s::text[], %(payloads)s::bytea[], %(ctypes)s::text[], %(headers)s::jsonb[])
+           WITH ORDINALITY AS t(mid, payload, ctype, headers, ord)
+     WHERE EXISTS (SELECT 1 FROM consumers_consumer k WHERE k.channel_id = %(channel)s::bigint AND k.filter_plan IS NOT NULL)
+     ORDER BY t.mid, t.ord
 ), src AS (
-    SELECT DISTINCT ON (m.id) m.id, m.priority, m.channel_id, m.type, m.expires_at, k.pkey, k.gate
+    SELECT DISTINCT ON (m.id) m.id, m.message_id, m.priority, m.channel_id, m.type, m.expires_at, k.pkey, k.gate
       FROM m JOIN unnest(%(mids)s::text[], %(pkeys)s::text[], %(gates)s::int[]) WITH ORDINALITY
                   AS k(mid, pkey, gate, ord) ON k.mid = m.message_id
      ORDER BY m.id, k.ord
@@ -134,11 +164,14 @@ WITH m AS (
            src.expires_at, pt.id, CASE WHEN pt.id IS NULL THEN 0 ELSE src.gate END
       FROM src JOIN consumers_consumer c ON c.channel_id = src.channel_id
       LEFT JOIN jobs_partition pt ON pt.consumer_id = c.id AND pt.key = src.pkey
+      LEFT JOIN b ON b.mid = src.message_id
      WHERE (c.message_types IS NULL OR cardinality(c.message_types) = 0 OR EXISTS (
                SELECT 1 FROM unnest(c.message_types) p
                 WHERE p = '*' OR CASE WHEN right(p, 2) = '.*'
                                       THEN src.type = left(p, -2) OR starts_with(src.type, left(p, -1))
                                       ELSE src.type = p END))  -- the consumer's messageTypes
+       AND CASE WHEN c.filter_plan IS NULL THEN true  -- filters: only filtered consumers evaluate one
+                ELSE broker_filter_match(c.filter_plan, b.body, COALESCE(b.headers, '{}')) END
      ORDER BY src.id, c.id  -- job ids follow message order: pulls are "oldest first" by job id
     RETURNING consumer_id
 ), jobs_notified AS (
@@ -156,9 +189,10 @@ WITH chk AS (
            EXISTS (SELECT 1 FROM broker_message WHERE channel_id = %(channel)s AND message_id = %(mid)s) AS taken
 ), ins AS (
     INSERT INTO broker_scheduledmessage (channel_id, message_id, producer_id, payload, content_type, priority,
-                                         headers, status, dispatch_at, created_at, error, type, ttl)
+                                         headers, status, dispatch_at, created_at, error, type, ttl,
+                                         traceparent, tracestate)
     SELECT %(channel)s, %(mid)s, %(producer)s, %(payload)s, %(ctype)s, %(prio)s, %(headers)s, %(scheduled)s,
-           %(at)s, now(), '', %(type)s, %(ttl)s
+           %(at)s, now(), '', %(type)s, %(ttl)s, %(tp)s, %(ts)s
       FROM chk WHERE in_time AND NOT taken
     ON CONFLICT (channel_id, message_id) DO NOTHING
     RETURNING id
@@ -169,7 +203,7 @@ SELECT in_time, taken, (SELECT count(*) FROM ins) FROM chk;
 -- index: scheduled_due
 -- Due scheduled messages, oldest due first, locked SKIP LOCKED (several workers dispatch at once).
 SELECT s.id, s.channel_id, ch.channel_id, s.producer_id, p.producer_id, s.message_id, s.payload,
-       s.content_type, s.priority, s.headers, s.type, s.ttl
+       s.content_type, s.priority, s.headers, s.type, s.ttl, s.traceparent, s.tracestate
   FROM broker_scheduledmessage s
   JOIN broker_channel ch ON ch.id = s.channel_id
   JOIN broker_producer p ON p.id = s.producer_id
@@ -215,7 +249,7 @@ VALUES (%s, %s, %s, now(), now()) ON CONFLICT (producer_id) DO NOTHING;
 -- primary key. DELIVERED (unless only_failed) and DEAD jobs go back to QUEUED, retry count 0 (rows
 -- locked SKIP LOCKED: a job some other statement holds right now is skipped, never waited for); a
 -- message without a job of this consumer gets a fresh QUEUED job (unless only_failed), if the
--- consumer's messageTypes match and it has not expired. QUEUED and INFLIGHT jobs are skipped, and
+-- consumer's messageTypes and filter match and it has not expired. QUEUED and INFLIGHT jobs are skipped, and
 -- so are partitioned jobs and messages (a job put back below its partition's gate could never run
 -- again). The moves' history is the trigger's (last_reason 'replay'); the trigger covers UPDATE and
 -- DELETE only, so the new jobs' NULL -> QUEUED rows (reason 'replay') are written here. The messages
@@ -266,6 +300,10 @@ WITH m AS MATERIALIZED (
                 WHERE p = '*' OR CASE WHEN right(p, 2) = '.*'
                                       THEN src.type = left(p, -2) OR starts_with(src.type, left(p, -1))
                                       ELSE src.type = p END))  -- the consumer's messageTypes, as at fan-out
+       AND CASE WHEN c.filter_plan IS NULL THEN true  -- and its filter, as at fan-out
+                ELSE broker_filter_match(c.filter_plan,
+                         (SELECT broker_payload_json(x.payload, x.content_type) FROM broker_message x WHERE x.id = src.id),
+                         (SELECT broker_headers_lower(x.headers) FROM broker_message x WHERE x.id = src.id)) END
        AND NOT EXISTS (SELECT 1 FROM cur WHERE cur.message_id = src.id)
      ORDER BY src.id
     ON CONFLICT (message_id, consumer_id) DO NOTHING

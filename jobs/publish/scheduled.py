@@ -21,6 +21,7 @@ from psycopg.types.json import Jsonb
 from broker.db.run import query_fetchone
 from broker.errors import Conflict, InvalidInput, NotFound, PreconditionFailed
 from broker.models import ScheduledMessage
+from broker.tracing import trace_context_parse
 from jobs.publish.auth import PublishContext
 from jobs.publish.messages import NewMessage, message_id_generate, messages_publish
 from jobs.publish.queries import Q
@@ -62,6 +63,8 @@ def scheduled_message_create(*, ctx: PublishContext, message: NewMessage,
             "mid": mid, "producer": ctx.producer_pk, "payload": message.payload, "ctype": message.content_type,
             "prio": message.priority, "headers": Jsonb(message.headers or {}), "scheduled": SCHEDULED,
             "type": message.type, "ttl": message.ttl,
+            "tp": message.trace.traceparent if message.trace else "",  # trace context: kept for the publish
+            "ts": message.trace.tracestate if message.trace else "",
         })
         in_time, taken, created = cur.fetchone()
     if not in_time:
@@ -97,7 +100,8 @@ def scheduled_dispatch_due(*, limit: int = 100) -> int:
             ctx = PublishContext(channel_pk=channel_pk, channel_id=channel_id,
                                             producer_pk=producer_pk, producer_id=producer_id)
             messages = [NewMessage(payload=bytes(r[6]), content_type=r[7], priority=r[8],
-                                              message_id=r[5], headers=_json(r[9]), type=r[10], ttl=r[11])
+                                              message_id=r[5], headers=_json(r[9]), type=r[10], ttl=r[11],
+                                              trace=trace_context_parse(r[12], r[13]))
                         for r in items]
             results = messages_publish(ctx=ctx, messages=messages)
             for row, (_, created) in zip(items, results):

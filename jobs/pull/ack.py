@@ -24,6 +24,7 @@ from jobs.partitions.settle import settle_on_commit
 from jobs.pull.auth import PullContext
 from jobs.pull.fields import job_id_parse, receipt_parse, timeout_parse
 from jobs.pull.queries import Q
+from jobs.pull.traces import ack_spans, now_ns
 from jobs.state.retries import inflight_timeout
 from jobs.state.transitions import DEAD, DELIVERED, INFLIGHT, QUEUED, STATUS_NAMES, transitions_check
 
@@ -126,11 +127,13 @@ def jobs_ack(*, ctx: PullContext, items: list[AckItem]) -> list[dict]:
         moves=[GateMove(job_id=it.job_id, gate=it.gate, payload=it.payload) for it in moves],
         consumer_pk=ctx.consumer_pk) if moves else {}
     known = [it for it in items if it.job_id is not None and it.gate is None]
+    started = now_ns()
     outcome = jobs_ack_inflight(
         consumer_pk=ctx.consumer_pk, job_ids=[it.job_id for it in known],
         to_statuses=[it.target for it in known], delays=[it.delay for it in known],
         max_retry=ctx.max_retry, reason="pull-ack", receipts=[it.receipt for it in known],
     ) if known else {}
+    ack_spans(ctx=ctx, outcomes={k: v[1] if v[0] else None for k, v in outcome.items()}, start_ns=started)
     current = {}
     missed = [it.job_id for it in moves if it.job_id not in moved_gate]
     if missed:

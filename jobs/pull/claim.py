@@ -14,6 +14,7 @@ from django.db import connection
 
 from broker.db.run import query_execute, query_fetchall, query_fetchone
 from broker.errors import InvalidInput
+from broker.tracing import TraceContext
 from jobs.publish.messages import headers_decode
 from jobs.pull.auth import PullContext
 from jobs.pull.fields import int_field, timeout_parse
@@ -39,17 +40,19 @@ class ClaimedJob:
     gate: int = 0
     message_type: str | None = None  # filters: the message's X-Broker-Message-Type
     receipt: int | None = None  # this claim's receipt (jobs.pull.ack)
+    trace: TraceContext | None = None  # the message's traceparent / tracestate (broker.tracing)
 
 
 def claimed_jobs(rows) -> list[ClaimedJob]:
     """Rows shaped like ``claim_pull``'s result (id, priority, retry_count, incremental_timeout,
-    deadline, message_id, payload, content_type, headers[, partition key, gate[, type[, receipt]]]) as
-    ClaimedJob objects."""
+    deadline, message_id, payload, content_type, headers[, partition key, gate[, type[, receipt,
+    traceparent, tracestate]]]) as ClaimedJob objects."""
     return [
         ClaimedJob(id=r[0], priority=r[1], retry_count=r[2], incremental_timeout=r[3], deadline=r[4],
                    message_id=r[5], payload=bytes(r[6]), content_type=r[7], headers=headers_decode(r[8]),
                    partition_key=r[9] if len(r) > 9 else None, gate=r[10] if len(r) > 10 and r[10] else 0,
-                   message_type=r[11] if len(r) > 11 else None, receipt=r[12] if len(r) > 12 else None)
+                   message_type=r[11] if len(r) > 11 else None, receipt=r[12] if len(r) > 12 else None,
+                   trace=TraceContext(r[13] or "", r[14] or "") if len(r) > 14 else None)
         for r in rows
     ]
 

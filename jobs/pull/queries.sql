@@ -81,7 +81,7 @@ SELECT u.id, u.priority, u.retry_count, u.incremental_timeout, u.deadline,
        m.message_id, COALESCE(u.payload, m.payload), m.content_type, m.headers,
        CASE WHEN u.partition_id IS NOT NULL
             THEN (SELECT pt.key FROM jobs_partition pt WHERE pt.id = u.partition_id) END, u.gate, m.type,
-       u.receipt
+       u.receipt, m.traceparent, m.tracestate  -- this claim's receipt; trace context (broker.tracing)
   FROM u JOIN broker_message m ON m.id = u.message_id
  ORDER BY u.priority DESC, u.id;
 
@@ -195,14 +195,15 @@ SELECT ch.id, ch.token, c.id, c.token, c.type, c.max_retry,
 -- A literal bound inside (100 = the largest limit), the caller's limit outside: a generic plan
 -- estimates "LIMIT $n" at 10 % of the rows, and with one consumer owning a 1M backlog it chose a
 -- parallel sequential scan and a sort (204 ms against 0.16 ms, issue 21).
-SELECT j.id, j.priority, j.incremental_timeout, m.message_id, m.payload, m.content_type, m.headers, m.type
+SELECT j.id, j.priority, j.incremental_timeout, m.message_id, m.payload, m.content_type, m.headers, m.type,
+       m.traceparent, m.tracestate
   FROM (SELECT b.id, b.priority, b.incremental_timeout, b.message_id FROM (
         SELECT id, priority, incremental_timeout, message_id FROM jobs_job
          WHERE consumer_id = %(consumer)s::bigint AND status = 1001 AND next_attempt_at <= now()
            AND (expires_at IS NULL OR expires_at > now())  -- expiry: never listed once expired
          ORDER BY priority DESC, id LIMIT 100  -- bound: jobs.pull.fields.QUEUED_JOBS_MAX
         ) b LIMIT %(limit)s::int) j
-  CROSS JOIN LATERAL (SELECT message_id, payload, content_type, headers, type FROM broker_message
+  CROSS JOIN LATERAL (SELECT message_id, payload, content_type, headers, type, traceparent, tracestate FROM broker_message
                        WHERE id = j.message_id LIMIT 1) m
  ORDER BY j.priority DESC, j.id;
 
@@ -288,7 +289,7 @@ RETURNING id;
 SELECT j.id, j.priority, j.retry_count, j.incremental_timeout, j.deadline,
        m.message_id, COALESCE(j.payload, m.payload), m.content_type, m.headers,
        (SELECT pt.key FROM jobs_partition pt WHERE pt.id = j.partition_id), j.gate, m.type,  -- partitions, type
-       j.receipt
+       j.receipt, m.traceparent, m.tracestate  -- receipt; trace context
   FROM jobs_job j JOIN broker_message m ON m.id = j.message_id
  WHERE j.id = ANY(%s::bigint[]) AND j.status + 0 = %s  -- by primary key only
  ORDER BY j.priority DESC, j.id;
@@ -441,3 +442,11 @@ SELECT id FROM consumers_consumer WHERE type = 'pull' AND callback_url <> '';
 -- index: none (an advisory lock)
 -- The one doorbell ringer: a session lock on its dedicated connection (freed when that closes).
 SELECT pg_try_advisory_lock(hashtext(%s));
+
+-- job_traces --
+-- index: pk
+-- The trace context of jobs' messages, by job primary key: only when OpenTelemetry records the
+-- spans of a pull ack (broker.tracing), never otherwise.
+SELECT j.id, m.traceparent, m.tracestate
+  FROM jobs_job j JOIN broker_message m ON m.id = j.message_id
+ WHERE j.id = ANY(%(ids)s::bigint[]);

@@ -12,6 +12,7 @@ from consumers.priority import NONE, PINNED
 from jobs.pull.auth import PullContext
 from jobs.pull.claim import ClaimedJob, PullRequest, jobs_pull, pull_request_check
 from jobs.pull.groups import jobs_pull_grouped
+from jobs.pull.traces import claim_spans, now_ns
 
 
 @dataclass
@@ -25,8 +26,11 @@ def pull_serve(*, ctx: PullContext, req: PullRequest) -> Served:
     no job is a 423 ``wrong_pin_id`` (the pin moved; NATS answers Nats-Wrong-Pin-Id)."""
     pull_request_check(ctx=ctx, req=req)
     if ctx.policy == NONE:
-        return Served(jobs=jobs_pull(ctx=ctx, req=req))
+        jobs = jobs_pull(ctx=ctx, req=req)
+        claim_spans(ctx=ctx, jobs=jobs, start_ns=now_ns())  # OpenTelemetry only
+        return Served(jobs=jobs)
     result = jobs_pull_grouped(ctx=ctx, req=req)
     if result.wrong_pin and not result.jobs:
         raise Locked("wrong_pin_id", "Nats-Wrong-Pin-Id")
+    claim_spans(ctx=ctx, jobs=result.jobs, start_ns=now_ns())
     return Served(jobs=result.jobs, pin_id=result.pin_id if result.jobs and ctx.policy == PINNED else "")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 
 from broker.times import rfc3339
+from broker.tracing import TraceContext
 from broker.xid import job_xid
 from jobs.publish.messages import headers_decode
 from jobs.pull.claim import ClaimedJob
@@ -18,10 +19,16 @@ def seconds_repr(value: float) -> float | int:
     return int(value) if float(value).is_integer() else value
 
 
-def message_repr(message_id: str, payload: bytes, content_type: str, headers) -> dict:
-    """The spec's Message; a payload that is not UTF-8 goes out as base64 with ``PayloadEncoding``."""
+def message_repr(message_id: str, payload: bytes, content_type: str, headers,
+                 trace: TraceContext | None = None) -> dict:
+    """The spec's Message; a payload that is not UTF-8 goes out as base64 with ``PayloadEncoding``.
+    Its trace context (W3C) is in ``Headers`` as ``traceparent`` and ``tracestate``."""
     message = {"MessageID": message_id, "Payload": None, "ContentType": content_type,
-               "Headers": headers_decode(headers)}
+               "Headers": dict(headers_decode(headers))}
+    if trace is not None and trace.traceparent:
+        message["Headers"]["traceparent"] = trace.traceparent
+        if trace.tracestate:
+            message["Headers"]["tracestate"] = trace.tracestate
     try:
         message["Payload"] = payload.decode("utf-8")
     except UnicodeDecodeError:
@@ -37,7 +44,7 @@ def claimed_repr(job: ClaimedJob) -> dict:
         "IncrementalTimeout": seconds_repr(job.incremental_timeout),
         "Attempt": job.retry_count + 1,
         "Deadline": rfc3339(job.deadline),
-        "Message": message_repr(job.message_id, job.payload, job.content_type, job.headers),
+        "Message": message_repr(job.message_id, job.payload, job.content_type, job.headers, job.trace),
     }
     if job.message_type is not None:  # filters: the message's X-Broker-Message-Type
         body["Type"] = job.message_type

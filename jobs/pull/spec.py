@@ -12,6 +12,7 @@ from django.conf import settings
 from broker.db.run import query_fetchall, query_fetchone
 from broker.errors import Conflict, InvalidInput, NotFound
 from broker.times import rfc3339
+from broker.tracing import TraceContext
 from broker.xid import job_xid
 from jobs.ops.dead_jobs import jobs_delete_dead, jobs_requeue_dead
 from jobs.partitions.settle import settle_on_commit
@@ -37,7 +38,7 @@ def queued_jobs_list(*, ctx: PullContext, limit: int) -> list[dict]:
     result = []
     for r in rows:
         item = {"ID": job_xid(r[0]), "Priority": r[1], "IncrementalTimeout": seconds_repr(r[2]),
-                "Message": message_repr(r[3], bytes(r[4]), r[5], r[6])}
+                "Message": message_repr(r[3], bytes(r[4]), r[5], r[6], TraceContext(r[8] or "", r[9] or ""))}
         if r[7] is not None:  # filters: the message's type
             item["Type"] = r[7]
         result.append(item)

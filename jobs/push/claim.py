@@ -10,6 +10,7 @@ from django.conf import settings
 from django.db import transaction
 
 from broker.db.run import bound_cursor, transition_errors
+from broker.tracing import TraceContext
 from jobs.partitions.leases import push_claims_serialize
 from jobs.publish.messages import headers_decode
 from jobs.push.queries import Q
@@ -42,6 +43,7 @@ class PushJob:
     gate: int = 0
     message_type: str | None = None  # filters: sent as X-Broker-Message-Type
     circuit_dirty: bool = False  # its consumer's circuit was counting failures or open when claimed
+    trace: TraceContext | None = None  # the message's traceparent / tracestate (broker.tracing)
 
 
 def jobs_claim_push(*, limit: int, reason: str = "push", worker: str = "") -> list[PushJob]:
@@ -79,6 +81,6 @@ def jobs_claim_push(*, limit: int, reason: str = "push", worker: str = "") -> li
         PushJob(id=r[0], consumer_pk=r[1], priority=r[2], retry_count=r[3], message_id=r[4],
                 payload=bytes(r[5]), content_type=r[6], consumer_updated_at=r[8],
                 partition_key=r[9], gate=r[10] or 0, message_type=r[11], circuit_dirty=r[12],
-                headers=headers_decode(r[7]))
+                headers=headers_decode(r[7]), trace=TraceContext(r[13] or "", r[14] or ""))
         for r in rows
     ]

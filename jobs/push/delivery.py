@@ -15,6 +15,7 @@ from urllib.parse import quote
 from django.conf import settings
 from django.db import connection
 
+from broker.tracing import traceparent_child
 from broker.xid import job_xid
 from jobs.callbacks.signing import secret_bytes, sign
 from jobs.callbacks.target import Target
@@ -27,7 +28,7 @@ _RESERVED = {
     "content-type", "content-length", "host", "user-agent", "x-request-id", "x-broker-message-id",
     "x-broker-channel-id", "x-broker-consumer-id", "x-broker-message-priority", "x-broker-metadata-headers",
     "webhook-id", "webhook-timestamp", "webhook-signature", "connection", "transfer-encoding",
-    "accept-encoding", "x-broker-message-type",
+    "accept-encoding", "x-broker-message-type", "traceparent", "tracestate",
 }
 
 
@@ -38,8 +39,10 @@ def _header_ok(name: str, value: str) -> bool:
 _KEY_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")  # printable ASCII as-is
 
 
-def request_headers(job, target: Target, *, now: float | None = None, worker: str = "") -> dict:
-    """The callback headers: webhook-broker's, the stored metadata headers and the signature."""
+def request_headers(job, target: Target, *, now: float | None = None, worker: str = "", span=None) -> dict:
+    """The callback headers: webhook-broker's, the stored metadata headers, the trace context (the
+    message's trace id, a span id of this attempt's own: ``span``'s when OpenTelemetry records one)
+    and the signature."""
     token_header = settings.BROKER_CONSUMER_TOKEN_HEADER or "X-Broker-Consumer-Token"
     headers = {
         "Content-Type": job.content_type or "application/octet-stream",
@@ -61,6 +64,10 @@ def request_headers(job, target: Target, *, now: float | None = None, worker: st
     if metadata:
         headers.update(metadata)
         headers["X-Broker-Metadata-Headers"] = ",".join(sorted(metadata))
+    trace = getattr(job, "trace", None)
+    headers["traceparent"] = traceparent_child(trace.traceparent if trace else "", span)
+    if trace is not None and trace.tracestate:
+        headers["tracestate"] = trace.tracestate
     message_type = getattr(job, "message_type", None)
     if message_type is not None:  # filters: the type the consumer's messageTypes matched
         headers["X-Broker-Message-Type"] = message_type

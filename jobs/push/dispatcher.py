@@ -39,6 +39,7 @@ from django.db import Error as DatabaseError
 from django.db import connection, transaction
 
 from broker.db.listen import Listener
+from broker.tracing import span_start
 from broker.xid import job_xid
 from jobs.callbacks.http import Client as HttpClient
 from jobs.callbacks.http import ProtocolError
@@ -137,8 +138,12 @@ class Engine:
         job, target = item
         started = time.monotonic()
         headers = {}
+        span = span_start(f"deliver {target.channel_id}", parent=job.trace, kind="client", attributes={
+            "messaging.system": "broker", "messaging.operation.type": "process", "messaging.message.id": job.message_id,
+            "messaging.destination.name": target.channel_id, "messaging.consumer.group.name": target.consumer_id,
+            "broker.attempt": job.retry_count + 1})  # trace context: None unless OpenTelemetry is configured
         try:
-            headers = request_headers(job, target, worker=self.worker_id)
+            headers = request_headers(job, target, worker=self.worker_id, span=span)
             answer = await self.client.post(scheme=target.scheme, host=target.host, port=target.port,
                                             path=target.path, headers=headers, body=job.payload,
                                             timeout=target.timeout)
@@ -162,6 +167,9 @@ class Engine:
             result = Result(status_code=None, duration=0.0, error=f"internal error: {type(exc).__name__}")
         end = time.monotonic()
         result.duration, result.finished, result.request_id = end - started, end, headers.get("X-Request-ID", "")
+        if span is not None:
+            span.end(error="" if result.outcome == "delivered" else (result.error or f"HTTP {result.status_code}"),
+                     **{"http.response.status_code": result.status_code, "broker.outcome": result.outcome})
         self.done.append((job, target, result))
         if not self._signalled:  # one byte per batch of finished attempts
             self._signalled = True

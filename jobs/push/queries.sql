@@ -26,8 +26,8 @@
 -- OPEN or HALF_OPEN leaves room for one probe once next_probe_at has passed; after ``failures``
 -- consecutive failures (below the threshold) at most threshold - failures requests are out at
 -- once; NULL (no cap) when the breaker is off or never failed. The job claimed for an OPEN
--- circuit is its probe (CTE probe: HALF_OPEN until recorded). Returns m.type (filters) and
--- r.cb_dirty (the circuit was counting failures or open when claimed).
+-- circuit is its probe (CTE probe: HALF_OPEN until recorded). Returns m.type (filters),
+-- r.cb_dirty (the circuit was counting failures or open when claimed) and the message's trace context.
 WITH k AS MATERIALIZED (
     SELECT c.id, c.updated_at,
            LEAST(c.max_in_flight, c.max_ack_pending, CASE WHEN c.circuit_breaker_failures > 0 THEN
@@ -112,7 +112,8 @@ WITH k AS MATERIALIZED (
 SELECT u.id, u.consumer_id, u.priority, u.retry_count, m.message_id, COALESCE(u.payload, m.payload),
        m.content_type, m.headers, r.updated_at,
        CASE WHEN u.partition_id IS NOT NULL
-            THEN (SELECT pt.key FROM jobs_partition pt WHERE pt.id = u.partition_id) END, u.gate, m.type, r.cb_dirty
+            THEN (SELECT pt.key FROM jobs_partition pt WHERE pt.id = u.partition_id) END, u.gate, m.type, r.cb_dirty,
+       m.traceparent, m.tracestate  -- trace context (broker.tracing)
   FROM u JOIN broker_message m ON m.id = u.message_id JOIN r ON r.id = u.consumer_id
  ORDER BY u.priority DESC, u.id;
 
@@ -125,7 +126,8 @@ SELECT u.id, u.consumer_id, u.priority, u.retry_count, m.message_id, COALESCE(u.
 -- read and written by primary key): a failed probe (its consumer's circuit is HALF_OPEN: the only
 -- job in flight) goes back to QUEUED without spending a retry; each consumer's consecutive
 -- failures add up (%(cb_ok)s: a success in the batch restarts the count) and reaching the threshold
--- opens the circuit. ``since`` moves only when the circuit opens or closes, so the rows returned as
+-- opens the circuit once the failures have lasted circuit_breaker_open_after_seconds (issue 25: an
+-- endpoint that still answers some calls is not cut off). ``since`` moves only when the circuit opens or closes, so the rows returned as
 -- changed are the advisories to raise. Returns (partition to settle, NULL, NULL) rows and
 -- (NULL, consumer, new state) rows for circuits that changed.
 WITH v AS (
@@ -160,22 +162,41 @@ SELECT a.id, a.attempt, now() - a.age * interval '1 second', a.duration_ms, a.st
     -- after the last success
     SELECT * FROM unnest(%(cb_consumers)s::bigint[], %(cb_ok)s::bool[], %(cb_fails)s::int[]) AS x(consumer_id, ok, fails)
 ), cbu AS (
+    -- the new failure count (NF), start of the run of failures (FS) and state (NS) are written out
+    -- in each SET: an UPDATE re-evaluates them on the row as another dispatcher left it (a CTE would
+    -- read a snapshot and lose concurrent counts). Opens only after ``circuit_breaker_failures``
+    -- consecutive failures that have gone on for ``circuit_breaker_open_after_seconds`` (no success
+    -- since the run began); once open, failures keep it open.
     UPDATE consumers_circuit cb SET
-        failures = CASE WHEN x.ok THEN x.fails ELSE cb.failures + x.fails END, state = CASE WHEN k.circuit_breaker_failures > 0 AND CASE WHEN x.ok THEN x.fails ELSE cb.failures + x.fails END >= k.circuit_breaker_failures THEN 1 ELSE 0 END,
-        since = CASE WHEN (CASE WHEN k.circuit_breaker_failures > 0 AND CASE WHEN x.ok THEN x.fails ELSE cb.failures + x.fails END >= k.circuit_breaker_failures THEN 1 ELSE 0 END = 0) <> (cb.state = 0) THEN now() ELSE cb.since END,
-        next_probe_at = CASE WHEN CASE WHEN k.circuit_breaker_failures > 0 AND CASE WHEN x.ok THEN x.fails ELSE cb.failures + x.fails END >= k.circuit_breaker_failures THEN 1 ELSE 0 END = 1 AND cb.state <> 1
+        failures = CASE WHEN x.ok THEN x.fails ELSE cb.failures + x.fails END,
+        failing_since = CASE WHEN x.ok THEN CASE WHEN x.fails > 0 THEN now() END ELSE COALESCE(cb.failing_since, now()) END,
+        state = CASE WHEN k.circuit_breaker_failures > 0 AND CASE WHEN x.ok THEN x.fails ELSE cb.failures + x.fails END >= k.circuit_breaker_failures
+                        AND (cb.state <> 0 OR CASE WHEN x.ok THEN CASE WHEN x.fails > 0 THEN now() END ELSE COALESCE(cb.failing_since, now()) END
+                                              <= now() - k.circuit_breaker_open_after_seconds * interval '1 second')
+                   THEN 1 ELSE 0 END,
+        since = CASE WHEN (CASE WHEN k.circuit_breaker_failures > 0 AND CASE WHEN x.ok THEN x.fails ELSE cb.failures + x.fails END >= k.circuit_breaker_failures
+                        AND (cb.state <> 0 OR CASE WHEN x.ok THEN CASE WHEN x.fails > 0 THEN now() END ELSE COALESCE(cb.failing_since, now()) END
+                                              <= now() - k.circuit_breaker_open_after_seconds * interval '1 second')
+                   THEN 1 ELSE 0 END = 0) <> (cb.state = 0) THEN now() ELSE cb.since END,
+        next_probe_at = CASE WHEN CASE WHEN k.circuit_breaker_failures > 0 AND CASE WHEN x.ok THEN x.fails ELSE cb.failures + x.fails END >= k.circuit_breaker_failures
+                        AND (cb.state <> 0 OR CASE WHEN x.ok THEN CASE WHEN x.fails > 0 THEN now() END ELSE COALESCE(cb.failing_since, now()) END
+                                              <= now() - k.circuit_breaker_open_after_seconds * interval '1 second')
+                   THEN 1 ELSE 0 END = 1 AND cb.state <> 1
                              THEN now() + k.circuit_breaker_probe_seconds * interval '1 second' ELSE cb.next_probe_at END
       FROM cbx x JOIN consumers_consumer k ON k.id = x.consumer_id
      WHERE cb.consumer_id = x.consumer_id AND (x.fails > 0 OR cb.failures > 0 OR cb.state <> 0)
     RETURNING cb.consumer_id, cb.state, cb.since = now() AS changed
 ), cbi AS (
-    INSERT INTO consumers_circuit (consumer_id, state, since, failures, next_probe_at)
-    SELECT x.consumer_id, CASE WHEN x.fails >= k.circuit_breaker_failures THEN 1 ELSE 0 END, now(),
-           x.fails, now() + k.circuit_breaker_probe_seconds * interval '1 second'
+    -- the first failure of a consumer: open at once only with circuit_breaker_open_after_seconds 0
+    INSERT INTO consumers_circuit (consumer_id, state, since, failures, next_probe_at, failing_since)
+    SELECT x.consumer_id,
+           CASE WHEN x.fails >= k.circuit_breaker_failures AND k.circuit_breaker_open_after_seconds <= 0 THEN 1 ELSE 0 END,
+           now(), x.fails, now() + k.circuit_breaker_probe_seconds * interval '1 second', now()
       FROM cbx x JOIN consumers_consumer k ON k.id = x.consumer_id
      WHERE x.fails > 0 AND k.circuit_breaker_failures > 0
        AND NOT EXISTS (SELECT 1 FROM consumers_circuit e WHERE e.consumer_id = x.consumer_id)
-    ON CONFLICT (consumer_id) DO UPDATE SET failures = consumers_circuit.failures + EXCLUDED.failures
+    ON CONFLICT (consumer_id) DO UPDATE SET failures = consumers_circuit.failures + EXCLUDED.failures,
+                                            failing_since = COALESCE(consumers_circuit.failing_since, now())
     RETURNING consumer_id, state
 )
 -- partitions to settle (jobs.partitions): nothing to return for non-partitioned jobs; circuits
@@ -218,7 +239,7 @@ SELECT c.id, c.consumer_id, ch.channel_id, cb.failures, c.circuit_breaker_failur
 -- the state it had when it was open or counting, no row otherwise. Waiting push dispatchers woken.
 WITH old AS (SELECT state FROM consumers_circuit WHERE consumer_id = %(consumer)s FOR UPDATE),
 u AS (
-    UPDATE consumers_circuit cb SET state = 0, failures = 0, since = now(), next_probe_at = NULL
+    UPDATE consumers_circuit cb SET state = 0, failures = 0, since = now(), next_probe_at = NULL, failing_since = NULL
       FROM old WHERE cb.consumer_id = %(consumer)s AND (old.state <> 0 OR cb.failures > 0)
     RETURNING old.state
 )

@@ -5,6 +5,7 @@ environment, from a --profile in a config file, and flags over both."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -41,7 +42,9 @@ def test_publish_tail_and_stats_from_the_environment(world, tmp_path):
     r = cli("tail", CHANNEL, CONSUMER, "--count", "1", env=env)
     assert r.returncode == 0, r.stderr
     [line] = [json.loads(x) for x in r.stdout.decode().splitlines()]
-    assert line["message_id"] == text_id and line["payload"] == "hello" and line["headers"] == {"X-Trace": "t1"}
+    assert line["message_id"] == text_id and line["payload"] == "hello" and line["headers"] == {
+        "X-Trace": "t1", "traceparent": line["headers"].get("traceparent")}  # issue 25: each message has a trace
+    assert re.fullmatch(r"00-[0-9a-f]{32}-[0-9a-f]{16}-01", line["headers"]["traceparent"])
     assert line["priority"] == 2 and line["attempt"] == 1 and isinstance(line["id"], str)
     assert world.stats()["NumAckPending"] == 1
     world.wait(lambda: world.stats()["NumPending"] == 3, what="the unacknowledged job back in the queue")

@@ -4,6 +4,7 @@ headers survive the round trip, acks, nacks, dead jobs, progress, batches, sched
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -54,7 +55,9 @@ def test_publish_consume_round_trip_keeps_payload_headers_and_ids(world):
         assert (job.payload, job.content_type) == sent[job.message_id]
         assert isinstance(job.id, str) and job.attempt == 1 and job.deadline is not None
     first = seen[0]
-    assert first.priority == 5 and first.headers == {"X-Trace-Id": "t-1"}  # priority first
+    assert first.priority == 5 and first.headers == {  # priority first; issue 25: with the message's trace
+        "X-Trace-Id": "t-1", "traceparent": first.headers.get("traceparent")}
+    assert re.fullmatch(r"00-[0-9a-f]{32}-[0-9a-f]{16}-01", first.headers["traceparent"])
     assert (stats.received, stats.delivered, stats.failed, stats.conflicts) == (4, 4, 0, 0)
     s = world.stats()
     assert (s["NumDelivered"], s["NumAckPending"], s["NumPending"]) == (4, 0, 0)

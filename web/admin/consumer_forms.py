@@ -9,6 +9,7 @@ from django.conf import settings
 from broker.errors import DomainError, InvalidInput
 from broker.message_types import message_types_parse, message_types_text
 from consumers import services
+from consumers.filters import filter_parse, filter_text
 from consumers.models import Consumer
 from web.admin.helpers import url_id_validator
 
@@ -36,13 +37,20 @@ class ConsumerForm(forms.ModelForm):
         help_text="Circuit breaker (push): consecutive failed attempts that open the circuit (empty: 10, 0: off).")
     circuit_breaker_probe_seconds = forms.FloatField(
         required=False, help_text="Circuit breaker: seconds between probe deliveries while open (empty: 30).")
+    circuit_breaker_open_after_seconds = forms.FloatField(
+        required=False, min_value=0, help_text="Circuit breaker: open only after failing this many seconds with no "
+                                               "successful attempt (empty: 10, 0: on the failures alone).")
+    filter = forms.CharField(
+        required=False, label="Filter", max_length=16384, widget=forms.Textarea(attrs={"rows": 3}),
+        help_text='Content filter (JSON), e.g. {"body": {"order.total": {"$gt": 100}}, "headers": {"X-Tenant": "acme"}}. '
+                  "Empty: every message.")
 
     class Meta:
         model = Consumer
         fields = ("channel", "consumer_id", "name", "type", "callback_url", "max_in_flight",
                   "max_deliveries_per_second", "connection_timeout", "max_retry", "retry_backoff",
                   "max_ack_pending", "max_queued", "notify_interval", "message_types", "circuit_breaker_failures",
-                  "circuit_breaker_probe_seconds")
+                  "circuit_breaker_probe_seconds", "circuit_breaker_open_after_seconds", "filter")
         help_texts = {
             "max_deliveries_per_second": "Empty: no rate limit.",
             "connection_timeout": f"Seconds. Empty: the broker default ({settings.BROKER_CONNECTION_TIMEOUT:g}).",
@@ -60,6 +68,14 @@ class ConsumerForm(forms.ModelForm):
             self.fields["consumer_id"].validators.append(url_id_validator)
         if "message_types" in self.fields:  # shown as the API takes it: comma-separated
             self.initial["message_types"] = message_types_text(self.instance.message_types)
+        if "filter" in self.fields:  # shown as the API takes it: JSON text
+            self.initial["filter"] = filter_text(self.instance.filter)
+
+    def clean_filter(self):
+        try:
+            return filter_parse(self.cleaned_data.get("filter") or "")
+        except DomainError as exc:
+            raise forms.ValidationError(exc.detail) from None
 
     def clean_message_types(self):
         try:

@@ -57,8 +57,8 @@ class ConsumerAdmin(ConsumerActionsMixin, ServiceFormAdmin):
         identity = ("channel", "consumer_id", "name", "type")
         delivery = ("callback_url", "max_in_flight", "max_deliveries_per_second", "connection_timeout",
                     "max_retry", "retry_backoff", "max_ack_pending", "max_queued", "notify_interval",
-                    "message_types")
-        circuit = ("circuit_breaker_failures", "circuit_breaker_probe_seconds")
+                    "message_types", "filter")
+        circuit = ("circuit_breaker_failures", "circuit_breaker_probe_seconds", "circuit_breaker_open_after_seconds")
         if obj is None:
             return ((None, {"fields": (*identity, "new_token")}), ("Delivery", {"fields": (*delivery, *circuit)}))
         return (
@@ -178,7 +178,10 @@ class ConsumerAdmin(ConsumerActionsMixin, ServiceFormAdmin):
                                                     "connection_timeout", "max_retry", "retry_backoff",
                                                     "max_ack_pending", "max_queued", "notify_interval",
                                                     "message_types", "circuit_breaker_failures",
-                                                    "circuit_breaker_probe_seconds")}
+                                                    "circuit_breaker_probe_seconds",
+                                                    "circuit_breaker_open_after_seconds", "filter")}
+        if fields["circuit_breaker_open_after_seconds"] is None:
+            fields["circuit_breaker_open_after_seconds"] = 10.0
         if fields["circuit_breaker_failures"] is None:
             fields["circuit_breaker_failures"] = 10
         if fields["circuit_breaker_probe_seconds"] is None:

@@ -13,6 +13,7 @@ from broker.registry import Precondition
 from broker.times import rfc3339_parse
 from broker.tokens import tokens_equal
 from consumers import services
+from consumers.filters import filter_parse
 from consumers.models import Consumer
 from consumers.priority import priority_config_parse
 from jobs.ops.consumer_stats import consumer_stats
@@ -23,6 +24,7 @@ from jobs.push.circuit import circuit_state, consumer_circuit_close
 from web.api.common import (ADMIN_PARAM, CHANNEL_TOKEN, CONSUMER_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, PRECONDITION,
                             channel_or_404, form_number, form_value, with_last_modified)
 from web.api.pagination import paginate
+from web.api.put_schemas import CONSUMER_PUT, CONSUMER_PUT_FORM, put_request
 from web.api.representations import changed_at
 from web.auth import is_admin, registry_allowed, require_admin, require_registry
 
@@ -61,11 +63,13 @@ def consumer_repr(consumer: Consumer, *, show_secret: bool) -> dict:
         "Ordered": consumer.ordered,
         "CircuitBreakerFailures": consumer.circuit_breaker_failures,
         "CircuitBreakerProbeSeconds": consumer.circuit_breaker_probe_seconds,
+        "CircuitBreakerOpenAfterSeconds": consumer.circuit_breaker_open_after_seconds,
         "NotifyInterval": consumer.notify_interval,
         "PriorityPolicy": consumer.priority_policy,
         "PriorityTimeout": consumer.priority_timeout,
         "PriorityGroups": groups.groups_state(target=groups.target_for(consumer)),
         "MessageTypes": message_types_text(consumer.message_types),  # filters: as the PUT takes them
+        "Filter": consumer.filter,  # content filters (consumers.filters): the object, null for none
     }
     if show_secret:
         body["SigningSecret"] = consumer.signing_secret
@@ -84,6 +88,10 @@ def _non_negative_int(request, name: str) -> int | None:
     return _positive_int(request, name, allow_zero=True)
 
 
+def _non_negative_float(request, name: str) -> float | None:
+    return form_number(request, name, float, lambda v: 0 <= v < 1e9, range_text="must be a number of seconds >= 0")
+
+
 # (form field, model field, parser), checked in this order
 _FLOW_NUMBERS = (("maxInFlight", "max_in_flight", _positive_int),
                  ("maxDeliveriesPerSecond", "max_deliveries_per_second", _positive_float),
@@ -91,6 +99,8 @@ _FLOW_NUMBERS = (("maxInFlight", "max_in_flight", _positive_int),
                  ("maxAckPending", "max_ack_pending", _positive_int))
 _RETRY_NUMBERS = (("circuitBreakerFailures", "circuit_breaker_failures", _non_negative_int),  # jobs.push.circuit; 0 = off
                   ("circuitBreakerProbeSeconds", "circuit_breaker_probe_seconds", _positive_float),
+                  # open only after failing this long with no success (0: on the failures alone)
+                  ("circuitBreakerOpenAfterSeconds", "circuit_breaker_open_after_seconds", _non_negative_float),
                   ("notifyInterval", "notify_interval", _positive_float),
                   ("maxRetry", "max_retry", _non_negative_int))
 
@@ -126,15 +136,19 @@ def consumer_settings_parse(request) -> dict:
             steps = [float(x) for x in raw.split(",") if x.strip()]
         except ValueError:
             raise InvalidInput("invalid_retryBackoff", "retryBackoff must be comma-separated seconds") from None
-        if not steps or any(s < 0 for s in steps):
+        if not steps or any(not 0 <= s < 1e9 for s in steps):  # NaN and infinity fail too
             raise InvalidInput("invalid_retryBackoff", "retryBackoff must be comma-separated seconds")
         fields["retry_backoff"] = ",".join(f"{s:g}" for s in steps)
+        if len(fields["retry_backoff"]) > 255:  # the column's length
+            raise InvalidInput("invalid_retryBackoff", "retryBackoff is longer than 255 characters")
     raw = form_value(request, "signingSecret")
     if raw is not None and raw.strip():
         fields["signing_secret"] = services.signing_secret_validate(raw.strip())
     patterns = message_types_parse(form_value(request, "messageTypes"))  # filters; absent: unchanged
     if patterns is not None:
         fields["message_types"] = patterns or None  # empty: every message
+    if hasattr(request.data, "get") and request.data.get("filter") is not None:  # content filters; absent: unchanged
+        fields["filter"] = filter_parse(request.data.get("filter"))  # JSON text, or an object in a JSON body
     return fields
 
 
@@ -196,12 +210,15 @@ class ConsumerView(APIView):
                     "> 0, default 1: the doorbell of a pull consumer with a callbackUrl rings at most once "
                     "per interval); push consumers: circuitBreakerFailures (consecutive failed attempts that open "
                     "the circuit, default 10, 0 = off), circuitBreakerProbeSeconds (seconds between probes while "
-                    "open, default 30); pull consumers: "
+                    "open, default 30), circuitBreakerOpenAfterSeconds (the circuit opens only after failing this "
+                    "long with no successful attempt, default 10, 0 = on the failures alone); pull consumers: "
                     "priorityPolicy (none|overflow|pinned_client|prioritized), priorityGroups (one group name), "
                     "priorityTimeout (seconds, pinned_client default 120; the only priority field that may "
                     "change later); messageTypes (comma-separated type patterns: a type, prefix.* for the prefix "
-                    "and anything under it, * for all; empty: all; GET shows them as MessageTypes).",
-        parameters=[ADMIN_PARAM, PRECONDITION], request=OpenApiTypes.OBJECT,
+                    "and anything under it, * for all; empty: all; GET shows them as MessageTypes); filter (a content "
+                    "filter, ConsumerFilter: the object in a JSON body or its JSON text as a form field; empty: none; "
+                    "GET shows it as Filter); both messageTypes and filter must match.",
+        parameters=[ADMIN_PARAM, PRECONDITION], request=put_request(CONSUMER_PUT, CONSUMER_PUT_FORM),
         responses={200: OBJ, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 412: ERROR, 415: ERROR},
     )
     def put(self, request, channel_id: str, consumer_id: str):

@@ -16,6 +16,7 @@ from broker.counters import JOB, MESSAGE, counts_for
 from broker.errors import NotFound
 from broker.message_types import message_type_parse, ttl_parse
 from broker.models import Message, ScheduledMessage
+from broker.tracing import trace_context_parse
 from broker.xid import job_xid
 from consumers.models import Consumer
 from jobs.models import Job, JobStatus
@@ -24,7 +25,8 @@ from jobs.publish.messages import messages_publish, partition_headers
 from web.api.common import (ADMIN_PARAM, CHANNEL_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, channel_or_404,
                             channel_rows_by_status, read_body, require_channel_reader)
 from web.api.pagination import paginate
-from web.api.publishing import FILTER_EXPIRY_PARAMS, PARTITION_PARAMS, PUBLISH_PARAMS, batch_parse, publish_context
+from web.api.publishing import (FILTER_EXPIRY_PARAMS, PARTITION_PARAMS, PUBLISH_PARAMS, TRACE_PARAMS, batch_parse,
+                                publish_context)
 from web.api.representations import message_url, rfc3339
 
 
@@ -44,9 +46,11 @@ class MessagesView(APIView):
     @extend_schema(
         summary="Publish a batch of up to 1,000 messages in one transaction",
         description='JSON list of {"MessageID"?, "Priority"?, "ContentType"?, "PartitionKey"?, "Gate"?, "Type"?, '
-                    '"TTL"?, "Payload"}. X-Broker-Message-Type / X-Broker-Message-TTL apply to items without their '
-                    "own. Answers per message: created or duplicate. 201 when at least one was created.",
-        parameters=[*PUBLISH_PARAMS, *PARTITION_PARAMS, *FILTER_EXPIRY_PARAMS], request={"application/json": OpenApiTypes.OBJECT},
+                    '"TTL"?, "traceparent"?, "tracestate"?, "Payload"}. X-Broker-Message-Type / X-Broker-Message-TTL '
+                    "and the traceparent / tracestate headers apply to items without their own. Answers per "
+                    "message: created or duplicate. 201 when at least one was created.",
+        parameters=[*PUBLISH_PARAMS, *PARTITION_PARAMS, *FILTER_EXPIRY_PARAMS, *TRACE_PARAMS],
+        request={"application/json": OpenApiTypes.OBJECT},
         responses={200: OBJ, 201: OBJ, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 409: ERROR, 413: ERROR,
                    429: ERROR},
     )
@@ -56,12 +60,14 @@ class MessagesView(APIView):
         partition_key, gate = partition_headers(request.headers)
         message_type = message_type_parse(request.headers.get("X-Broker-Message-Type"))
         ttl = ttl_parse(request.headers.get("X-Broker-Message-TTL"))
+        trace = trace_context_parse(request.headers.get("traceparent"), request.headers.get("tracestate"))
         messages = batch_parse(read_body(request, max(limit, 64 * 1024 * 1024)))
         for m in messages:  # partitions, filters, expiry: the request's headers apply to every message of the batch
             if m.partition_key is None and partition_key is not None:
                 m.partition_key, m.gate = partition_key, gate
             m.type = m.type if m.type is not None else message_type
             m.ttl = m.ttl if m.ttl is not None else ttl
+            m.trace = m.trace or trace  # trace context: the request's for items without their own
         results = messages_publish(ctx=ctx, messages=messages)
         created = sum(1 for _, ok in results if ok)
         body = {
@@ -103,6 +109,8 @@ class MessageView(APIView):
             "Status": Message.Status(message.status).name,
             "Headers": message.headers or {},
             "Type": message.type,
+            "TraceParent": message.traceparent,  # trace context (W3C), as stored
+            "TraceState": message.tracestate,
             "ExpiresAt": rfc3339(message.expires_at) if message.expires_at else None,
             "Jobs": [
                 {

@@ -14,6 +14,7 @@ from rest_framework.views import APIView
 
 from broker.errors import InvalidInput, TooLarge
 from broker.message_types import message_type_parse, ttl_parse
+from broker.tracing import trace_context_parse
 from jobs.publish.auth import PublishContext, publish_authenticate
 from jobs.publish.messages import NewMessage, message_publish, partition_headers, partition_parse
 from jobs.publish.scheduled import scheduled_for_parse, scheduled_message_create
@@ -34,6 +35,15 @@ FILTER_EXPIRY_PARAMS = [
     OpenApiParameter("X-Broker-Message-TTL", OpenApiTypes.INT, OpenApiParameter.HEADER,
                      description="seconds (1..31536000) the message stays deliverable; default the channel's "
                                  "messageTTL; then its jobs become DEAD with reason expired"),
+]
+
+
+TRACE_PARAMS = [
+    OpenApiParameter("traceparent", OpenApiTypes.STR, OpenApiParameter.HEADER,
+                     description="W3C trace context (00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>): stored "
+                                 "with the message, every delivery continues its trace; absent or invalid: a new trace"),
+    OpenApiParameter("tracestate", OpenApiTypes.STR, OpenApiParameter.HEADER,
+                     description="W3C tracestate, kept with a valid traceparent (at most 32 members, 512 characters)"),
 ]
 
 
@@ -105,6 +115,7 @@ class BroadcastView(APIView):
                                          "scheduled-message Location; 400 bad date, 412 too soon)"),
             *PARTITION_PARAMS,
             *FILTER_EXPIRY_PARAMS,
+            *TRACE_PARAMS,
         ],
         request={"*/*": OpenApiTypes.BINARY},
         responses={201: OpenApiResponse(description="Created; Location header"), 400: ERROR, 401: ERROR,
@@ -125,6 +136,7 @@ class BroadcastView(APIView):
             partition_key=partition_key, gate=gate,
             type=message_type_parse(request.headers.get("X-Broker-Message-Type")),
             ttl=ttl_parse(request.headers.get("X-Broker-Message-TTL")),
+            trace=trace_context_parse(request.headers.get("traceparent"), request.headers.get("tracestate")),
         )
         scheduled_for = (request.headers.get("X-Broker-Scheduled-For") or "").strip()
         if scheduled_for and partition_key is not None:
@@ -184,5 +196,7 @@ def batch_parse(raw: bytes) -> list[NewMessage]:
             message_id=parse_message_id(mid), partition_key=key, gate=gate or 0,
             type=message_type_parse(item.get("Type"), field=f"message {i}: Type"),
             ttl=ttl_parse(item.get("TTL"), field=f"message {i}: TTL"),
+            trace=trace_context_parse(item.get("traceparent", item.get("TraceParent")),  # invalid: a new trace
+                                      item.get("tracestate", item.get("TraceState"))),
         ))
     return messages

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -16,13 +15,14 @@ from jobs.sweeps.retention import channel_footprint
 from web.api.common import (ADMIN_PARAM, ERROR, LIST, OBJ, PAGE_PARAMS, PRECONDITION, channel_or_404, form_number,
                             form_value, with_last_modified)
 from web.api.pagination import paginate
+from web.api.put_schemas import CHANNEL_PUT, PRODUCER_PUT, put_request
 from web.api.representations import channel_repr, producer_repr
 from web.auth import require_registry
 
 # The OpenAPI description of the three kinds of registry request (producers and channels alike).
 LIST_SCHEMA = {"parameters": [ADMIN_PARAM, *PAGE_PARAMS], "responses": {200: LIST, 400: ERROR, 401: ERROR, 403: ERROR}}
 GET_SCHEMA = {"parameters": [ADMIN_PARAM], "responses": {200: OBJ, 401: ERROR, 403: ERROR, 404: ERROR}}
-PUT_SCHEMA = {"parameters": [ADMIN_PARAM, PRECONDITION], "request": OpenApiTypes.OBJECT,
+PUT_SCHEMA = {"parameters": [ADMIN_PARAM, PRECONDITION],
               "responses": {200: OBJ, 400: ERROR, 401: ERROR, 403: ERROR, 412: ERROR, 415: ERROR}}
 
 
@@ -63,7 +63,7 @@ class ProducerView(APIView):
         description="Form fields (or JSON): token, name, rateLimitPerSecond (messages per second, empty or 0: "
                     "no limit), burst (bucket size, default max(1, rateLimitPerSecond)). Update needs "
                     "If-Unmodified-Since.",
-        **PUT_SCHEMA,
+        request=put_request(PRODUCER_PUT), **PUT_SCHEMA,
     )
     def put(self, request, producer_id: str):
         return registry_put(request, producer_upsert, producer_repr, producer_id=producer_id,
@@ -106,7 +106,7 @@ class ChannelView(APIView):
                     "messages; 'none' clears it), retention (how long a message whose jobs are all finished "
                     "stays stored: a duration such as 90s, 15m, 12h, 7d or seconds, 1s..3650d; empty or 'none': "
                     "BROKER_RETENTION). Update needs If-Unmodified-Since.",
-        **PUT_SCHEMA,
+        request=put_request(CHANNEL_PUT), **PUT_SCHEMA,
     )
     def put(self, request, channel_id: str):
         return registry_put(request, channel_upsert, channel_repr, channel_id=channel_id,

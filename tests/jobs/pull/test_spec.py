@@ -164,8 +164,9 @@ def test_queued_jobs_shape(world, pc):
     from jobs.models import Job
 
     assert job_pk(job["ID"]) == Job.objects.get(consumer__consumer_id="c2", message__message_id="shape").pk
+    traceparent = Job.objects.get(consumer__consumer_id="c2", message__message_id="shape").message.traceparent
     assert job["Message"] == {"MessageID": "shape", "Payload": '{"a": 1}', "ContentType": "application/json",
-                              "Headers": {"X-Trace": "t-1"}}
+                              "Headers": {"X-Trace": "t-1", "traceparent": traceparent}}  # issue 25: trace context
 
 
 def test_binary_payload_is_base64(world, pc):

@@ -40,7 +40,8 @@ def failing(make, receiver):
     make.channel()
     make.producer()
     make.consumer("c1", callback=receiver.url("/cb"), circuitBreakerFailures=str(THRESHOLD),
-                  circuitBreakerProbeSeconds=str(PROBE), maxInFlight="3", retryBackoff="0.2", maxRetry="50")
+                  circuitBreakerProbeSeconds=str(PROBE), maxInFlight="3", retryBackoff="0.2", maxRetry="50",
+                  circuitBreakerOpenAfterSeconds="0")  # on the failures alone (issue 17's rule)
     receiver.behave("/cb", lambda n, req: Reply(503))
     for i in range(30):
         assert make.publish(HTTP_X_BROKER_MESSAGE_ID=f"m{i}").status_code == 201
@@ -82,7 +83,7 @@ def test_close_now_resumes_delivery_at_once(make, receiver, dispatcher, api):
     make.channel()
     make.producer()
     make.consumer("c1", callback=receiver.url("/cb"), circuitBreakerFailures="2", circuitBreakerProbeSeconds="600",
-                  maxInFlight="2", retryBackoff="0.1", maxRetry="50")
+                  maxInFlight="2", retryBackoff="0.1", maxRetry="50", circuitBreakerOpenAfterSeconds="0")
     healthy = {"on": False}
     receiver.behave("/cb", lambda n, req: Reply(204 if healthy["on"] else 500))
     for i in range(5):

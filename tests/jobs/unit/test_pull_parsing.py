@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from broker.errors import Forbidden, InvalidInput, NotFound, PreconditionFailed, TooLarge, Unauthenticated
+from broker.tracing import TraceContext
 from broker.xid import job_xid
 from jobs.pull.ack import ACK_MAX, ack_request_parse, gate_parse
 from jobs.pull.auth import PullContext, auth_check
@@ -234,8 +235,11 @@ def test_claimed_job_shape():
     job = SimpleNamespace(id=7, priority=2, incremental_timeout=3.0, retry_count=1,
                           deadline=datetime(2026, 1, 1, tzinfo=timezone.utc), message_id="m", payload=b"p",
                           content_type="text/plain", headers={}, partition_key="k", gate=4,
-                          message_type="order.paid", receipt=None)
+                          message_type="order.paid", receipt=None, trace=None)
     assert claimed_repr(job) == {
         "ID": job_xid(7), "Priority": 2, "IncrementalTimeout": 3, "Attempt": 2, "Deadline": "2026-01-01T00:00:00Z",
         "Message": {"MessageID": "m", "Payload": "p", "ContentType": "text/plain", "Headers": {}},
         "PartitionKey": "k", "Gate": 4, "Type": "order.paid"}
+    job.trace = TraceContext(f"00-{'a' * 32}-{'b' * 16}-01", "k=v")  # issue 25: trace context in Headers
+    assert claimed_repr(job)["Message"]["Headers"] == {"traceparent": f"00-{'a' * 32}-{'b' * 16}-01",
+                                                       "tracestate": "k=v"}

@@ -18,6 +18,8 @@ ALLOWED_MODULES = {
     "pyspark": "the [spark] extra, optional; ~1 s to import; only the pipeline command and its jobs use it",
     "nbclient": "the [spark] extra (notebook runs), optional",
     "playwright": "browser tests only, optional",
+    "opentelemetry": "the [otel] extra, optional; imported only when OTEL_* asks for traces (broker.tracing), so "
+                     "an unconfigured broker never loads it on its hot paths",
 }
 ALLOWED_FUNCTIONS = {
     ("jobs/apps.py", "ready"): "signal receivers whose modules import models: only once the app registry is ready",
