@@ -11,9 +11,7 @@ import os
 
 import pytest
 import schemathesis
-from django.core import signals
 from django.core.wsgi import get_wsgi_application
-from django.db import close_old_connections
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (content_type_conformance, response_headers_conformance,
@@ -52,17 +50,6 @@ def _authorize(case, mode: str) -> None:
     elif mode == "wrong":
         headers.update({name: "wrong-token" for name in TOKEN_HEADERS})
     case.headers = headers
-
-
-@pytest.fixture
-def keep_test_connection():
-    """Calling the WSGI app directly fires request_finished, which would close the connection
-    holding the test transaction; Django's own test client disconnects it the same way."""
-    signals.request_started.disconnect(close_old_connections)
-    signals.request_finished.disconnect(close_old_connections)
-    yield
-    signals.request_started.connect(close_old_connections)
-    signals.request_finished.connect(close_old_connections)
 
 
 @pytest.mark.django_db

@@ -16,9 +16,8 @@ from collections import Counter
 
 import pytest
 import schemathesis
-from django.core import signals
 from django.core.wsgi import get_wsgi_application
-from django.db import close_old_connections, transaction
+from django.db import transaction
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from schemathesis.checks import not_a_server_error
@@ -69,17 +68,6 @@ class Workflow(schema.as_state_machine()):
 
     def validate_response(self, response, case, additional_checks=None, **kwargs):
         case.validate_response(response, checks=CHECKS, transport_kwargs=kwargs or None)
-
-
-@pytest.fixture
-def keep_test_connection():
-    """Calling the WSGI app directly fires request_finished, which would close the connection
-    holding the test transaction (as tests/system/hardening/test_schemathesis.py)."""
-    signals.request_started.disconnect(close_old_connections)
-    signals.request_finished.disconnect(close_old_connections)
-    yield
-    signals.request_started.connect(close_old_connections)
-    signals.request_finished.connect(close_old_connections)
 
 
 @pytest.mark.django_db
@@ -133,5 +121,8 @@ def test_generated_put_bodies_are_accepted(world, keep_test_connection, settings
             refused[f"{response.json().get('error')}: {response.json().get('detail')}"] += 1
 
     put()
-    total = sum(ACCEPTED.values())
+    # content-filter key names and a filter's JSON text are the rules OpenAPI 3.0 cannot state: a
+    # refusal for them (invalid_filter) says nothing about the other fields, so it is set aside
+    unstated = sum(n for reason, n in refused.items() if reason.startswith("invalid_filter:"))
+    total = sum(ACCEPTED.values()) - unstated
     assert total >= 20 and ACCEPTED[200] >= 0.75 * total, (ACCEPTED, refused)
