@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 # The Python client (client/, its own package) is installed with the test extras: tests/client
 # exercises it against the broker.
 $(TEST_STAMP): $(STAMP) pyproject.toml client/pyproject.toml
-	$(PY) -m pip install -q -e ".[test,spark]" -e ./client
+	$(PY) -m pip install -q -e ".[test,spark,otel]" -e ./client
 	touch $(TEST_STAMP)
 
 install: $(STAMP)
