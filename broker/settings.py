@@ -367,7 +367,7 @@ LOGGING = {
 # than its channel's ``retention`` or, when that is empty, BROKER_RETENTION; a DEAD job counts as
 # finished once dead for BROKER_DEAD_RETENTION (the Spark archive reads the same setting).
 BROKER_RETENTION = env_duration("BROKER_RETENTION", "7d")
-BROKER_DEAD_RETENTION = env_duration("BROKER_DEAD_RETENTION", "30d")
+BROKER_DEAD_RETENTION = env_duration("BROKER_DEAD_RETENTION", "90d")  # as the archive's --dead-older-than always was
 
 # --- Spark pipeline (pipeline/: analytics report, archive-and-prune; see pipeline/__init__.py) ---
 SPARK_MASTER = env_str("SPARK_MASTER", "local[*]")  # any Spark master URL: local[N], spark://host:7077, ...

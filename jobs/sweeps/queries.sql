@@ -103,7 +103,7 @@ SELECT c.id, w.secs, k.tip_at, k.tip_id, k.sweep_at, k.sweep_id, k.sweep_started
 -- retention_batch --
 -- index: message_channel_received, job_unique_per_consumer, broker_message_pkey, jobs_jobtransition_job_id_4c64a2d7, jobs_deliveryattempt_job_id_e4685361
 -- hot
--- settings: enable_seqscan=off
+-- settings: enable_seqscan=off, enable_sort=off
 -- One batch of the retention sweep (jobs.sweeps.retention) in one channel: the next %(limit)s
 -- messages after (%(after_at)s, %(after_id)s) and up to (%(until_at)s, %(until_id)s) in
 -- message_channel_received's order that are older than %(retention)s seconds are examined; each one
@@ -120,7 +120,9 @@ SELECT c.id, w.secs, k.tip_at, k.tip_id, k.sweep_at, k.sweep_id, k.sweep_started
 -- right, and the rows removed are added to the retention counters (scopes 24 and 25). Returns the
 -- messages examined, the last one's keyset (the cursor), and the four counts removed. Every table
 -- is read through an index, by message or by job; enable_seqscan=off keeps it so for the history
--- and attempt tables whatever their statistics say (analyzed while small, a plan read them whole).
+-- and attempt tables whatever their statistics say (analyzed while small, a plan read them whole),
+-- and enable_sort=off keeps the batch on message_channel_received's order (fresh statistics once
+-- led a custom plan to message_received and a sort of every old message).
 WITH r AS (
     SELECT set_config('broker.history_reason', '', true) AS why
 ), cand AS MATERIALIZED (

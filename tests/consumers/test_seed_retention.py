@@ -49,7 +49,7 @@ def _settings_retention(tmp_path, **env) -> str:
 
 
 def test_prune_days_become_the_retention_setting(tmp_path):
-    assert _settings_retention(tmp_path) == "3d 30d"
+    assert _settings_retention(tmp_path) == "3d 90d"
     assert _settings_retention(tmp_path, BROKER_RETENTION="90m", BROKER_DEAD_RETENTION="14d") == "90m 14d"
     bad = subprocess.run([sys.executable, "-c", "import broker.settings"], cwd=ROOT, capture_output=True, text=True,
                          env={**os.environ, "DJANGO_SECRET_KEY": "x", "BROKER_RETENTION": "a week"})

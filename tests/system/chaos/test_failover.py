@@ -242,11 +242,14 @@ class Publishers:
                 except requests.RequestException as exc:
                     outcome, session = type(exc).__name__, requests.Session()
                 now = time.monotonic()
+                # a 409 on a retry: an earlier attempt's commit landed (on the old primary, replicated to
+                # the promoted standby) though its answer was lost; the message is stored: acknowledged
+                stored = outcome == "201" or (outcome == "409" and attempt > 0)
                 with self.lock:
                     self.answers.append((now, outcome))
-                    if outcome == "201":
+                    if stored:
                         self.acked[mid] = now
-                if outcome == "201":
+                if stored:
                     break
                 time.sleep(0.2)
             time.sleep(interval)
