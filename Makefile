@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The Python client (client/, its own package) is installed with the test extras: tests/client
-# exercises it against the broker.
+# exercises it against the broker; the otel extra too: the span tests run the real OpenTelemetry SDK.
 $(TEST_STAMP): $(STAMP) pyproject.toml client/pyproject.toml
 	$(PY) -m pip install -q -e ".[test,spark,otel]" -e ./client
 	touch $(TEST_STAMP)
