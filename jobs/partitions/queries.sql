@@ -132,16 +132,21 @@ SELECT owner, count(*) FROM jobs_partition
 -- index: job_partition_gate
 -- hot
 -- Free or expired AVAILABLE partitions of push consumers with a QUEUED job at the current gate and
--- none in flight (a job still in flight belongs to the worker that claimed it).
+-- none in flight (a job still in flight belongs to the worker that claimed it). Only the push
+-- consumers' partitions are read (by consumer; partition_consumer_status once the table is big): as a join the planner
+-- probed every partition, a pull consumer's 10,000 included, before filtering on the consumer's
+-- type (5.6 s a cycle at 1M jobs, push delivery at 160/s).
 SELECT p.id, p.version FROM jobs_partition p
-  JOIN consumers_consumer c ON c.id = p.consumer_id
- WHERE c.type = 'push' AND NOT c.paused AND p.status = 1
+ WHERE p.consumer_id = ANY(ARRAY(SELECT c.id FROM consumers_consumer c WHERE c.type = 'push' AND NOT c.paused))
+   AND p.status = 1
    AND (p.owner = '' OR p.lease_until <= now())
    -- probes per partition (LIMIT 1 subqueries are never turned into joins: as NOT EXISTS a generic
-   -- plan hashed every in-flight partitioned job first)
+   -- plan hashed every in-flight partitioned job first); ``status + 0`` in the in-flight probe:
+   -- the partial index of in-flight jobs (job_inflight_consumer) looked smaller, but a probe there
+   -- reads every in-flight job of the table
    AND (SELECT 1 FROM jobs_job j WHERE j.partition_id = p.id AND j.gate = p.gate AND j.status = 1001
          LIMIT 1) IS NOT NULL
-   AND (SELECT 1 FROM jobs_job j WHERE j.partition_id = p.id AND j.gate = p.gate AND j.status = 1002
+   AND (SELECT 1 FROM jobs_job j WHERE j.partition_id = p.id AND j.gate = p.gate AND j.status + 0 = 1002
          LIMIT 1) IS NULL
  LIMIT %(limit)s;
 
