@@ -193,6 +193,14 @@ def percentile(values, p: float) -> float:
 #     counted rather than raised).
 
 
+def sizes_add(parser: argparse.ArgumentParser, **defaults) -> None:
+    """``--name`` options (``spec_seconds`` is ``--spec-seconds``), each of its default's type; a
+    default may come as ``(default, help)``."""
+    for name, default in defaults.items():
+        default, help_text = default if isinstance(default, tuple) else (default, None)
+        parser.add_argument("--" + name.replace("_", "-"), type=type(default), default=default, help=help_text)
+
+
 def smoke_args_parse(parser: argparse.ArgumentParser, **sizes) -> argparse.Namespace:
     """Parse the command line; with ``--smoke`` the options named in ``sizes`` that were left at
     their defaults take the tiny values, so the same code runs in seconds."""

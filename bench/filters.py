@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import requests  # noqa: E402
 
-from bench.common import ADMIN, broker_served, smoke_args_parse, smoke_problems_exit  # noqa: E402
+from bench.common import ADMIN, broker_served, sizes_add, smoke_args_parse, smoke_problems_exit  # noqa: E402
 from bench.publish import PAYLOAD, single  # noqa: E402
 
 SMOKE_TABLE = (r"^case +msg/s +ratio$(?s:.*)^\d+ consumers, filtered, type matching 10 +\d+ +[\d.]+$"
@@ -77,11 +77,8 @@ def jobs_per_message(url: str, channel: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--messages", type=int, default=2000, help="messages per round and case")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--consumers", type=int, default=50)
-    parser.add_argument("--workers", type=int, default=2)
+    sizes_add(parser, messages=(2000, "messages per round and case"), rounds=5, concurrency=16, consumers=50,
+              workers=2)
     args = smoke_args_parse(parser, messages=100, rounds=1, concurrency=4)
     with broker_served(workers=args.workers) as (server, _database_url):
         setup(server.url, "plain", args.consumers, filtered=False)

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import psycopg  # noqa: E402
 import requests  # noqa: E402
 
-from bench.common import ADMIN, broker_served, build_request, run_load, smoke_args_parse  # noqa: E402
+from bench.common import ADMIN, broker_served, build_request, run_load, sizes_add, smoke_args_parse  # noqa: E402
 
 SMOKE_TABLE = r"^case +HTTP msg/s +raw psycopg msg/s +ratio$(?s:.*)^batch of 1000, 5 consumer\(s\) +\d+ +\d+ +[\d.]+$"
 PAYLOAD = json.dumps({"event": "order.created", "id": 12345, "items": [1, 2, 3], "note": "x" * 200}).encode()
@@ -122,10 +122,7 @@ def raw(database_url: str, channel: str, total: int, concurrency: int, per_tx: i
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--messages", type=int, default=6000)
-    parser.add_argument("--batches", type=int, default=40)
-    parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--workers", type=int, default=2)
+    sizes_add(parser, messages=6000, batches=40, concurrency=16, workers=2)
     args = smoke_args_parse(parser, messages=200, batches=2, concurrency=4)
     with broker_served(workers=args.workers) as (server, database_url):
         setup(server.url, "bench-1", 1)

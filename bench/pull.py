@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import psycopg  # noqa: E402
 import requests  # noqa: E402
 
-from bench.common import smoke_args_parse  # noqa: E402
+from bench.common import sizes_add, smoke_args_parse  # noqa: E402
 from bench.common import (ADMIN, _read_response, base_env, broker_database, build_request, manage,  # noqa: E402
                           start_gunicorn)
 
@@ -346,13 +346,8 @@ def run_raw(database_url: str, clients: int, batch: int, seconds: float) -> tupl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--backlog", type=int, default=200_000)
-    parser.add_argument("--clients", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=100)
-    parser.add_argument("--spec-seconds", type=float, default=10.0)
-    parser.add_argument("--spec-clients", type=int, default=8)
-    parser.add_argument("--seconds", type=float, default=60.0, help="cap per fast/raw phase")
-    parser.add_argument("--workers", type=int, default=2)
+    sizes_add(parser, backlog=200_000, clients=4, batch=100, spec_seconds=10.0, spec_clients=8,
+              seconds=(60.0, "cap per fast/raw phase"), workers=2)
     parser.add_argument("--baseline", action="store_true",
                         help="also measure the spec path without the pull fast lane and with durable commits")
     # --smoke: fast and raw end when the tiny backlog is drained; 15 s only covers slow process start-up

@@ -22,11 +22,12 @@ RETENTION_CONSUMER = 25
 RETENTION_RUNS = 26
 RETENTION_TABLES = {1: "messages", 2: "jobs", 3: "transitions", 4: "attempts"}
 
-# (owner table of the annotated queryset, with a status?) -> the named scalar subquery
+# (owner table of the annotated queryset, with a status?) -> the named scalar subquery, its
+# parameters for (scope, status)
 _COLUMNS = {
-    ("consumer", True): Q.counter_column_consumer_status,
-    ("channel", False): Q.counter_column_channel,
-    ("channel", True): Q.counter_column_channel_status,
+    ("consumer", True): (Q.counter_column_consumer_status, lambda scope, status: (scope, status) * 2),
+    ("channel", False): (Q.counter_column_channel, lambda scope, status: (scope, status, status) * 2),
+    ("channel", True): (Q.counter_column_channel, lambda scope, status: (scope, status, status) * 2),
 }
 
 
@@ -62,8 +63,8 @@ def counters_forget(*, scope: int, owner_id: int) -> None:
 def counter_column(*, owner: str, scope: int, status: int | None = None) -> RawSQL:
     """A maintained count as a column of a queryset of ``owner`` rows (``"consumer"`` or
     ``"channel"``): of one ``status``, or of all of them; for the admin's lists, which sort on it."""
-    query = _COLUMNS.get((owner, status is not None))
-    if query is None:
+    column = _COLUMNS.get((owner, status is not None))
+    if column is None:
         raise ValueError(f"no counter column for {owner!r} with status={status!r}")
-    params = (scope, scope) if status is None else (scope, status, scope, status)
-    return RawSQL(query.sql, params)
+    query, params = column
+    return RawSQL(query.sql, params(scope, status))

@@ -1,7 +1,7 @@
 """Message types and consumer type filters (issue 17 part 2), and message TTLs (part 3): the pure
 rules. Publishing, the consumer PUT, the seed and the admin form all validate through these, so a
 value accepted anywhere is accepted everywhere; the fan-out statement matches in SQL
-(``insert_one`` / ``insert_many`` / ``insert_partitioned`` in jobs/publish/queries.sql) with the same semantics as ``message_type_matches``."""
+(``insert_messages`` in jobs/publish/queries.sql) with the same semantics as ``message_type_matches``."""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@ that start background threads and stop them at the end of a test."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from contextlib import contextmanager
@@ -59,3 +60,36 @@ def stopping(factory):
 def seed_one_channel(consumers: str) -> str:
     """A seed INI with one channel ``ch`` (token ``ch-token``) and the given consumer sections."""
     return "[initial-channels]\nch=Channel\n[initial-channel-tokens]\nch=ch-token\n" + consumers.lstrip("\n")
+
+
+class LoopbackServer:
+    """A listening socket on 127.0.0.1 that counts its connections and serves each in a thread:
+    ``serve(conn, *serve_args())``, the arguments taken when the connection is accepted. A
+    subclass sets its own attributes before calling ``__init__`` (the accept thread starts here)."""
+
+    def __init__(self) -> None:
+        self.connections = 0
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self.serve, args=(conn, *self.serve_args()), daemon=True).start()
+
+    def serve_args(self) -> tuple:
+        return ()
+
+    def serve(self, conn: socket.socket, *args) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.sock.close()

@@ -22,7 +22,8 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
+from typing import Any, Callable
 
 from broker_client.errors import BrokerError
 from broker_client.http import RetryPolicy, is_transient
@@ -65,35 +66,37 @@ class ConsumeStats:
     progress: int = 0  # deadline extensions sent
 
 
+@dataclass(eq=False)
 class ConsumeLoop:
     """One run of ``consume``. Options: ``nack_backoff`` (delays by attempt, or a function
     ``(job, exc) -> seconds``), ``ack_interval`` (longest wait of an outcome before it is sent),
     ``max_bytes`` (payload budget per pull), ``signals`` (default SIGTERM; () for none)."""
 
-    def __init__(self, consumer, handler, *, batch: int = 100, expires: float = 30.0, concurrency: int = 1,
-                 nack_backoff=DEFAULT_BACKOFF, ack_interval: float = 1.0, max_bytes: int | None = None,
-                 signals=(signal.SIGTERM,)):
-        if not 1 <= batch <= 1000:
+    consumer: Any
+    handler: Callable
+    _: KW_ONLY
+    batch: int = 100
+    expires: float = 30.0
+    concurrency: int = 1
+    nack_backoff: Any = DEFAULT_BACKOFF
+    ack_interval: float = 1.0
+    max_bytes: int | None = None
+    signals: tuple = (signal.SIGTERM,)
+    # the run's state
+    stats: ConsumeStats = field(default_factory=ConsumeStats, init=False)
+    lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    held: dict[str, Job] = field(default_factory=dict, init=False)  # claimed, not yet reported to the broker
+    outcomes: list[tuple[Job, dict, float]] = field(default_factory=list, init=False)  # (job, ack item, when decided)
+    polling: bool = field(default=False, init=False)
+    error: BaseException | None = field(default=None, init=False)
+    keeper_stop: threading.Event = field(default_factory=threading.Event, init=False)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.batch <= 1000:
             raise ValueError("batch must be 1..1000")
-        if concurrency < 1:
+        if self.concurrency < 1:
             raise ValueError("concurrency must be >= 1")
-        self.consumer = consumer
-        self.handler = handler
-        self.batch = batch
-        self.expires = expires
-        self.concurrency = concurrency
-        self.nack_backoff = nack_backoff
-        self.ack_interval = ack_interval
-        self.max_bytes = max_bytes
-        self.signals = signals
-        self.stats = ConsumeStats()
-        self.lock = threading.Lock()
-        self.held: dict[str, Job] = {}  # claimed and not yet reported to the broker
-        self.outcomes: list[tuple[Job, dict, float]] = []  # (job, ack item, when decided)
-        self.polling = False
-        self.error: BaseException | None = None
-        self.stopping = consumer.stopping
-        self.keeper_stop = threading.Event()
+        self.stopping = self.consumer.stopping
 
     # --- the run ---------------------------------------------------------------------------------
 

@@ -66,7 +66,7 @@ class Case:
     params: Callable[[Sample], dict | list]
     id: str = ""  # when one statement is explained in more than one shape
     index: str | tuple[str, ...] | None = None  # instead of the registry's index: line (why, in a comment)
-    sorts: str = ""  # why a Sort is by design (bounded by one partition's jobs), if it is
+    sorts: str = ""  # why a Sort or Hash is by design (bounded by one partition's jobs), if it is
 
     @property
     def name(self) -> str:
@@ -107,7 +107,8 @@ def _publish(s: Sample, **extra) -> dict:
     return {"channel": s.channel, "producer": s.producer, "mids": ["x1", "x2"], "payloads": [b"a", b"b"],
             "ctypes": ["text/plain"] * 2, "prios": [0, 0], "headers": ["{}", "{}"],
             "types": ["order.created", None], "ttls": [60, None],
-            "tps": ["00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", ""], "tss": ["", ""], **extra}
+            "tps": ["00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", ""], "tss": ["", ""],
+            "pkeys": [None, None], "gates": [0, 0], **extra}
 
 
 def _retention(s: Sample, after: tuple, until: tuple) -> dict:
@@ -173,8 +174,9 @@ CASES: list[Case] = [
     Case("jobs.ops:purge_queued", lambda s: {"consumer": s.pull, "queued": QUEUED, "purged": 0, "before": None,
                                          "age": None, "limit": 5000}),
     # --- fan-out --------------------------------------------------------------------------------
-    Case("jobs.publish:insert_many", _publish),
-    Case("jobs.publish:insert_partitioned", lambda s: _publish(s, pkeys=["k1", "k1"], gates=[0, 1])),
+    Case("jobs.publish:insert_messages", _publish, id="insert_messages (batch)"),
+    Case("jobs.publish:insert_messages", lambda s: _publish(s, pkeys=["k1", "k1"], gates=[0, 1]),
+         id="insert_messages (partitioned)"),
     Case("jobs.publish:insert_one", lambda s: {"channel": s.channel, "producer": s.producer, "mid": "x1", "payload": b"a",
                                        "ctype": "text/plain", "prio": 0, "headers": "{}", "type": "order.created",
                                        "ttl": 60, "tp": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",

@@ -84,6 +84,19 @@ def partition_parse(key: str | None, raw_gate: str | None) -> tuple[str | None, 
     return key, gate
 
 
+def _messages_insert(ctx: PublishContext, messages: list[NewMessage], ids: list[str],
+                     traces: list[TraceContext]) -> list[tuple]:
+    """The messages and their jobs in one statement (``insert_messages``): the stored ids."""
+    return query_fetchall(Q.insert_messages, {
+        "channel": ctx.channel_pk, "producer": ctx.producer_pk, "mids": ids,
+        "payloads": [m.payload for m in messages], "ctypes": [m.content_type for m in messages],
+        "prios": [m.priority for m in messages], "headers": [Jsonb(m.headers or {}) for m in messages],
+        "types": [m.type for m in messages], "ttls": [m.ttl for m in messages],
+        "pkeys": [m.partition_key for m in messages], "gates": [int(m.gate) for m in messages],
+        "tps": [t.traceparent for t in traces], "tss": [t.tracestate for t in traces],
+    }, prepare=True)  # prepared: planning this multi-CTE statement costs more than running it
+
+
 def _publish_partitioned(ctx: PublishContext, messages: list[NewMessage], ids: list[str],
                          traces: list[TraceContext]) -> list[tuple]:
     """A publish with partition keys, in one transaction: partitions upserted and checked first
@@ -96,14 +109,7 @@ def _publish_partitioned(ctx: PublishContext, messages: list[NewMessage], ids: l
             gates.setdefault(m.partition_key, []).append(int(m.gate))
     with transaction.atomic():
         settle = partitions_for_publish(channel_pk=ctx.channel_pk, gates_by_key=gates)
-        rows = query_fetchall(Q.insert_partitioned, {
-            "channel": ctx.channel_pk, "producer": ctx.producer_pk, "mids": ids,
-            "payloads": [m.payload for m in messages], "ctypes": [m.content_type for m in messages],
-            "prios": [m.priority for m in messages], "headers": [Jsonb(m.headers or {}) for m in messages],
-            "types": [m.type for m in messages], "ttls": [m.ttl for m in messages],
-            "pkeys": [m.partition_key for m in messages], "gates": [int(m.gate) for m in messages],
-            "tps": [t.traceparent for t in traces], "tss": [t.tracestate for t in traces],
-        }, prepare=True)
+        rows = _messages_insert(ctx, messages, ids, traces)
         for pk in settle:
             partition_settle(partition_pk=pk)
     return rows
@@ -122,10 +128,9 @@ def messages_publish(*, ctx: PublishContext, messages: list[NewMessage]) -> list
         "messaging.system": "broker", "messaging.operation.type": "send", "messaging.destination.name": ctx.channel_id,
         "messaging.message.id": mid, "broker.message.type": m.type}) for m, mid in zip(messages, ids)]
     traces = [message_trace(m, span) for m, span in zip(messages, spans)]
-    # Prepared statements: planning these multi-CTE statements costs more than running them.
     if any(m.partition_key is not None for m in messages):
         rows = _publish_partitioned(ctx, messages, ids, traces)
-    elif len(messages) == 1:
+    elif len(messages) == 1:  # the common single publish: scalar parameters, a cheaper statement
         m = messages[0]
         rows = query_fetchall(Q.insert_one, {
             "channel": ctx.channel_pk, "producer": ctx.producer_pk, "mid": ids[0], "payload": m.payload,
@@ -133,19 +138,7 @@ def messages_publish(*, ctx: PublishContext, messages: list[NewMessage]) -> list
             "type": m.type, "ttl": m.ttl, "tp": traces[0].traceparent, "ts": traces[0].tracestate,
         }, prepare=True)
     else:
-        rows = query_fetchall(Q.insert_many, {
-            "channel": ctx.channel_pk,
-            "producer": ctx.producer_pk,
-            "mids": ids,
-            "payloads": [m.payload for m in messages],
-            "ctypes": [m.content_type for m in messages],
-            "prios": [m.priority for m in messages],
-            "headers": [Jsonb(m.headers or {}) for m in messages],
-            "types": [m.type for m in messages],
-            "ttls": [m.ttl for m in messages],
-            "tps": [t.traceparent for t in traces],
-            "tss": [t.tracestate for t in traces],
-        }, prepare=True)
+        rows = _messages_insert(ctx, messages, ids, traces)
     created = {r[0] for r in rows}
     result = []
     for mid in ids:

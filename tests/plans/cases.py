@@ -15,7 +15,7 @@ class OrmCase:
     name: str
     index: str | tuple[str, ...]  # the index(es) it must use ("a|b": either)
     sql: Callable  # (world) -> (sql, params)
-    sorts: str = ""  # why a Sort is bounded by design, if it is
+    sorts: str = ""  # why a Sort (or Hash) is bounded by design, if it is
 
 
 def _dlq_list(w):

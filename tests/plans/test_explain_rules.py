@@ -39,6 +39,20 @@ def test_rules_reject_a_hash_join_over_a_whole_index_and_accept_one_over_bounded
     assert plan_problems(bounded, index="job_claim") == []
 
 
+def test_a_statement_that_reads_one_partition_may_hash_its_rows():
+    """The admin's job list for one consumer (CI, PostgreSQL 15): statistics that call that consumer
+    small make a hash join of its job_claim rows; bounded by its jobs like the sort the case allows."""
+    plan = _n("Limit", None, None, _n("Incremental Sort", None, None, _n(
+        "Nested Loop", None, None,
+        _n("Hash Join", None, None, _n("Seq Scan", "broker_channel"),
+           _n("Hash", None, None, _n("Index Scan", "jobs_job", "job_claim"))),
+        _n("Index Scan", "broker_message", "broker_message_pkey"))))
+    assert plan_problems(plan, index="job_claim") == [
+        "Incremental Sort over an unbounded scan of jobs_job/broker_message",
+        "Hash over an unbounded scan of jobs_job/broker_message"]
+    assert plan_problems(plan, index="job_claim", sorts=True) == []
+
+
 def test_rules_reject_a_jit_compiled_plan():
     root = plan_root([{"Plan": {"Node Type": "Index Scan", "Relation Name": "jobs_job", "Index Name": "job_claim"},
                        "JIT": {"Functions": 4, "Options": {"Inlining": True}}}])

@@ -33,7 +33,7 @@ from jobs.ops.dashboard import SCHEDULED_SCOPE
 from jobs.publish.scheduled import scheduled_message_cancel
 from jobs.sweeps.retention import channel_footprint
 from jobs.state.transitions import DEAD, INFLIGHT, QUEUED
-from web.admin.helpers import (VIEW_ONLY, ChannelFilter, LargeTableAdmin, ReadOnlyAdmin, ServiceFormAdmin, admin_url,
+from web.admin.helpers import (ChannelFilter, ReadOnlyAdmin, ServiceFormAdmin, ViewOnlyAdmin, admin_url,
                                changelist_url, json_block, mask, payload_preview, table, url_id_validator)
 from web.admin.jobs import job_admin_url, status_badge
 
@@ -286,7 +286,7 @@ class MessageAdmin(MessageColumnsMixin, ReadOnlyAdmin):
 # --- scheduled messages ------------------------------------------------------------------------------
 
 @admin.register(ScheduledMessage)
-class ScheduledMessageAdmin(MessageColumnsMixin, LargeTableAdmin):
+class ScheduledMessageAdmin(MessageColumnsMixin, ViewOnlyAdmin):
     channel_counter_scope = SCHEDULED_SCOPE
     list_display = ("id", "message_id", "channel_col", "producer_col", "status", "dispatch_at", "size_col",
                     "dispatched_at", "error")
@@ -306,10 +306,8 @@ class ScheduledMessageAdmin(MessageColumnsMixin, LargeTableAdmin):
     def save_model(self, request, obj, form, change):
         """Nothing is edited here."""
 
-    def change_view(self, request, object_id, form_url="", extra_context=None):
-        extra = {**VIEW_ONLY, "can_act": self.has_change_permission(request), "title": "Scheduled message",
-                 **(extra_context or {})}
-        return super().change_view(request, object_id, form_url, extra)
+    def page_context(self, request, object_id) -> dict:
+        return {"can_act": self.has_change_permission(request), "title": "Scheduled message"}
 
     @admin.action(description="Cancel selected scheduled messages", permissions=["change"])
     def cancel(self, request, queryset):

@@ -118,6 +118,18 @@ class LargeTableAdmin(admin.ModelAdmin):
                                     exact_count=lambda: self.exact_count(request))
 
 
+class ViewOnlyAdmin(LargeTableAdmin):
+    """A large table whose change page shows its object and offers the page's own actions instead of
+    a form (VIEW_ONLY); ``page_context`` adds what the page's template needs."""
+
+    def page_context(self, request, object_id) -> dict:
+        return {}
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        extra = {**VIEW_ONLY, **self.page_context(request, object_id), **(extra_context or {})}
+        return super().change_view(request, object_id, form_url, extra)
+
+
 class ReadOnlyAdmin(LargeTableAdmin):
     """History and message tables: nothing is added, changed or deleted through the admin."""
 

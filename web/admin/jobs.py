@@ -33,7 +33,7 @@ from jobs.models import DeliveryAttempt, Job, JobTransition, Partition
 from jobs.ops.dashboard import duration_text
 from jobs.ops.dead_jobs import jobs_delete_dead, jobs_mark_dead, jobs_requeue_dead
 from jobs.state.transitions import DEAD, INFLIGHT, QUEUED, STATUS_NAMES, STATUSES
-from web.admin.helpers import VIEW_ONLY, ChannelFilter, LargeTableAdmin, admin_url, json_block, payload_preview, table
+from web.admin.helpers import ChannelFilter, ViewOnlyAdmin, admin_url, json_block, payload_preview, table
 from web.admin.job_filters import AgeFilter, AttemptsFilter, ConsumerFilter, PriorityGroupFilter
 from web.admin.partitions import JobPartitionFilter
 
@@ -70,7 +70,7 @@ class JobChangeList(ChangeList):
 
 
 @admin.register(Job)
-class JobAdmin(LargeTableAdmin):
+class JobAdmin(ViewOnlyAdmin):
     list_display = ("job_id_col", "status_col", "channel_col", "consumer_col", "message_col", "priority",
                     "retry_count", "age_col", "timing_col")
     list_display_links = ("job_id_col",)
@@ -171,11 +171,9 @@ class JobAdmin(LargeTableAdmin):
         title = "Dead jobs" if request.GET.get("status__exact") == str(DEAD) else "Jobs"
         return super().changelist_view(request, {"title": title, **(extra_context or {})})
 
-    def change_view(self, request, object_id, form_url="", extra_context=None):
-        extra = {**VIEW_ONLY, "can_act": self.has_change_permission(request),
-                 "can_delete_dead": self.has_delete_dead_permission(request), "title": "Job",
-                 "job_xid": object_id, **(extra_context or {})}
-        return super().change_view(request, object_id, form_url, extra)
+    def page_context(self, request, object_id) -> dict:
+        return {"can_act": self.has_change_permission(request),
+                "can_delete_dead": self.has_delete_dead_permission(request), "title": "Job", "job_xid": object_id}
 
     # columns
 

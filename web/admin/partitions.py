@@ -21,7 +21,7 @@ from consumers.models import Consumer
 from jobs.models import Job, Partition, PartitionStatus
 from jobs.ops.partition_actions import partition_advance, partition_close, partition_retry, partition_skip
 from jobs.partitions.rows import partition_get
-from web.admin.helpers import VIEW_ONLY, LargeTableAdmin, admin_url, changelist_url, table
+from web.admin.helpers import ViewOnlyAdmin, admin_url, changelist_url, table
 
 logger = logging.getLogger("web.admin.channels")
 
@@ -72,7 +72,7 @@ def status_badge(status: int):
 
 
 @admin.register(Partition)
-class PartitionAdmin(LargeTableAdmin):
+class PartitionAdmin(ViewOnlyAdmin):
     list_display = ("key", "status_col", "gate", "consumer_col", "closed", "auto_close", "manual_checkpoint",
                     "owner_col", "lease_until", "updated_at")
     list_filter = ("status", PartitionConsumerFilter, LeaseFilter, "closed", "manual_checkpoint")
@@ -100,11 +100,9 @@ class PartitionAdmin(LargeTableAdmin):
     def save_model(self, request, obj, form, change):
         """Never write the row from a form: every change is a versioned write in jobs.partitions."""
 
-    def change_view(self, request, object_id, form_url="", extra_context=None):
-        extra = {**VIEW_ONLY, "title": "Partition",
-                 "partition_actions": [(name, name.capitalize()) for name in ACTIONS]
-                 if self.has_change_permission(request) else [], **(extra_context or {})}
-        return super().change_view(request, object_id, form_url, extra)
+    def page_context(self, request, object_id) -> dict:
+        actions = [(name, name.capitalize()) for name in ACTIONS] if self.has_change_permission(request) else []
+        return {"title": "Partition", "partition_actions": actions}
 
     # columns
 

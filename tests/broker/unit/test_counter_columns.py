@@ -11,8 +11,8 @@ from broker.queries import Q
 
 @pytest.mark.parametrize(("owner", "status", "query", "params"), [
     ("consumer", 1001, Q.counter_column_consumer_status, (1, 1001, 1, 1001)),
-    ("channel", None, Q.counter_column_channel, (2, 2)),
-    ("channel", 101, Q.counter_column_channel_status, (2, 101, 2, 101)),
+    ("channel", None, Q.counter_column_channel, (2, None, None, 2, None, None)),
+    ("channel", 101, Q.counter_column_channel, (2, 101, 101, 2, 101, 101)),
 ])
 def test_each_variant_is_its_named_query(owner, status, query, params):
     scope = params[0]

@@ -24,7 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jobs.callbacks.http import MAX_BODY, MAX_HEAD, Client, ProtocolError
-from tests.jobs.callbacks.rawhttp import LoopbackServer, request_read
+from tests.helpers import LoopbackServer
+from tests.jobs.callbacks.rawhttp import request_read
 
 GOOD = b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\nX-Good: 1\r\n\r\ngood"
 TIMEOUT = 2.0  # deadline of an attempt whose answer ends (by its framing or by a close)

@@ -14,7 +14,8 @@ import time
 import pytest
 
 from jobs.callbacks.http import MAX_BODY, Client, ProtocolError
-from tests.jobs.callbacks.rawhttp import LoopbackServer, request_read
+from tests.helpers import LoopbackServer
+from tests.jobs.callbacks.rawhttp import request_read
 
 
 class RawServer(LoopbackServer):

@@ -37,7 +37,7 @@ import requests
 
 from broker.embedded_db import _run_as
 from tests.conftest import ADMIN_TOKEN
-from tests.helpers import QuietHandler
+from tests.helpers import LoopbackServer, QuietHandler
 from tests.processes import ROOT, child_env, free_port, start_qcluster, start_web, wait_for
 
 pytestmark = [pytest.mark.slow]
@@ -123,7 +123,7 @@ class Cluster:
         shutil.rmtree(self.base, ignore_errors=True)
 
 
-class Proxy:
+class Proxy(LoopbackServer):
     """A loopback TCP proxy to the primary: ``latency`` seconds added to each direction's data,
     ``dropping`` holds everything (nothing forwarded, nothing closed: a silent network), new
     connections included."""
@@ -132,19 +132,9 @@ class Proxy:
         self.target = target_port
         self.latency = 0.0
         self.dropping = threading.Event()
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__()
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._open, args=(client,), daemon=True).start()
-
-    def _open(self, client: socket.socket) -> None:
+    def serve(self, client: socket.socket) -> None:
         while self.dropping.is_set():
             time.sleep(0.05)
         try:

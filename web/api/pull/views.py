@@ -29,6 +29,7 @@ from web.api.pull.handlers import authenticate, json_body, json_response
 
 CONSUMER_TOKEN = OpenApiParameter("X-Broker-Consumer-Token", OpenApiTypes.STR, OpenApiParameter.HEADER)
 TOKENS = [CHANNEL_TOKEN, CONSUMER_TOKEN]
+LISTING = [*TOKENS, ADMIN_PARAM, OpenApiParameter("limit", OpenApiTypes.INT)]  # a GET of a list (tokens or admin)
 ACCEPTED = OpenApiResponse(description="Accepted (empty body)")
 JOBS = OpenApiResponse(OpenApiTypes.OBJECT, description=(
     '{"Result": [{"ID", "Priority", "IncrementalTimeout", '
@@ -70,8 +71,7 @@ class QueuedJobsView(HotView):
         summary="List a pull consumer's queued jobs (due, priority descending then oldest first)",
         description="Not a lease: claim a job with POST .../job/{jobId} NextState INFLIGHT, or use .../pull. "
                     "limit defaults to 25, is clipped to 100; a non-integer or negative limit is a 400.",
-        parameters=[*TOKENS, ADMIN_PARAM, OpenApiParameter("limit", OpenApiTypes.INT)],
-        responses={200: JOBS, **AUTH_ERRORS},
+        parameters=LISTING, responses={200: JOBS, **AUTH_ERRORS},
     )
     def get(self, request, channel_id: str, consumer_id: str):
         return handlers.queued_jobs_get(request, channel_id, consumer_id)
@@ -158,38 +158,43 @@ class JobProgressView(HotView):
         return json_response(job_progress(ctx=ctx, incremental_timeout=incremental, receipt=receipt))
 
 
-class PullView(HotView):
-    @json_post(
-        "Atomically claim up to `batch` jobs, optionally waiting for them (long-poll)",
-        'JSON {"batch": 1..1000 (default 1), "expires": seconds to wait (default 0, max 60), '
-        '"no_wait": bool (never wait), "max_bytes": payload budget (at least one job), '
-        '"IncrementalTimeout": seconds}. Claimed jobs are INFLIGHT; the answer is the queued-jobs '
-        "shape plus Attempt and Deadline. An expired wait answers an empty Result. "
-        'Priority groups: "group", "min_pending", "min_ack_pending" (overflow), "id" (pin id, '
-        'pinned_client), "priority" 0-9 (prioritized). On such a consumer a waiting pull collects '
-        "jobs until its batch is full or it expires; pinned_client answers carry the pin id "
-        "(X-Broker-Pin-Id header, PinId in the body); 423 pin_id_mismatch / wrong_pin_id.",
-        responses={200: JOBS, 423: ERROR, **AUTH_ERRORS},
-    )
-    def post(self, request, channel_id: str, consumer_id: str):
-        return handlers.pull_post(request, channel_id, consumer_id)
+def _consumer_post_view(name: str, handler, summary: str, description: str, responses: dict):
+    """A view whose POST (JSON body) is one of the hot handlers, the function the fast lane calls."""
+    class View(HotView):
+        @json_post(summary, description, responses=responses)
+        def post(self, request, channel_id: str, consumer_id: str):
+            return handler(request, channel_id, consumer_id)
+
+    View.__name__ = View.__qualname__ = name
+    return View
 
 
-class AckView(HotView):
-    @json_post(
-        "Report the outcome of up to 1,000 in-flight jobs in one statement",
-        'JSON {"Jobs": [{"ID", "NextState": "DELIVERED"|"DEAD"|"QUEUED", "Delay": seconds}]}. '
-        'Partitions: {"ID", "NextState": "QUEUED", "Gate": n, "Payload"?} moves the job to gate n '
-        '(above its gate) with Payload as its new payload, answered {"ID", "Status", "Gate"}. '
-        "QUEUED is a negative acknowledgement (retry + 1, redelivered after Delay, DEAD past the "
-        'retry limit). An item may carry the "Receipt" its job was pulled with: it then settles only '
-        "that claim. Answered per job: {\"Result\": [{\"ID\", \"Status\", \"RetryCount\"} or "
-        '{"ID", "Status", "Error": "not_found"|"conflict"|"stale_receipt", "Detail"}]} (stale_receipt: '
-        "the job was claimed again since; nothing changed, Status is its current one).",
-        responses={200: OBJ, 413: ERROR, **AUTH_ERRORS},
-    )
-    def post(self, request, channel_id: str, consumer_id: str):
-        return handlers.ack_post(request, channel_id, consumer_id)
+PullView = _consumer_post_view(
+    "PullView", handlers.pull_post,
+    "Atomically claim up to `batch` jobs, optionally waiting for them (long-poll)",
+    'JSON {"batch": 1..1000 (default 1), "expires": seconds to wait (default 0, max 60), '
+    '"no_wait": bool (never wait), "max_bytes": payload budget (at least one job), '
+    '"IncrementalTimeout": seconds}. Claimed jobs are INFLIGHT; the answer is the queued-jobs '
+    "shape plus Attempt and Deadline. An expired wait answers an empty Result. "
+    'Priority groups: "group", "min_pending", "min_ack_pending" (overflow), "id" (pin id, '
+    'pinned_client), "priority" 0-9 (prioritized). On such a consumer a waiting pull collects '
+    "jobs until its batch is full or it expires; pinned_client answers carry the pin id "
+    "(X-Broker-Pin-Id header, PinId in the body); 423 pin_id_mismatch / wrong_pin_id.",
+    responses={200: JOBS, 423: ERROR, **AUTH_ERRORS},
+)
+AckView = _consumer_post_view(
+    "AckView", handlers.ack_post,
+    "Report the outcome of up to 1,000 in-flight jobs in one statement",
+    'JSON {"Jobs": [{"ID", "NextState": "DELIVERED"|"DEAD"|"QUEUED", "Delay": seconds}]}. '
+    'Partitions: {"ID", "NextState": "QUEUED", "Gate": n, "Payload"?} moves the job to gate n '
+    '(above its gate) with Payload as its new payload, answered {"ID", "Status", "Gate"}. '
+    "QUEUED is a negative acknowledgement (retry + 1, redelivered after Delay, DEAD past the "
+    'retry limit). An item may carry the "Receipt" its job was pulled with: it then settles only '
+    "that claim. Answered per job: {\"Result\": [{\"ID\", \"Status\", \"RetryCount\"} or "
+    '{"ID", "Status", "Error": "not_found"|"conflict"|"stale_receipt", "Detail"}]} (stale_receipt: '
+    "the job was claimed again since; nothing changed, Status is its current one).",
+    responses={200: OBJ, 413: ERROR, **AUTH_ERRORS},
+)
 
 
 class UnpinView(HotView):
@@ -216,8 +221,7 @@ class AdvisoriesView(HotView):
         summary="Recent advisories of a consumer (pins and unpins of its priority groups), oldest first",
         description='{"Result": [{"type", "channel", "consumer", "group", "pinned_id" | "reason", "timestamp"}]}; '
                     "limit defaults to 100 (max 1000).",
-        parameters=[*TOKENS, ADMIN_PARAM, OpenApiParameter("limit", OpenApiTypes.INT)],
-        responses={200: OBJ, **AUTH_ERRORS},
+        parameters=LISTING, responses={200: OBJ, **AUTH_ERRORS},
     )
     def get(self, request, channel_id: str, consumer_id: str):
         ctx = authenticate(request, channel_id, consumer_id, allow_admin=True, require_pull=False)
