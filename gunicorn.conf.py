@@ -14,6 +14,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the repository
 from broker.db.urls import DatabaseUrlError, database_url_parse  # noqa: E402  (no Django: safe before it loads)
 from broker.embedded_db import database_url_ensure  # noqa: E402
 
+# A serving process (broker.settings: the database bounds are on), also when on_starting below loads
+# Django in the master before broker.wsgi (BROKER_SEED_CONFIG): the workers inherit its settings.
+os.environ.setdefault("BROKER_SERVING", "1")
+
 if os.environ.get("DATABASE_URL"):
     try:
         database_url_parse(os.environ["DATABASE_URL"])

@@ -168,8 +168,9 @@ DATABASES["default"]["OPTIONS"]["options"] = " ".join(
 # link or server: broker.db.backend.BoundedConnection), closing the connection. On by default in the
 # serving processes only (a WSGI server that loaded broker.wsgi, and qcluster): migrations, operator
 # commands, benchmarks and tests may run long statements. A URL whose ``options`` sets one of these
-# settings keeps its own value.
-_SERVING = "broker.wsgi" in sys.modules or (
+# settings keeps its own value. gunicorn.conf.py sets BROKER_SERVING=1: its master loads Django before
+# broker.wsgi when it applies BROKER_SEED_CONFIG, and the workers it forks keep those settings.
+_SERVING = os.environ.get("BROKER_SERVING") == "1" or "broker.wsgi" in sys.modules or (
     os.path.basename(sys.argv[0] or "") == "manage.py" and sys.argv[1:2] == ["qcluster"])
 BROKER_DB_TIMEOUT = env_float("BROKER_DB_TIMEOUT", 10.0 if _SERVING and not TESTING else 0.0)
 DB_TIMEOUT_GRACE = 2.0

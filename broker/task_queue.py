@@ -22,8 +22,9 @@ from django.db import connections
 from django_q.brokers.orm import ORM
 from django_q.conf import Conf
 
+from broker.db.errors import DB_RETRY
+
 logger = logging.getLogger(__name__)
-PAUSE = 0.5  # seconds between attempts while the database is unavailable
 ACK_ATTEMPTS = 6  # an acknowledgement is tried this many times (about 3 s) before it is left to django-q2
 
 
@@ -37,8 +38,8 @@ class OrmQueue(ORM):
         if self.down_since is None:
             self.down_since = time.monotonic()
             logger.warning("task queue: %s failed (%s: %s); retrying every %g s", what, type(exc).__name__,
-                           str(exc).strip().splitlines()[0] if str(exc).strip() else "", PAUSE)
-        time.sleep(PAUSE)
+                           str(exc).strip().splitlines()[0] if str(exc).strip() else "", DB_RETRY)
+        time.sleep(DB_RETRY)
 
     def _ok(self) -> None:
         if self.down_since is not None:

@@ -50,10 +50,6 @@ class TraceContext:
     def trace_id(self) -> str:
         return self.traceparent[3:35]
 
-    @property
-    def flags(self) -> str:
-        return self.traceparent[53:55]
-
 
 def traceparent_valid(raw) -> str | None:
     """A ``traceparent`` header as version 00 (``00-<32 hex trace id>-<16 hex parent id>-<2 hex

@@ -14,10 +14,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import psycopg
-from django.db import Error as DatabaseError
 from django.db import connection
 
+from broker.db.errors import DB_ERRORS
 from broker.counters import counters_compact
 from jobs.ops.plans import plans_watch
 from jobs.partitions.settle import partitions_settle_stale
@@ -59,7 +58,7 @@ def step_run(step: Step) -> int | None:
     steps, and the loop that runs them (a push dispatcher), go on."""
     try:
         return step.run()
-    except (DatabaseError, psycopg.Error):  # psycopg's own: the plan check runs on the raw connection
+    except DB_ERRORS:  # psycopg's own too: the plan check runs on the raw connection
         logger.exception("housekeeping: %s failed", step.key)
         connection.close()
         return None

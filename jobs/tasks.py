@@ -24,12 +24,11 @@ import logging
 import threading
 import time
 
-import psycopg
 from django.conf import settings
-from django.db import Error as DatabaseError
 from django.db import connection
 from django_q.tasks import async_task
 
+from broker.db.errors import DB_ERRORS, DB_RETRY
 from broker.db.listen import dedicated_connect
 from broker.queries import Q as BROKER_Q
 from jobs.housekeeping import housekeeping_run
@@ -40,9 +39,7 @@ from jobs.push.queries import Q
 logger = logging.getLogger(__name__)
 SLOT_POLL = 0.025
 SLOT_CHECK = 1.0  # seconds between checks that the loop still holds its slot (Slot.keep)
-DB_RETRY = 0.5  # seconds between attempts while the database is unavailable
 OUTAGE_WAIT = 60.0  # a dispatcher started while the database is unreachable waits this long for it
-DB_ERRORS = (DatabaseError, psycopg.Error)
 
 
 class Slot:
@@ -146,12 +143,21 @@ def push_dispatch(wait: float = 0.0) -> str:
                 _enqueue_successor()
                 handed_over.append(True)
 
+        checked = [0.0]  # when the last check ended
+
         def keep() -> None:
-            if slot.keep() is False:
-                superseded.append(True)
-                stop.set()  # drain and end: the loop that took the slot goes on (and hands over)
-                logger.warning("push dispatcher slot %s: taken by another loop after a lost connection; "
-                               "this loop stops", number)
+            # checks that fell due together (a slow step, a silent connection: one check can take
+            # seconds) run once, not back to back past the task's budget
+            if time.monotonic() - checked[0] < SLOT_CHECK:
+                return
+            try:
+                if slot.keep() is False:
+                    superseded.append(True)
+                    stop.set()  # drain and end: the loop that took the slot goes on (and hands over)
+                    logger.warning("push dispatcher slot %s: taken by another loop after a lost connection; "
+                                   "this loop stops", number)
+            finally:
+                checked[0] = time.monotonic()
 
         checks = [(t * SLOT_CHECK, keep) for t in range(1, int((claim_for - 2.0) / SLOT_CHECK))]
         stats = engine_get().run(claim_for=claim_for, drain_for=drain_for, wake_share=(number, slots), stop=stop,

@@ -4,7 +4,7 @@ mean "unavailable, try again" (``database_unavailable``)."""
 from __future__ import annotations
 
 import psycopg
-from django.db import DatabaseError, InterfaceError, OperationalError
+from django.db import DatabaseError, DataError, InterfaceError, OperationalError
 
 from broker.errors import Conflict
 
@@ -18,6 +18,10 @@ class IllegalTransition(Conflict):
     def __init__(self, detail: str) -> None:
         super().__init__("illegal_transition", detail)
 
+
+# Every database error: Django's, and psycopg's own (raw and dedicated connections, the bound cursor).
+DB_ERRORS = (DatabaseError, psycopg.Error)
+DB_RETRY = 0.5  # seconds a loop waits before its next attempt while the database is unavailable
 
 # SQLSTATEs that say "the database cannot serve this now, try again" rather than "this request is
 # wrong": the server is read-only (a standby, a demoted primary: 25006), shutting down or restarting
@@ -48,6 +52,19 @@ def database_unavailable(exc: BaseException) -> bool:
         return False
     state = sqlstate_of(exc)
     return state in UNAVAILABLE_SQLSTATES or state[:2] in UNAVAILABLE_CLASSES
+
+
+def database_refused_value(exc: BaseException) -> bool:
+    """Whether the database (or psycopg, before sending it) refused a value the request carried: a
+    NUL character in text (PostgreSQL text cannot hold one), a string that is not valid UTF-8 (a lone
+    surrogate from JSON ``"\\ud800"``), or a data exception (SQLSTATE class 22: invalid text for a
+    type, a number or interval out of range). Bad input, answered 400: nothing was written."""
+    if isinstance(exc, UnicodeEncodeError):
+        return True
+    if not isinstance(exc, (DataError, psycopg.DataError)):
+        return False
+    state = sqlstate_of(exc)
+    return state == "" or state.startswith("22")  # "": psycopg's own check (NUL), before the server
 
 
 def database_read_only(exc: BaseException) -> bool:

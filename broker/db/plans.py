@@ -102,11 +102,13 @@ def _bounded(node: Node, under_limit: bool) -> bool:
     return all(_bounded(c, under_limit or node.type == "Limit") for c in children)
 
 
-def plan_problems(root: Node, *, index: str | tuple[str, ...], sorts: bool = False) -> list[str]:
+def plan_problems(root: Node, *, index: str | tuple[str, ...], sorts: bool = False,
+                  hashes: bool = False) -> list[str]:
     """What is wrong with a plan: the expected index(es) unused ("a|b": either), a Seq Scan of a big
-    table, a Sort or a Hash over an unbounded scan of a big table (unless ``sorts``: a statement that
-    by design reads the rows of one partition, which the planner may sort or, when its statistics call
-    that partition small, hash), a JIT-compiled plan. Empty when the plan is as written."""
+    table, a Sort over an unbounded scan of a big table (unless ``sorts``: a statement that by design
+    sorts the rows of one partition), a Hash over one (unless ``hashes``: a statement whose planner
+    may, when its statistics call that partition small, hash its rows instead), a JIT-compiled plan.
+    Empty when the plan is as written."""
     problems = []
     if root.jit:
         problems.append("JIT-compiled plan (jit must be off on broker sessions)")
@@ -119,7 +121,7 @@ def plan_problems(root: Node, *, index: str | tuple[str, ...], sorts: bool = Fal
             problems.append(f"Seq Scan on {n.relation}")
         if not sorts and n.type in ("Sort", "Incremental Sort") and not _bounded(n, False):
             problems.append(f"{n.type} over an unbounded scan of {'/'.join(BIG_TABLES)}")
-        if not sorts and n.type == "Hash" and not _bounded(n, False):  # a hash join's table built from the whole table
+        if not hashes and n.type == "Hash" and not _bounded(n, False):  # a hash join's table built from the whole table
             problems.append(f"Hash over an unbounded scan of {'/'.join(BIG_TABLES)}")
     return problems
 

@@ -21,9 +21,9 @@ from contextlib import contextmanager
 
 import psycopg
 from django.conf import settings
-from django.db import DatabaseError, connection, transaction
+from django.db import connection, transaction
 
-from broker.db.errors import IllegalTransition
+from broker.db.errors import DB_ERRORS, IllegalTransition, sqlstate_of
 from broker.db.queries import Query
 from broker.queries import Q
 
@@ -81,9 +81,9 @@ def transition_errors():
     IllegalTransition; every other error passes unchanged."""
     try:
         yield
-    except (DatabaseError, psycopg.Error) as exc:
-        cause = exc if isinstance(exc, psycopg.Error) else exc.__cause__
-        if getattr(cause, "sqlstate", None) == ILLEGAL_TRANSITION_SQLSTATE:
+    except DB_ERRORS as exc:
+        if sqlstate_of(exc) == ILLEGAL_TRANSITION_SQLSTATE:
+            cause = exc if isinstance(exc, psycopg.Error) else exc.__cause__
             raise IllegalTransition(getattr(cause.diag, "message_primary", None) or str(cause)) from exc
         raise
 

@@ -66,7 +66,7 @@ class Case:
     params: Callable[[Sample], dict | list]
     id: str = ""  # when one statement is explained in more than one shape
     index: str | tuple[str, ...] | None = None  # instead of the registry's index: line (why, in a comment)
-    sorts: str = ""  # why a Sort or Hash is by design (bounded by one partition's jobs), if it is
+    sorts: str = ""  # why a Sort is by design (bounded by one partition's jobs), if it is
 
     @property
     def name(self) -> str:

@@ -46,11 +46,10 @@ from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
 
-import psycopg
 from django.conf import settings
-from django.db import Error as DatabaseError
 from django.db import connection
 
+from broker.db.errors import DB_ERRORS
 from broker.counters import JOB, counts_for
 from broker.db.listen import Listener
 from broker.times import rfc3339
@@ -258,7 +257,7 @@ class Ringer:
                 try:
                     self._session(stop)
                     down = False
-                except (DatabaseError, psycopg.Error) as exc:  # a restart, a cut connection, a failover
+                except DB_ERRORS as exc:  # a restart, a cut connection, a failover
                     if not down:
                         logger.warning("doorbell ringer: database unavailable (%s); starting over every 1 s",
                                        type(exc).__name__)

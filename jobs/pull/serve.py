@@ -25,12 +25,13 @@ def pull_serve(*, ctx: PullContext, req: PullRequest) -> Served:
     """The jobs for one pull request. A pinned_client pull with another client's pin id that gets
     no job is a 423 ``wrong_pin_id`` (the pin moved; NATS answers Nats-Wrong-Pin-Id)."""
     pull_request_check(ctx=ctx, req=req)
+    started = now_ns()  # the claim spans (OpenTelemetry only) cover the claim
     if ctx.policy == NONE:
         jobs = jobs_pull(ctx=ctx, req=req)
-        claim_spans(ctx=ctx, jobs=jobs, start_ns=now_ns())  # OpenTelemetry only
+        claim_spans(ctx=ctx, jobs=jobs, start_ns=started)
         return Served(jobs=jobs)
     result = jobs_pull_grouped(ctx=ctx, req=req)
     if result.wrong_pin and not result.jobs:
         raise Locked("wrong_pin_id", "Nats-Wrong-Pin-Id")
-    claim_spans(ctx=ctx, jobs=result.jobs, start_ns=now_ns())
+    claim_spans(ctx=ctx, jobs=result.jobs, start_ns=started)
     return Served(jobs=result.jobs, pin_id=result.pin_id if result.jobs and ctx.policy == PINNED else "")

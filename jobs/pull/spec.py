@@ -63,7 +63,7 @@ def job_transition(*, channel_id: str, consumer_id: str, job_id: str, channel_to
         from_states: list[int] = []  # never moves; the 400 comes after the auth checks
     else:
         from_states = [QUEUED, DEAD] if target == INFLIGHT else [INFLIGHT]
-    row, moved, policy, receipt = _move_spec(
+    row, moved, policy, receipt = job_move_spec(
         channel_id=channel_id, consumer_id=consumer_id, job_id=job_id_parse(job_id),
         channel_token=channel_token, consumer_token=consumer_token, from_statuses=from_states,
         to_status=target, incremental_timeout=incremental_timeout, reason="pull",
@@ -136,7 +136,7 @@ def job_move_spec(*, channel_id: str, consumer_id: str, job_id: int | None, chan
                   consumer_token: str | None, from_statuses: Sequence[int], to_status: int,
                   incremental_timeout: float | None = None, reason: str = "pull",
                   connection_timeout: float | None = None,
-                  async_commit: bool = False) -> tuple[tuple | None, bool, str]:
+                  async_commit: bool = False) -> tuple[tuple | None, bool, str, int | None]:
     """The spec path's state change in one round trip (``pull_move_auth``): read the auth row
     (channel, consumer, job) and, in the same statement, move the job if the tokens match, the
     consumer is a pull consumer and the job is in one of ``from_statuses`` (DEAD -> INFLIGHT adds a
@@ -144,8 +144,9 @@ def job_move_spec(*, channel_id: str, consumer_id: str, job_id: int | None, chan
     dispatcher, jobs.pull.groups). The tokens are compared as md5 digests in SQL (timing reveals
     nothing usable about the secret); the caller still checks the returned tokens in constant time
     and decides the HTTP answer from the row as it was before the move. Returns (auth row with
-    ``pull_auth``'s columns, moved, the consumer's priority policy or ''), or (None, False, '') for
-    an unknown channel. The job's partition is settled after commit when it finished.
+    ``pull_auth``'s columns, moved, the consumer's priority policy or '', the receipt of the claim it
+    made when it moved the job to INFLIGHT else None), or (None, False, '', None) for an unknown
+    channel. The job's partition is settled after commit when it finished.
 
     ``async_commit``: the transaction commits without waiting for the WAL flush (``synchronous_commit
     = off`` set in the same statement). A durable commit waits 2-3.5 ms for the disk on the 2-core
@@ -154,17 +155,6 @@ def job_move_spec(*, channel_id: str, consumer_id: str, job_id: int | None, chan
     moments of such moves, which then read as not made: a lost claim leaves the job QUEUED, a lost
     DELIVERED or DEAD leaves it INFLIGHT until its deadline requeues it; either way it is delivered
     again (at-least-once), and the next durable commit flushes them all."""
-    return _move_spec(channel_id=channel_id, consumer_id=consumer_id, job_id=job_id, channel_token=channel_token,
-                      consumer_token=consumer_token, from_statuses=from_statuses, to_status=to_status,
-                      incremental_timeout=incremental_timeout, reason=reason, connection_timeout=connection_timeout,
-                      async_commit=async_commit)[:3]
-
-
-def _move_spec(*, channel_id: str, consumer_id: str, job_id: int | None, channel_token: str | None,
-               consumer_token: str | None, from_statuses: Sequence[int], to_status: int,
-               incremental_timeout: float | None, reason: str, connection_timeout: float | None = None,
-               async_commit: bool) -> tuple[tuple | None, bool, str, int | None]:
-    """``job_move_spec``, with the receipt of the claim it made (a move to INFLIGHT) last."""
     transitions_check((from_status, to_status) for from_status in from_statuses)
     rows = query_fetchall(Q.pull_move_auth, {
         "channel": channel_id, "consumer": consumer_id, "job": job_id,

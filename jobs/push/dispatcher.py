@@ -33,11 +33,10 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 
-import psycopg
 from django.conf import settings
-from django.db import Error as DatabaseError
 from django.db import connection, transaction
 
+from broker.db.errors import DB_ERRORS, DB_RETRY, database_unavailable
 from broker.db.listen import Listener
 from broker.tracing import span_start
 from broker.xid import job_xid
@@ -56,8 +55,6 @@ logger = logging.getLogger(__name__)
 # Finished callbacks are held up to this long while others of the same burst are still running,
 # so one transaction records (and refills) a burst instead of a fragment of it.
 COALESCE = 0.002
-DB_RETRY = 0.5  # seconds between attempts while the database is unavailable
-DB_ERRORS = (DatabaseError, psycopg.Error)  # Django's, and psycopg's own (the raw bound cursor)
 LEASE_KICK = 0.2  # seconds: the soonest a NOTIFY brings the next partition lease cycle after the last
 
 
@@ -307,10 +304,13 @@ class Engine:
     def _db_failed(loop: _Loop, exc: BaseException) -> None:
         """A database error (the server restarting, a cut connection, a failover, a bound passed):
         drop the connection (the next statement connects again, to whichever host is the primary
-        now) and try again after ``DB_RETRY``. Logged once per outage, with its length when it ends."""
+        now) and try again after ``DB_RETRY``. Logged once per outage, with its length when it ends;
+        an error that is not an outage (a bug, a refused value) is logged with its traceback every time."""
         loop.stats["errors"] += 1
         connection.close()
-        if loop.down_since is None:
+        if not database_unavailable(exc):
+            logger.exception("push dispatcher: database error; going on in %g s", DB_RETRY)
+        elif loop.down_since is None:
             loop.down_since = time.monotonic()
             logger.warning("push dispatcher: database unavailable (%s: %s); retrying every %g s", type(exc).__name__,
                            (str(exc).strip().splitlines() or [""])[0], DB_RETRY)
@@ -375,6 +375,14 @@ class Engine:
             retry_delays, jobs = self._transaction(loop.pending, now, capacity if want_claim else 0)
         except DB_ERRORS as exc:
             self._db_failed(loop, exc)
+            if not database_unavailable(exc):
+                self._pending_drop(loop)
+            return False
+        except Exception:  # noqa: BLE001 - a bug in recording must not stop claiming for the rest of the loop
+            loop.stats["errors"] += 1
+            logger.exception("push dispatcher: recording or claiming failed; going on in 1 s")
+            self._pending_drop(loop)
+            time.sleep(1.0)
             return False
         self._db_back(loop)
         loop.stats["transactions"] += 1
@@ -389,6 +397,16 @@ class Engine:
         if jobs:
             self._hand_over(loop, now, jobs)
         return True
+
+    @staticmethod
+    def _pending_drop(loop: _Loop) -> None:
+        """Give up the finished attempts a failure that retrying would repeat (not an outage) keeps
+        from being recorded, so the next turn claims again: their jobs stay INFLIGHT until their
+        deadline, then go back to QUEUED and are delivered again (at-least-once; nothing is lost)."""
+        if loop.pending:
+            logger.error("push dispatcher: %d finished attempts not recorded; their jobs are redelivered after "
+                         "their deadline: %s", len(loop.pending), [job_xid(p[0].id) for p in loop.pending[:20]])
+            loop.pending = []
 
     def _transaction(self, pending: list[tuple], now: float, limit: int) -> tuple[list[float], list]:
         """One transaction: record ``pending``, then claim up to ``limit`` jobs (none when 0).

@@ -162,27 +162,25 @@ SELECT a.id, a.attempt, now() - a.age * interval '1 second', a.duration_ms, a.st
     -- after the last success
     SELECT * FROM unnest(%(cb_consumers)s::bigint[], %(cb_ok)s::bool[], %(cb_fails)s::int[]) AS x(consumer_id, ok, fails)
 ), cbu AS (
-    -- the new failure count (NF), start of the run of failures (FS) and state (NS) are written out
-    -- in each SET: an UPDATE re-evaluates them on the row as another dispatcher left it (a CTE would
-    -- read a snapshot and lose concurrent counts). Opens only after ``circuit_breaker_failures``
-    -- consecutive failures that have gone on for ``circuit_breaker_open_after_seconds`` (no success
-    -- since the run began); once open, failures keep it open.
-    UPDATE consumers_circuit cb SET
-        failures = CASE WHEN x.ok THEN x.fails ELSE cb.failures + x.fails END,
-        failing_since = CASE WHEN x.ok THEN CASE WHEN x.fails > 0 THEN now() END ELSE COALESCE(cb.failing_since, now()) END,
-        state = CASE WHEN k.circuit_breaker_failures > 0 AND CASE WHEN x.ok THEN x.fails ELSE cb.failures + x.fails END >= k.circuit_breaker_failures
-                        AND (cb.state <> 0 OR CASE WHEN x.ok THEN CASE WHEN x.fails > 0 THEN now() END ELSE COALESCE(cb.failing_since, now()) END
-                                              <= now() - k.circuit_breaker_open_after_seconds * interval '1 second')
-                   THEN 1 ELSE 0 END,
-        since = CASE WHEN (CASE WHEN k.circuit_breaker_failures > 0 AND CASE WHEN x.ok THEN x.fails ELSE cb.failures + x.fails END >= k.circuit_breaker_failures
-                        AND (cb.state <> 0 OR CASE WHEN x.ok THEN CASE WHEN x.fails > 0 THEN now() END ELSE COALESCE(cb.failing_since, now()) END
-                                              <= now() - k.circuit_breaker_open_after_seconds * interval '1 second')
-                   THEN 1 ELSE 0 END = 0) <> (cb.state = 0) THEN now() ELSE cb.since END,
-        next_probe_at = CASE WHEN CASE WHEN k.circuit_breaker_failures > 0 AND CASE WHEN x.ok THEN x.fails ELSE cb.failures + x.fails END >= k.circuit_breaker_failures
-                        AND (cb.state <> 0 OR CASE WHEN x.ok THEN CASE WHEN x.fails > 0 THEN now() END ELSE COALESCE(cb.failing_since, now()) END
-                                              <= now() - k.circuit_breaker_open_after_seconds * interval '1 second')
-                   THEN 1 ELSE 0 END = 1 AND cb.state <> 1
-                             THEN now() + k.circuit_breaker_probe_seconds * interval '1 second' ELSE cb.next_probe_at END
+    -- the new failure count (nf), start of the run of failures (fs) and state (ns) are computed once
+    -- per row, in a sub-SELECT of the SET that reads the row: an UPDATE re-evaluates it on the row as
+    -- another dispatcher left it (a CTE would read a snapshot and lose concurrent counts). Opens only
+    -- after ``circuit_breaker_failures`` consecutive failures that have gone on for
+    -- ``circuit_breaker_open_after_seconds`` (no success since the run began); once open, failures
+    -- keep it open.
+    UPDATE consumers_circuit cb SET (failures, failing_since, state, since, next_probe_at) = (
+        SELECT n.nf, n.fs, s.ns,
+               CASE WHEN (s.ns = 0) <> (cb.state = 0) THEN now() ELSE cb.since END,
+               CASE WHEN s.ns = 1 AND cb.state <> 1
+                    THEN now() + k.circuit_breaker_probe_seconds * interval '1 second' ELSE cb.next_probe_at END
+          FROM (SELECT CASE WHEN x.ok THEN x.fails ELSE cb.failures + x.fails END AS nf,
+                       CASE WHEN x.ok THEN CASE WHEN x.fails > 0 THEN now() END
+                            ELSE COALESCE(cb.failing_since, now()) END AS fs) n
+               CROSS JOIN LATERAL (
+                   SELECT CASE WHEN k.circuit_breaker_failures > 0 AND n.nf >= k.circuit_breaker_failures
+                                AND (cb.state <> 0
+                                     OR n.fs <= now() - k.circuit_breaker_open_after_seconds * interval '1 second')
+                               THEN 1 ELSE 0 END AS ns) s)
       FROM cbx x JOIN consumers_consumer k ON k.id = x.consumer_id
      WHERE cb.consumer_id = x.consumer_id AND (x.fails > 0 OR cb.failures > 0 OR cb.state <> 0)
     RETURNING cb.consumer_id, cb.state, cb.since = now() AS changed

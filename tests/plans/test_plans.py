@@ -31,7 +31,7 @@ def test_hot_statement_plan(case, mode, stats, big_world, pg):
 def test_orm_statement_plan(case, stats, big_world, pg):
     sql, params = case.sql(big_world)
     plan = explain(pg, sql, params, mode=None)
-    problems = plan_problems(plan, index=case.index, sorts=bool(case.sorts))
+    problems = plan_problems(plan, index=case.index, sorts=bool(case.sorts), hashes=bool(case.hashes))
     assert not problems, f"{case.name} ({stats}, literals):\n" + "\n".join(problems) + "\n" + plan_text(plan)
 
 

@@ -38,7 +38,7 @@ class ConsumerForm(forms.ModelForm):
     circuit_breaker_probe_seconds = forms.FloatField(
         required=False, help_text="Circuit breaker: seconds between probe deliveries while open (empty: 30).")
     circuit_breaker_open_after_seconds = forms.FloatField(
-        required=False, min_value=0, help_text="Circuit breaker: open only after failing this many seconds with no "
+        required=False, min_value=0, max_value=1e9, help_text="Circuit breaker: open only after failing this many seconds with no "
                                                "successful attempt (empty: 10, 0: on the failures alone).")
     filter = forms.CharField(
         required=False, label="Filter", max_length=16384, widget=forms.Textarea(attrs={"rows": 3}),
@@ -104,12 +104,9 @@ class ConsumerForm(forms.ModelForm):
         raw = (data.get("retry_backoff") or "").strip()
         if raw:
             try:
-                steps = [float(x) for x in raw.split(",") if x.strip()]
-                if not steps or any(s < 0 for s in steps):
-                    raise ValueError(raw)
-                data["retry_backoff"] = ",".join(f"{s:g}" for s in steps)
-            except ValueError:
-                self.add_error("retry_backoff", "comma-separated seconds, e.g. 5,30,60")
+                data["retry_backoff"] = services.retry_backoff_parse(raw)
+            except InvalidInput as exc:
+                self.add_error("retry_backoff", f"{exc.detail}, e.g. 5,30,60")
         return data
 
 

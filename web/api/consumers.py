@@ -132,15 +132,7 @@ def consumer_settings_parse(request) -> dict:
     _numbers_parse(request, _RETRY_NUMBERS, fields)
     raw = form_value(request, "retryBackoff")
     if raw is not None and raw.strip():
-        try:
-            steps = [float(x) for x in raw.split(",") if x.strip()]
-        except ValueError:
-            raise InvalidInput("invalid_retryBackoff", "retryBackoff must be comma-separated seconds") from None
-        if not steps or any(not 0 <= s < 1e9 for s in steps):  # NaN and infinity fail too
-            raise InvalidInput("invalid_retryBackoff", "retryBackoff must be comma-separated seconds")
-        fields["retry_backoff"] = ",".join(f"{s:g}" for s in steps)
-        if len(fields["retry_backoff"]) > 255:  # the column's length
-            raise InvalidInput("invalid_retryBackoff", "retryBackoff is longer than 255 characters")
+        fields["retry_backoff"] = services.retry_backoff_parse(raw)
     raw = form_value(request, "signingSecret")
     if raw is not None and raw.strip():
         fields["signing_secret"] = services.signing_secret_validate(raw.strip())

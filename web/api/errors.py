@@ -13,7 +13,7 @@ from rest_framework import serializers, status
 from rest_framework.response import Response
 
 from broker import errors
-from broker.db.errors import database_read_only, database_unavailable
+from broker.db.errors import database_read_only, database_refused_value, database_unavailable
 
 logger = logging.getLogger("broker.api.errors")  # its name before the move: what operators filter on
 DATABASE_RETRY_AFTER = 1  # seconds: a failover or a cut connection is over in a few
@@ -121,6 +121,10 @@ def exception_handler(exc, context):
         return error_response(exc.status_code, code, str(detail), headers)
     if database_unavailable(exc):
         return database_unavailable_response(exc)
+    if database_refused_value(exc):  # e.g. an id or a name holding NUL: checked where stored, not at every lookup
+        logger.info("a value of the request was refused by the database: %s", exc)
+        return error_response(status.HTTP_400_BAD_REQUEST, "invalid_input",
+                              "a value holds a NUL character or is not valid UTF-8, or is out of range")
     if isinstance(exc, RecursionError):
         return error_response(status.HTTP_400_BAD_REQUEST, "malformed_request", "input is nested too deeply")
     if isinstance(exc, UnicodeDecodeError):

@@ -135,15 +135,13 @@ scalars = st.one_of(st.none(), st.booleans(), st.integers(-10, 10), st.sampled_f
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.dictionaries(st.sampled_from(["a", "b", "c"]), scalars, max_size=3), scalars,
-       st.sampled_from(["$eq", "$ne", "$in", "$nin", "$gt", "$lt", "$exists", "$startsWith"]))
-def test_negations_are_complements_on_json_bodies(body, value, op):
-    """$ne is not $eq and $nin is not $in, for any JSON body (present or absent key)."""
-    if op in ("$eq", "$ne"):
-        eq = filter_matches({"body": {"a": {"$eq": value}}}, body=body, headers={})
-        ne = filter_matches({"body": {"a": {"$ne": value}}}, body=body, headers={})
-        assert eq != ne
-    if op in ("$in", "$nin"):
-        isin = filter_matches({"body": {"a": {"$in": [value, 3]}}}, body=body, headers={})
-        nin = filter_matches({"body": {"a": {"$nin": [value, 3]}}}, body=body, headers={})
-        assert isin != nin
+@given(st.dictionaries(st.sampled_from(["a", "b", "c"]), scalars, max_size=3), scalars)
+def test_negations_are_complements_on_json_bodies(body, value):
+    """$ne is not $eq and $nin is not $in, for any JSON body (present or absent key): both pairs
+    on every example."""
+    eq = filter_matches({"body": {"a": {"$eq": value}}}, body=body, headers={})
+    ne = filter_matches({"body": {"a": {"$ne": value}}}, body=body, headers={})
+    assert eq != ne
+    isin = filter_matches({"body": {"a": {"$in": [value, 3]}}}, body=body, headers={})
+    nin = filter_matches({"body": {"a": {"$nin": [value, 3]}}}, body=body, headers={})
+    assert isin != nin

@@ -38,7 +38,7 @@ def test_the_move_turns_synchronous_commit_off_for_its_transaction(world):
     durable_session()
     with transaction.atomic():
         assert synchronous_commit() == "on"
-        row, moved, policy = job_move_spec(
+        row, moved, policy, _receipt = job_move_spec(
             channel_id="ch1", consumer_id="c2", job_id=job_pk(job), channel_token="ch-token",
             consumer_token="c2-token", from_statuses=[QUEUED], to_status=INFLIGHT, async_commit=True)
         assert moved and policy == "none" and row[7] == QUEUED

@@ -4,11 +4,11 @@ test database, in its own kernel process with its own local Spark."""
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from urllib.parse import quote
 
 import pytest
 from django.db import connection
 
+from broker.db.urls import database_url_render
 from tests.pipeline.spark.workload import workload_report
 from tests.processes import ROOT
 
@@ -22,9 +22,7 @@ def test_notebook_runs_top_to_bottom(spark, monkeypatch):
     nbclient = pytest.importorskip("nbclient")
     workload_report(now=datetime.now(timezone.utc), messages_per_channel=20)
 
-    sd = connection.settings_dict
-    auth = quote(sd["USER"]) + (f":{quote(sd['PASSWORD'])}" if sd.get("PASSWORD") else "")
-    monkeypatch.setenv("DATABASE_URL", f"postgres://{auth}@{sd['HOST']}:{sd['PORT']}/{sd['NAME']}")
+    monkeypatch.setenv("DATABASE_URL", database_url_render(connection.settings_dict))
     monkeypatch.setenv("SPARK_MASTER", "local[1]")
     monkeypatch.setenv("BROKER_SPARK_DRIVER_MEMORY", "1g")
     monkeypatch.setenv("PIPELINE_SINCE", "10d")
@@ -42,4 +40,4 @@ def test_notebook_runs_top_to_bottom(spark, monkeypatch):
     assert len(svgs) == 5
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     assert "80 jobs in the window" in text
-    assert f"database: {sd['NAME']}" in text
+    assert f"database: {connection.settings_dict['NAME']}" in text

@@ -60,9 +60,14 @@ def _server_admin() -> dict:
             "user": db.get("USER") or "postgres", "password": db.get("PASSWORD") or None, "dbname": "postgres"}
 
 
-def _url(admin: dict, database: str) -> str:
-    auth = admin["user"] + (f":{admin['password']}" if admin["password"] else "")
-    return f"postgres://{auth}@{admin['host']}:{admin['port']}/{database}"
+def _url(database: str) -> str:
+    """The test session's database URL with ``database`` in place of its name (broker.db.urls:
+    the password percent-encoded, every host kept)."""
+    from django.conf import settings
+
+    from broker.db.urls import database_url_render
+
+    return database_url_render(settings.DATABASES["default"], dbname=database)
 
 
 def _run(args: list[str], env: dict) -> tuple[int, str, str, float]:
@@ -95,7 +100,7 @@ def scratch_database(name: str, *, template: str | None = None):
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}"{copy}')
     try:
-        yield _url(admin, name)
+        yield _url(name)
     finally:
         with psycopg.connect(autocommit=True, **admin) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -308,7 +308,7 @@ def _recovered(pubs: Publishers, after: float) -> float:
 def test_failover_cut_connections_and_a_silent_network(tmp_path):
     cluster = Cluster()
     procs, report = [], []
-    pubs = pullers = ledger = None
+    pubs = pullers = ledger = proxy = None
     try:
         cluster.start()
         proxy = Proxy(cluster.p_port)
@@ -318,8 +318,10 @@ def test_failover_cut_connections_and_a_silent_network(tmp_path):
         migrate = subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=child_env(**env),
                                  capture_output=True, text=True, timeout=300)
         assert migrate.returncode == 0, migrate.stdout[-2000:] + migrate.stderr[-3000:]
-        webs = [start_web(tmp_path, workers=1, threads=8, **env) for _ in range(2)]
-        procs += webs
+        webs = []
+        for _ in range(2):  # each one into procs at once: a failed start still stops the one before
+            webs.append(start_web(tmp_path, workers=1, threads=8, **env))
+            procs.append(webs[-1])
         procs.append(start_qcluster(tmp_path, **env))
         urls = [w.url for w in webs]
         ledger = Ledger()
@@ -398,6 +400,9 @@ def test_failover_cut_connections_and_a_silent_network(tmp_path):
             p.stop(grace=3)
         if ledger is not None:
             ledger.shutdown()
+            ledger.server_close()
+        if proxy is not None:
+            proxy.close()
         cluster.stop()
 
     bounds = [r["began"] for r in report] + [float("inf")]

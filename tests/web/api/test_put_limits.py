@@ -3,6 +3,8 @@ in the code too, so out-of-range input is a 400 naming the field, never a failed
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 pytestmark = pytest.mark.django_db
@@ -36,3 +38,28 @@ def test_out_of_range_is_a_400_naming_the_field(make, api, path, body, code):
     api.raise_request_exception = False
     r = api.put(path, body, format="json")
     assert r.status_code == 400 and r.json()["error"] == code, (r.status_code, r.content[:200])
+
+
+LOOKUPS = [  # (method, path, JSON body): ids the database cannot hold, at lookups; values it refuses
+    ("get", "/channel/c%00k", None),
+    ("put", "/channel/ch1/consumer/k%00", {"type": "pull"}),
+    ("put", "/channel/c%00h/consumer/k", {"type": "pull"}),
+    ("get", "/channel/ch1/consumer/c%00k", None),
+    ("delete", "/channel/ch1/consumer/c%00k", None),
+    ("post", "/channel/ch1/consumer/k%00/pull", {"batch": 1}),
+    ("post", "/channel/c%00h/broadcast", {"a": 1}),
+    ("get", "/channel/c%00h/messages", None),
+    ("get", "/channel/ch1/message/m%00", None),
+    ("put", "/channel/ch1/consumer/k", {"type": "pull", "filter": {"headers": {"x": "\ud800"}}}),
+    ("put", "/channel/ch1/consumer/k", {"type": "pull", "name": "\ud800"}),
+    ("put", "/channel/ok", {"token": "\udfff"}),
+]
+
+
+@pytest.mark.parametrize("method, path, body", LOOKUPS)
+def test_a_value_the_database_cannot_hold_is_a_4xx_never_a_500(make, api, method, path, body):
+    make.channel()
+    api.raise_request_exception = False
+    data = json.dumps(body).encode() if body is not None else b""  # ASCII: a lone surrogate as \\ud800
+    r = api.generic(method.upper(), path, data, content_type="application/json")
+    assert 400 <= r.status_code < 500 and "error" in r.json(), (r.status_code, r.content[:200])
