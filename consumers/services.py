@@ -53,21 +53,6 @@ def callback_url_validate(url: str) -> str:
     return url
 
 
-def retry_backoff_parse(raw: str) -> str:
-    """A consumer's retryBackoff (comma-separated seconds, each 0 <= s < 1e9: NaN and infinity fail
-    too) in its stored form; 400 ``invalid_retryBackoff`` otherwise. The API and the admin form."""
-    try:
-        steps = [float(x) for x in raw.split(",") if x.strip()]
-    except ValueError:
-        raise InvalidInput("invalid_retryBackoff", "retryBackoff must be comma-separated seconds") from None
-    if not steps or any(not 0 <= s < 1e9 for s in steps):
-        raise InvalidInput("invalid_retryBackoff", "retryBackoff must be comma-separated seconds")
-    stored = ",".join(f"{s:g}" for s in steps)
-    if len(stored) > 255:  # the column's length
-        raise InvalidInput("invalid_retryBackoff", "retryBackoff is longer than 255 characters")
-    return stored
-
-
 def consumer_type_parse(value: str | None) -> str | None:
     """'' or missing = push (None: keep on update); anything but push/pull is a 400."""
     if value is None:
@@ -78,6 +63,21 @@ def consumer_type_parse(value: str | None) -> str | None:
     if value not in (Consumer.Type.PUSH, Consumer.Type.PULL):
         raise InvalidInput("invalid_consumer_type", "type must be push or pull")
     return value
+
+
+def retry_backoff_parse(raw: str) -> str:
+    """A consumer's retryBackoff (comma-separated seconds, each 0 <= s < 1e9: NaN and infinity fail
+    too) in its stored form; 400 ``invalid_retryBackoff`` otherwise. The API and the admin form."""
+    try:
+        steps = [float(x) for x in raw.split(",") if x.strip()]
+    except ValueError:
+        steps = []
+    if not steps or any(not 0 <= s < 1e9 for s in steps):
+        raise InvalidInput("invalid_retryBackoff", "retryBackoff must be comma-separated seconds")
+    stored = ",".join(f"{s:g}" for s in steps)
+    if len(stored) > 255:  # the column's length
+        raise InvalidInput("invalid_retryBackoff", "retryBackoff is longer than 255 characters")
+    return stored
 
 
 def consumer_upsert(*, channel, consumer_id: str, name: str | None, token: str | None,
