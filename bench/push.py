@@ -85,6 +85,7 @@ RICH_ANSWER = (b"HTTP/1.1 200 OK\r\nDate: Mon, 01 Jan 2024 00:00:00 GMT\r\nServe
 def _receiver_main(port: int, conn) -> None:
     arrivals: list[float] = []
     latencies: list[float] = []
+    seqs: list[int] = []  # X-Seq metadata headers, when the publisher sends them (lost / duplicated)
 
     class Protocol(asyncio.Protocol):
         def connection_made(self, transport):
@@ -112,6 +113,10 @@ def _receiver_main(port: int, conn) -> None:
                 if j >= 0:
                     k = head.find(b"\r\n", j + 2)
                     latencies.append(now - float(head[j + 12:k if k > 0 else None]))
+                j = head.find(b"\r\nx-seq:")
+                if j >= 0:
+                    k = head.find(b"\r\n", j + 2)
+                    seqs.append(int(head[j + 8:k if k > 0 else None]))
                 self.transport.write(b"HTTP/1.1 204 No Content\r\n\r\n")
 
     def control():
@@ -120,12 +125,15 @@ def _receiver_main(port: int, conn) -> None:
             if cmd == "reset":
                 arrivals.clear()
                 latencies.clear()
+                seqs.clear()
                 conn.send(True)
             elif cmd == "stats":
                 conn.send((len(arrivals), arrivals[0] if arrivals else None, arrivals[-1] if arrivals else None,
                            list(latencies)))
             elif cmd == "count":
                 conn.send(len(arrivals))
+            elif cmd == "seqs":
+                conn.send(list(seqs))
 
     async def main():
         server = await asyncio.get_running_loop().create_server(Protocol, "127.0.0.1", port, backlog=1024)

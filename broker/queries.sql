@@ -128,3 +128,14 @@ SELECT set_config(n, v, false) FROM unnest(%(names)s::text[], %(values)s::text[]
 -- index: none (no table)
 -- The database clock.
 SELECT now();
+
+-- notify_session_setup --
+-- index: none (no table)
+-- The wake-up connection's commits (one NOTIFY each) need no WAL flush: a wake-up is not data, and a
+-- lost one is covered by the listeners' polls (broker.db.notify).
+SET synchronous_commit = off;
+
+-- notify_send --
+-- index: none (no table)
+-- One wake-up: the channel and the comma-separated ids of the consumers that got jobs (broker.db.notify).
+SELECT pg_notify(%s, %s);
