@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import _read_response, build_request, percentile, smoke_args_parse, smoke_problems_exit  # noqa: E402
-from bench.push import PUBLISH_HEADERS, Broker, Receiver, cpu_by_group  # noqa: E402
+from bench.push import PUBLISH_HEADERS, Broker, Receiver, _stat, cpu_by_group  # noqa: E402
 
 SMOKE_TABLE = (r"^idle +[\d.]+ s: .* total [\d.]+ % of one core\n(?s:.*)"
                r"^rate +\d+/s: achieved [\d.]+/s .* publish p50/p99 .* lost \d+ dup \d+ .*\n"
@@ -208,11 +208,36 @@ class Database:
     def statements_print(self, per: float, label: str, top: int = 15) -> None:
         """The statements run since the reset, most total time first: calls per ``label``, mean ms."""
         rows = self.conn.execute(
-            "SELECT calls, total_exec_time, regexp_replace(left(query, 100), '\\s+', ' ', 'g')"
+            "SELECT calls, total_exec_time, plans, total_plan_time, regexp_replace(left(query, 90), '\\s+', ' ', 'g')"
             "  FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
-            " ORDER BY total_exec_time DESC LIMIT %s", [top]).fetchall()
-        for calls, total, query in rows:
-            print(f"    {calls / per:8.2f} calls/{label} {total / max(1, calls):7.3f} ms  {query}", flush=True)
+            " ORDER BY total_exec_time + total_plan_time DESC LIMIT %s", [top]).fetchall()
+        for calls, total, plans, planning, query in rows:
+            print(f"    {calls / per:8.2f} calls/{label} {total / max(1, calls):7.3f} ms"
+                  + (f" (+{plans / per:.2f} plans {planning / plans:.3f} ms)" if plans else "") + f"  {query}", flush=True)
+
+    def backends(self) -> dict[int, float]:
+        """CPU seconds so far of each of the server's processes: {pid: seconds}."""
+        out = {}
+        for pid in os.listdir("/proc"):
+            if pid.isdigit() and (st := _stat(pid)) is not None and st[0] == self.postmaster:
+                out[int(pid)] = st[2]
+        return out
+
+    def backends_print(self, before: dict[int, float], per: float, label: str, total: float) -> None:
+        """The server's CPU since ``before`` by what its processes are (application_name, else the
+        backend type): where a message's database time goes besides its statements."""
+        after = self.backends()
+        kinds = dict(self.conn.execute(
+            "SELECT pid, CASE WHEN application_name <> '' THEN application_name ELSE backend_type END"
+            "  FROM pg_stat_activity").fetchall())
+        by: dict[str, float] = {}
+        for pid, cpu in after.items():
+            kind = kinds.get(pid, "(not in pg_stat_activity)")
+            by[kind] = by.get(kind, 0.0) + cpu - before.get(pid, 0.0)
+        by["(ended since)"] = total - sum(by.values())
+        print("    postgres CPU by process, ms/" + label + ": " + ", ".join(
+            f"{kind} {1000 * cpu / per:.3f}" for kind, cpu in sorted(by.items(), key=lambda kv: -kv[1])
+            if abs(cpu) >= 0.00005 * per), flush=True)
 
     def commits(self) -> tuple[int, int]:
         """(commits, sessions opened) so far."""
@@ -229,7 +254,7 @@ def idle(broker: Broker, database: Database, load: Load, seconds: float, *, stat
     """CPU share of one core of each group over ``seconds`` with no traffic."""
     g = groups(broker, database, load)
     counting = database.statements_reset() if statements else False
-    before, t0, commits0 = cpu_by_group(g), time.monotonic(), database.commits()
+    before, t0, commits0, backends0 = cpu_by_group(g), time.monotonic(), database.commits(), database.backends()
     time.sleep(seconds)
     after, wall, commits1 = cpu_by_group(g), time.monotonic() - t0, database.commits()
     share = {name: 100.0 * (after[name] - before[name]) / wall for name in g}
@@ -239,6 +264,7 @@ def idle(broker: Broker, database: Database, load: Load, seconds: float, *, stat
     print(line, flush=True)
     if counting:
         database.statements_print(wall, "s")
+        database.backends_print(backends0, wall, "s", after["postgres"] - before["postgres"])
     return share
 
 
@@ -249,7 +275,7 @@ def rate_run(broker: Broker, receiver: Receiver, database: Database, load: Load,
     receiver.ask("reset")
     load.ask("pulled")  # clear
     counting = database.statements_reset() if statements else False
-    cpu0, commits0 = cpu_by_group(g), database.commits()
+    cpu0, commits0, backends0 = cpu_by_group(g), database.commits(), database.backends()
     result = load.ask("publish", rate, seconds, first)
     cpu1, commits1 = cpu_by_group(g), database.commits()
     ok = set(result["ok"])
@@ -288,6 +314,7 @@ def rate_run(broker: Broker, receiver: Receiver, database: Database, load: Load,
           f"{out['connections']} new database connections", flush=True)
     if counting:
         database.statements_print(n, "msg")
+        database.backends_print(backends0, n, "msg", cpu1["postgres"] - cpu0["postgres"])
     return out
 
 
@@ -321,7 +348,8 @@ def main() -> None:
 
     if args.statements and not os.environ.get("DATABASE_URL"):
         os.environ["BROKER_EMBEDDED_PG_OPTIONS"] = (os.environ.get("BROKER_EMBEDDED_PG_OPTIONS", "")
-                                                    + " -c shared_preload_libraries=pg_stat_statements")
+                                                    + " -c shared_preload_libraries=pg_stat_statements"
+                                                    " -c pg_stat_statements.track_planning=on")
     workdir = Path(tempfile.mkdtemp(prefix="bench-capacity-"))
     receiver = Receiver()
     broker = Broker(args, workdir)
