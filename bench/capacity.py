@@ -340,6 +340,8 @@ def main() -> None:
     parser.add_argument("--max-in-flight", type=int, default=50)
     parser.add_argument("--drain", type=float, default=60.0, help="seconds to wait for the last deliveries")
     parser.add_argument("--web-workers", type=int, default=2)
+    parser.add_argument("--server", choices=("gunicorn", "granian"), default="gunicorn",
+                        help="the web server (granian: pip install granian; for a side-by-side comparison)")
     parser.add_argument("--no-fsync", action="store_true", help="embedded server with fsync off")
     parser.add_argument("--statements", action="store_true",
                         help="print the top statements of each phase (pg_stat_statements: loaded into the "

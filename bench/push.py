@@ -215,6 +215,17 @@ def _kill(proc: subprocess.Popen, grace: float = 3.0) -> None:
     proc.wait()
 
 
+def web_command(server: str, port: int, workers: int) -> list[str]:
+    """The web tier as users run it: gunicorn with gunicorn.conf.py (gthread), or granian (WSGI,
+    the same number of workers and threads) for a side-by-side comparison."""
+    if server == "granian":
+        threads = os.environ.get("BROKER_WEB_THREADS", "32")
+        return [sys.executable, "-m", "granian", "--interface", "wsgi", "--host", "127.0.0.1", "--port", str(port),
+                "--workers", str(workers), "--blocking-threads", threads, "--backpressure", threads,
+                "--log-level", "warning", "broker.wsgi:application"]
+    return [sys.executable, "-m", "gunicorn", "broker.wsgi:application"]
+
+
 class Broker:
     def __init__(self, args, workdir: Path) -> None:
         self.workdir = workdir
@@ -232,7 +243,7 @@ class Broker:
         subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=self.env, check=True)
         port = _free_port()
         self.url = f"http://127.0.0.1:{port}"
-        self.web = _spawn([sys.executable, "-m", "gunicorn", "broker.wsgi:application"],
+        self.web = _spawn(web_command(getattr(args, "server", "gunicorn"), port, args.web_workers),
                           {**self.env, "BROKER_BIND": f"127.0.0.1:{port}"}, workdir / "web.log")
         self.workers = self.workers_start()
         deadline = time.monotonic() + 60

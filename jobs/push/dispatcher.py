@@ -40,6 +40,7 @@ from django.db import connection, transaction
 
 from broker.db.errors import DB_ERRORS, DB_RETRY, database_unavailable
 from broker.db.listen import Listener
+from broker.db.run import bound_cursor
 from broker.xid import job_xid
 from jobs.callbacks.http import Client as HttpClient
 from jobs.callbacks.target import Target
@@ -386,8 +387,8 @@ class Engine:
         Returns the retry delays of the recorded attempts and the claimed jobs."""
         retry_delays, jobs = [], []
         with transaction.atomic():
-            with connection.cursor() as cur:
-                cur.execute(PUSH_TRANSACTION_SETUP)  # generic plans, async commit
+            with bound_cursor() as cur:
+                cur.execute(PUSH_TRANSACTION_SETUP, prepare=True)  # generic plans, async commit
             if pending:
                 retry_delays = outcomes_record(pending, now=now)
             if limit:
