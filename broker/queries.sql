@@ -128,3 +128,15 @@ SELECT set_config(n, v, false) FROM unnest(%(names)s::text[], %(values)s::text[]
 -- index: none (no table)
 -- The database clock.
 SELECT now();
+
+-- advisory_lock_wait --
+-- index: none (an advisory lock)
+-- Wait for a session advisory lock (key text, number) until it is free or the session's
+-- lock_timeout passes (SQLSTATE 55P03): a blocking wait on the server, no polling. A push
+-- dispatcher slot's standby waits this way (jobs/tasks.py).
+SELECT pg_advisory_lock(hashtext(%s), %s);
+
+-- advisory_unlock --
+-- index: none (an advisory lock)
+-- Give back one session advisory lock (key text, number) this session holds.
+SELECT pg_advisory_unlock(hashtext(%s), %s);
