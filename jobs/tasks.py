@@ -18,11 +18,12 @@ How dispatcher loops stay running (``BROKER_PUSH_DISPATCHERS`` per cluster name)
   the shared queue, whose tasks any cluster's pusher may take.
 - Stopping: a cluster asked to stop hands its slots over and exits within its grace period. A
   worker running a loop (or standing by) learns of the stop from django-q2's own stop sequence (the
-  sentinel's ``stop_event``, set when the cluster's main process gets SIGTERM; found on the
-  worker's stack at spawn) or from a SIGTERM of its own (the whole process group signalled, as
-  systemd and ``make run`` do): it releases its slot at once (the standby elsewhere takes it),
-  stops claiming, drains the callbacks in flight and ends; a start arriving meanwhile returns.
-  Idle workers keep django-q2's behaviour.
+  sentinel's ``stop_event``, set when the cluster's main process gets SIGTERM: systemd's
+  ``KillMode=mixed``, Kubernetes, ``make run``; found on the worker's stack at spawn and read
+  without its lock, ``_Stop.watch``) or from a SIGTERM of its own (the whole process group
+  signalled): it releases its slot at once (the standby elsewhere takes it), stops claiming,
+  drains the callbacks in flight and ends; a start arriving meanwhile returns. Idle workers keep
+  django-q2's behaviour. docs/upgrades.md has the operator's side.
 - A cut connection or a failover (docs/high-availability.md) ends no loop: the loop reconnects
   (jobs.push.dispatcher), ``Slot.keep`` takes the slot again every second on a new connection
   (or stops this loop when another took it meanwhile), a start during an outage waits for the
