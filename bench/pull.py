@@ -16,7 +16,7 @@ spec path >= 500/s with 1 client and >= 1,000/s with 8 (200k backlog).
     python bench/pull.py [--backlog 200000] [--clients 4] [--batch 100] [--spec-seconds 10] [--seconds 60]
     python bench/pull.py --backlog 1000000
     python bench/pull.py --baseline    # also the spec path on a second gunicorn without the fast lane and
-                                       # with durable commits (BROKER_PULL_FAST_LANE / _ASYNC_COMMIT off),
+                                       # with durable commits (BROKER_FAST_LANE / _ASYNC_COMMIT off),
                                        # phases alternating with the default one, and the ratios
 
 Uses DATABASE_URL when set, else a throw-away embedded PostgreSQL (fsync on).
@@ -226,7 +226,7 @@ async def fast_client(url: str, stop_at: float, counts: dict, batch: int) -> Non
 
 
 # --baseline: the spec path as it was before the pull fast lane and asynchronous spec-path commits
-BASELINE_ENV = {"BROKER_PULL_FAST_LANE": "0", "BROKER_PULL_ASYNC_COMMIT": "0"}
+BASELINE_ENV = {"BROKER_FAST_LANE": "0", "BROKER_PULL_ASYNC_COMMIT": "0"}
 
 
 def spec_phase(server, db_pid: int | None, clients: int, seconds: float) -> tuple[float, dict, Cpu]:

@@ -85,6 +85,7 @@ RICH_ANSWER = (b"HTTP/1.1 200 OK\r\nDate: Mon, 01 Jan 2024 00:00:00 GMT\r\nServe
 def _receiver_main(port: int, conn) -> None:
     arrivals: list[float] = []
     latencies: list[float] = []
+    seqs: list[int] = []  # X-Seq metadata headers, when the publisher sends them (lost / duplicated)
 
     class Protocol(asyncio.Protocol):
         def connection_made(self, transport):
@@ -112,6 +113,10 @@ def _receiver_main(port: int, conn) -> None:
                 if j >= 0:
                     k = head.find(b"\r\n", j + 2)
                     latencies.append(now - float(head[j + 12:k if k > 0 else None]))
+                j = head.find(b"\r\nx-seq:")
+                if j >= 0:
+                    k = head.find(b"\r\n", j + 2)
+                    seqs.append(int(head[j + 8:k if k > 0 else None]))
                 self.transport.write(b"HTTP/1.1 204 No Content\r\n\r\n")
 
     def control():
@@ -120,12 +125,15 @@ def _receiver_main(port: int, conn) -> None:
             if cmd == "reset":
                 arrivals.clear()
                 latencies.clear()
+                seqs.clear()
                 conn.send(True)
             elif cmd == "stats":
                 conn.send((len(arrivals), arrivals[0] if arrivals else None, arrivals[-1] if arrivals else None,
                            list(latencies)))
             elif cmd == "count":
                 conn.send(len(arrivals))
+            elif cmd == "seqs":
+                conn.send(list(seqs))
 
     async def main():
         server = await asyncio.get_running_loop().create_server(Protocol, "127.0.0.1", port, backlog=1024)
@@ -207,6 +215,17 @@ def _kill(proc: subprocess.Popen, grace: float = 3.0) -> None:
     proc.wait()
 
 
+def web_command(server: str, port: int, workers: int) -> list[str]:
+    """The web tier as users run it: gunicorn with gunicorn.conf.py (gthread), or granian (WSGI,
+    the same number of workers and threads) for a side-by-side comparison."""
+    if server == "granian":
+        threads = os.environ.get("BROKER_WEB_THREADS", "32")
+        return [sys.executable, "-m", "granian", "--interface", "wsgi", "--host", "127.0.0.1", "--port", str(port),
+                "--workers", str(workers), "--blocking-threads", threads, "--backpressure", threads,
+                "--log-level", "warning", "broker.wsgi:application"]
+    return [sys.executable, "-m", "gunicorn", "broker.wsgi:application"]
+
+
 class Broker:
     def __init__(self, args, workdir: Path) -> None:
         self.workdir = workdir
@@ -224,7 +243,7 @@ class Broker:
         subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=self.env, check=True)
         port = _free_port()
         self.url = f"http://127.0.0.1:{port}"
-        self.web = _spawn([sys.executable, "-m", "gunicorn", "broker.wsgi:application"],
+        self.web = _spawn(web_command(getattr(args, "server", "gunicorn"), port, args.web_workers),
                           {**self.env, "BROKER_BIND": f"127.0.0.1:{port}"}, workdir / "web.log")
         self.workers = self.workers_start()
         deadline = time.monotonic() + 60

@@ -160,3 +160,14 @@ SELECT pid, COALESCE(application_name, ''), extract(epoch FROM now() - xact_star
   FROM pg_stat_activity
  WHERE xact_start < now() - make_interval(secs => %s) AND pid <> pg_backend_pid()
  ORDER BY xact_start;
+
+-- notify_session_setup --
+-- index: none (no table)
+-- The wake-up connection's commits (one NOTIFY each) need no WAL flush: a wake-up is not data, and a
+-- lost one is covered by the listeners' polls (broker.db.notify).
+SET synchronous_commit = off;
+
+-- notify_send --
+-- index: none (no table)
+-- One wake-up: the channel and the comma-separated ids of the consumers that got jobs (broker.db.notify).
+SELECT pg_notify(%s, %s);

@@ -123,8 +123,9 @@ BROKER_DATA_DIR = data_dir()
 BROKER_PREPARED_STATEMENTS = env_bool("BROKER_PREPARED_STATEMENTS", True)
 # The spec path's job state changes commit without waiting for the WAL flush (jobs.pull.spec.job_move_spec).
 BROKER_PULL_ASYNC_COMMIT = env_bool("BROKER_PULL_ASYNC_COMMIT", True)
-# The hot pull routes skip URL resolving, DRF and the middleware chain (web.api.pull.fast_lane.PullFastLaneMiddleware).
-BROKER_PULL_FAST_LANE = env_bool("BROKER_PULL_FAST_LANE", True)
+# The hot routes (the single publish, the pull routes) skip URL resolving, DRF and the middleware
+# chain (web.api.fast_lane.FastLaneMiddleware); BROKER_PULL_FAST_LANE is its earlier name.
+BROKER_FAST_LANE = env_bool("BROKER_FAST_LANE", env_bool("BROKER_PULL_FAST_LANE", True))
 
 # --- database -----------------------------------------------------------------------------------
 DATABASE_URL = env_str("DATABASE_URL")
@@ -203,7 +204,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    "web.api.pull.fast_lane.PullFastLaneMiddleware",  # first: the hot pull routes skip the rest (see its docstring)
+    "web.api.fast_lane.FastLaneMiddleware",  # first: the hot routes skip the rest (see its docstring)
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -371,6 +372,19 @@ BROKER_PUSH_BATCH = env_int("BROKER_PUSH_BATCH", 200)  # most jobs claimed by on
 # (an OTLP endpoint, or OTEL_TRACES_EXPORTER); otherwise the OpenTelemetry SDK is never imported.
 OTEL_TRACING = otel_configured(os.environ)
 BROKER_PUSH_POLL = env_float("BROKER_PUSH_POLL", 1.0)  # safety-net poll; wake-ups come by NOTIFY
+BROKER_PUSH_IDLE_POLL = env_float("BROKER_PUSH_IDLE_POLL", 5.0)  # ... once a loop has been idle for 10 s
+# Under load a dispatcher loop records and claims at most once per this many seconds (a batch per
+# transaction); after a quiet spell the first claim runs at once (jobs/push/dispatcher.py).
+BROKER_PUSH_WINDOW = env_float("BROKER_PUSH_WINDOW", 0.02)
+# A waiting (long-polling) pull claims at most once per this many seconds per consumer and web
+# process: under load it takes the batch that gathered meanwhile (jobs/pull/claim.py).
+BROKER_PULL_WINDOW = env_float("BROKER_PULL_WINDOW", 0.05)
+# Single publishes that arrive together in one process share one transaction and commit (group
+# commit: jobs/publish/grouped.py); off: each publishes in its request's thread.
+BROKER_PUBLISH_GROUP = env_bool("BROKER_PUBLISH_GROUP", True)
+# Wake-ups of new jobs are sent after the publishing commit, at most one NOTIFY per this many seconds
+# per process (the first after a quiet spell at once): broker/db/notify.py.
+BROKER_NOTIFY_INTERVAL = env_float("BROKER_NOTIFY_INTERVAL", 0.02)
 BROKER_PUSH_LOOP_SECONDS = env_float("BROKER_PUSH_LOOP_SECONDS", 60.0)  # < Q_CLUSTER timeout
 BROKER_PUSH_EXCERPT_BYTES = env_int("BROKER_PUSH_EXCERPT_BYTES", 1024)  # response body kept per attempt
 BROKER_SECRET_ROTATION_GRACE = env_float("BROKER_SECRET_ROTATION_GRACE", 24 * 3600.0)

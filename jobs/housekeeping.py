@@ -35,12 +35,15 @@ class Step:
     run: Callable[[], int]
     every: float  # seconds between two runs in a dispatcher loop
     in_loops: bool = True  # False: only the fallback schedule runs it (slow work off the delivery loop)
+    idle_every: float | None = None  # seconds between runs while it finds nothing to do (None: every)
 
 
 STEPS: tuple[Step, ...] = (
-    Step("expired", jobs_expire_inflight, 1.0),  # in-flight jobs past their deadline: QUEUED again or DEAD
-    Step("messages_expired", jobs_expire_messages, 1.0),  # QUEUED jobs whose message expired: DEAD (expired)
-    Step("scheduled", scheduled_dispatch_due, 1.0),  # scheduled messages that are due: published
+    # in-flight jobs past their deadline: QUEUED again or DEAD (an idle broker looks every 3 s: a
+    # deadline is seconds to minutes after its claim, and pull waiters sweep their own consumer)
+    Step("expired", jobs_expire_inflight, 1.0, idle_every=3.0),
+    Step("messages_expired", jobs_expire_messages, 1.0, idle_every=5.0),  # QUEUED jobs whose message expired: DEAD
+    Step("scheduled", scheduled_dispatch_due, 1.0, idle_every=2.0),  # scheduled messages that are due: published
     # finished messages past their channel's retention: removed with their jobs, history, attempts
     # (bounded batches, at most half a second a call)
     Step("retention_removed", retention_sweep, RETENTION_EVERY),
@@ -73,18 +76,20 @@ def housekeeping_run(*, steps: tuple[Step, ...] = STEPS) -> dict[str, int | None
 
 
 class Housekeeping:
-    """A loop's clock over the steps: each is due at the loop's start, then every ``step.every`` s."""
+    """A loop's clock over the steps: each is due at the loop's start, then every ``step.every`` s,
+    or ``step.idle_every`` s after a run that found nothing to do (an idle broker stays quiet)."""
 
     def __init__(self, *, start: float | None = None, steps: tuple[Step, ...] = STEPS) -> None:
         start = time.monotonic() if start is None else start
         self.steps = tuple(step for step in steps if step.in_loops)
-        self.due = [start] * len(steps)
+        self.due = [start] * len(self.steps)  # one per step run here (a step left to the schedule has none)
 
     def run_due(self, now: float) -> None:
         for i, step in enumerate(self.steps):
             if now >= self.due[i]:
                 self.due[i] = now + step.every
-                step_run(step)
+                if not step_run(step) and step.idle_every is not None:  # nothing (or a failure)
+                    self.due[i] = now + max(step.every, step.idle_every)
 
     def next_due(self) -> float:
         return min(self.due)

@@ -21,6 +21,19 @@ def _admin_token(settings):
     settings.BROKER_CALLBACK_ALLOW = LOOPBACK_ALLOW
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _close_wakeup_notifier(django_db_setup, django_db_blocker):
+    """Publishes open this process's wake-up connection (jobs.publish.wakeup) and, outside a test's
+    transaction, its publishing thread's (jobs.publish.grouped); close them before the test database
+    is dropped."""
+    yield
+    from jobs.publish.grouped import grouped_publisher_close
+    from jobs.publish.wakeup import jobs_notifier
+
+    jobs_notifier.close()
+    grouped_publisher_close()
+
+
 @pytest.fixture
 def client_anon():
     return APIClient()

@@ -7,7 +7,7 @@ missing or malformed 401, timestamp outside ``BROKER_HMAC_TOLERANCE`` seconds 40
 marked (``request.broker_signed``) so the registry endpoints accept it without the admin token
 (``web.auth.registry_allowed``), as webhook-broker's gateway auth does.
 
-(The pull routes' fast lane, first in ``MIDDLEWARE``, is ``web.api.pull.fast_lane``.)
+(The hot routes' fast lane, first in ``MIDDLEWARE``, is ``web.api.fast_lane``.)
 """
 
 from __future__ import annotations

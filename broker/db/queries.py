@@ -33,14 +33,42 @@ _SETTINGS = re.compile(r"^--\s*settings:\s*(.*?)\s*$")
 _SETTING = re.compile(r"^([a-z_]+)\s*=\s*([A-Za-z0-9_.]+)$")
 
 
+# One token of SQL text: a string literal (E'...' with backslash escapes, or '...' with '' inside),
+# a quoted identifier, a dollar-quoted body, a comment, a run of whitespace, or anything else.
+_SQL_TOKEN = re.compile(r"""[Ee]'(?:[^'\\]|\\.|'')*'|'(?:[^']|'')*'|"(?:[^"]|"")*"|(\$\w*\$).*?\1|--[^\n]*|/\*.*?\*/|\s+|[^'"$\s/-]+|.""",
+                        re.S)
+
+
+def sql_compact(sql: str) -> str:
+    """``sql`` without its comments and with each run of whitespace as one space (string literals,
+    quoted identifiers and dollar-quoted bodies kept as they are): what is sent to the server. psycopg
+    caches its conversion of a statement's placeholders only for text under 4 KiB
+    (``MAX_CACHED_STATEMENT_LENGTH``), and the push claim with its comments was 5.4 KiB: converted
+    again at every execution, 16 % of a push dispatcher's CPU."""
+    out: list[str] = []
+    space = False
+    for match in _SQL_TOKEN.finditer(sql):
+        token = match.group(0)
+        if token.startswith("--") or token.startswith("/*") or token.isspace():
+            space = True
+            continue
+        # no space after "(" or ",", nor before ")" or ",": delimiters in SQL, never part of a word
+        if space and out and not out[-1].endswith(("(", ",")) and not token.startswith((")", ",")):
+            out.append(" ")
+        out.append(token)
+        space = False
+    return "".join(out)
+
+
 @dataclass(frozen=True)
 class Query:
     name: str
-    sql: str
+    sql: str  # as sent: comments removed, whitespace collapsed (``sql_compact``); ``text`` as written
     index: str
     hot: bool
     doc: str
     settings: tuple[tuple[str, str], ...] = ()
+    text: str = ""  # the statement as written in the file, comments included
 
     def __str__(self) -> str:
         return self.sql
@@ -99,7 +127,8 @@ def _block(name: str, lines: list[str], *, where: str) -> Query:
                              "or 'none (why)')")
     if not sql:
         raise QueryFileError(f"{where}: query {name!r} has no SQL")
-    return Query(name=name, sql=sql, index=index, hot=hot, doc=" ".join(doc), settings=tuple(settings))
+    return Query(name=name, sql=sql_compact(sql), index=index, hot=hot, doc=" ".join(doc), settings=tuple(settings),
+                 text=sql)
 
 
 def queries_load(path: str | Path) -> dict[str, Query]:

@@ -1,8 +1,9 @@
 """Store a message and fan it out to one QUEUED job per consumer, atomically.
 
-The message insert, the job fan-out and the wake-up NOTIFY are one SQL statement, hence one
-transaction: once the producer gets 201 nothing can be lost, and nobody is woken before the rows are
-visible. This is a measured hot path (bench/publish.py), so it is raw SQL: one auth query and one
+The message insert and the job fan-out are one SQL statement, hence one transaction: once the
+producer gets 201 nothing can be lost. The wake-up of the consumers that got jobs is sent after the
+commit (``jobs.publish.wakeup``: no NOTIFY in the durable transaction), so nobody is woken before
+the rows are visible. This is a measured hot path (bench/publish.py), so it is raw SQL: one auth query and one
 write statement per request, however many messages and consumers. The headers stored here are read
 back by the claims (``headers_decode``)."""
 
@@ -27,6 +28,7 @@ from jobs.partitions.rows import partitions_for_publish
 from jobs.partitions.settle import partition_settle
 from jobs.publish.auth import PublishContext, producer_rate_take
 from jobs.publish.queries import Q
+from jobs.publish.wakeup import jobs_wake
 
 logger = logging.getLogger("broker.advisories")  # advisory_publish: the name operators filter on
 DISPATCHED = 102
@@ -139,6 +141,8 @@ def messages_publish(*, ctx: PublishContext, messages: list[NewMessage]) -> list
         }, prepare=True)
     else:
         rows = _messages_insert(ctx, messages, ids, traces)
+    if rows:
+        jobs_wake(consumer_ids=rows[0][1])  # (every row carries the statement's consumers)
     created = {r[0] for r in rows}
     result = []
     for mid in ids:

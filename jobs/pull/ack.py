@@ -121,7 +121,9 @@ def jobs_ack(*, ctx: PullContext, items: list[AckItem]) -> list[dict]:
     by INFLIGHT and the consumer), answered per job. QUEUED is a negative acknowledgement: retry
     + 1, due after ``Delay`` seconds, DEAD past the retry limit. A job that is not this consumer's
     is ``not_found``; one that is not INFLIGHT is a ``conflict`` (with its current Status); one whose
-    ``Receipt`` is not its current claim's is ``stale_receipt`` (with its current Status), unchanged."""
+    ``Receipt`` is not its current claim's is ``stale_receipt`` (with its current Status), unchanged.
+    An ack sent again after its answer was lost (its ``Receipt`` still the current claim's, the job
+    already in the state it asks for) is answered as done, as SQS and Pub/Sub acks are idempotent."""
     moves = [it for it in items if it.job_id is not None and it.gate is not None]
     moved_gate = jobs_move_gate(
         moves=[GateMove(job_id=it.job_id, gate=it.gate, payload=it.payload) for it in moves],
@@ -150,7 +152,7 @@ def jobs_ack(*, ctx: PullContext, items: list[AckItem]) -> list[dict]:
                 result.append({"ID": it.raw_id, "Status": None, "Error": "not_found", "Detail": "job not found"})
             continue
         moved, status, retry, receipt = outcome.get(it.job_id, (False, None, None, None))
-        if moved:
+        if moved or (status == it.target and it.receipt is not None and it.receipt == receipt):
             result.append({"ID": it.raw_id, "Status": STATUS_NAMES[status], "RetryCount": retry})
         elif status is not None and it.receipt is not None and it.receipt != receipt:
             result.append({"ID": it.raw_id, "Status": STATUS_NAMES.get(status), "Error": "stale_receipt",
@@ -186,8 +188,8 @@ def jobs_ack_inflight(*, consumer_pk: int, job_ids: Sequence[int], to_statuses: 
     INFLIGHT -> DELIVERED / DEAD, or QUEUED (negative acknowledgement: retry + 1, due after the
     delay, DEAD past ``max_retry``; waiting pulls are notified). Guarded by INFLIGHT, the consumer
     and, for a job given a receipt, its current claim's receipt. Returns {job_id: (moved, status,
-    retry_count, receipt)}: for a job that did not move, ``status`` and ``receipt`` are its current
-    ones (None when it is not this consumer's)."""
+    retry_count, receipt)}: for a job that did not move, ``status``, ``retry_count`` and ``receipt``
+    are its current ones (None when it is not this consumer's)."""
     transitions_check((INFLIGHT, to_status) for to_status in to_statuses)
     if not job_ids:
         return {}
@@ -197,7 +199,7 @@ def jobs_ack_inflight(*, consumer_pk: int, job_ids: Sequence[int], to_statuses: 
         "reason": reason[:32], "receipts": list(receipts) if receipts is not None else [None] * len(job_ids),
     }, prepare=True)
     settle_on_commit(r[5] for r in rows if r[1] is not None and r[1] != QUEUED)
-    return {r[0]: (True, r[1], r[2], None) if r[1] is not None else (False, r[3], None, r[6]) for r in rows}
+    return {r[0]: (True, r[1], r[2], None) if r[1] is not None else (False, r[3], r[7], r[6]) for r in rows}
 
 
 def jobs_extend(*, consumer_pk: int, job_ids: Sequence[int], incremental_timeout: float | None = None,

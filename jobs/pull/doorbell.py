@@ -58,7 +58,7 @@ from jobs.callbacks.http import Client, ProtocolError
 from jobs.callbacks.signing import secret_bytes, sign
 from jobs.callbacks.target import Target
 from jobs.pull.queries import Q
-from jobs.pull.wakeups import CHANNEL
+from jobs.publish.wakeup import CHANNEL
 from jobs.state.transitions import QUEUED
 
 logger = logging.getLogger("consumers.doorbell")  # its name before the move: what operators filter on
@@ -315,7 +315,9 @@ class Ringer:
             now = time.monotonic()
             if now - members_at >= RELOAD_EVERY:
                 members, members_at = doorbell_consumers(), now
-            full = now >= next_poll
+            full = now >= next_poll and bool(members)  # no doorbell consumer: nothing to check
+            if now >= next_poll and not members:
+                next_poll = now + poll
             while timers and timers[0] <= now:
                 heapq.heappop(timers)
                 full = True

@@ -151,7 +151,7 @@ SELECT a.*, (SELECT count(*) FROM u), (SELECT u.partition_id FROM u),
 -- A pull consumer's outcomes for many in-flight jobs (the batch ack): INFLIGHT -> DELIVERED /
 -- DEAD / QUEUED (retry + 1, DEAD past max_retry); waiting pulls are notified of requeues. An item
 -- with a receipt moves only the claim it names (a late ack of an earlier holder changes nothing);
--- the jobs that did not move come back with their current status and receipt.
+-- the jobs that did not move come back with their current status, receipt and retry count.
 WITH v AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(to_s)s::smallint[], %(delay)s::float8[], %(receipts)s::bigint[])
            AS v(id, to_s, delay, receipt)
@@ -171,7 +171,7 @@ WITH v AS (
 ), n AS (
     SELECT pg_notify('broker_jobs', %(consumer)s::text) FROM u WHERE status = 1001 LIMIT 1
 )
-SELECT v.id, u.status, u.retry_count, c.status, (SELECT count(*) FROM n), u.partition_id, c.receipt
+SELECT v.id, u.status, u.retry_count, c.status, (SELECT count(*) FROM n), u.partition_id, c.receipt, c.retry_count
   FROM v LEFT JOIN u ON u.id = v.id
          LEFT JOIN jobs_job c ON u.id IS NULL AND c.id = v.id AND c.consumer_id + 0 = %(consumer)s::bigint;
 

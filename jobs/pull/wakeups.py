@@ -1,7 +1,8 @@
 """Wake-ups on new jobs: one LISTEN connection per process, many local waiters.
 
-Publishing (and requeueing) sends ``pg_notify('broker_jobs', '<consumer pk>,<consumer pk>...')``
-inside its transaction, delivered on commit. Each process that needs wake-ups (a web process
+Publishing sends ``pg_notify('broker_jobs', '<consumer pk>,<consumer pk>...')`` after its commit
+(``jobs.publish.wakeup``: debounced per process; this process's own waiters are woken at once,
+without the round trip); requeueing sends it inside its transaction, delivered on commit. Each process that needs wake-ups (a web process
 serving long-polls, a push worker) starts one daemon thread holding one autocommit connection
 that LISTENs and bumps a per-consumer sequence number under a condition variable. Waiters never
 hold a database connection while they sleep. Polling at ``fallback`` seconds stays as the safety
@@ -15,8 +16,7 @@ import time
 from collections import defaultdict
 
 from broker.db.listen import Listener
-
-CHANNEL = "broker_jobs"
+from jobs.publish.wakeup import CHANNEL, jobs_notifier
 ANY = 0  # pseudo consumer id: bumped on every notification
 
 
@@ -35,6 +35,7 @@ class Wakeups:
             if self._thread is not None and self._thread.is_alive():
                 return
             self._stop.clear()
+            jobs_notifier.subscribe(self.bump)  # this process's own publishes wake its waiters at once
             self._thread = threading.Thread(target=self._run, name="broker-listen", daemon=True)
             self._thread.start()
 

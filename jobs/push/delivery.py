@@ -1,10 +1,13 @@
-"""One callback attempt's content: the webhook-broker and Standard Webhooks headers, and how an
-answer is classified (``Result``; a partition handler's JSON answer, ``handler_answer``). The
-HTTP exchange is ``jobs.callbacks.http``, the signature ``jobs.callbacks.signing``."""
+"""One callback attempt: its content (the webhook-broker and Standard Webhooks headers), the attempt
+itself (``attempt_deliver``, on the dispatcher's HTTP client) and how an answer is classified
+(``Result``; a partition handler's JSON answer, ``handler_answer``). The HTTP exchange is
+``jobs.callbacks.http``, the signature ``jobs.callbacks.signing``."""
 
 from __future__ import annotations
 
 import json
+import logging
+import ssl
 import time
 import uuid
 from dataclasses import dataclass
@@ -15,12 +18,14 @@ from urllib.parse import quote
 from django.conf import settings
 from django.db import connection
 
-from broker.tracing import traceparent_child
+from broker.tracing import span_start, traceparent_child
 from broker.xid import job_xid
+from jobs.callbacks.http import ProtocolError
 from jobs.callbacks.signing import secret_bytes, sign
 from jobs.callbacks.target import Target
 from jobs.push.queries import Q
 
+logger = logging.getLogger("jobs.push.dispatcher")  # the name operators filter push delivery logs on
 RETRY_AFTER_CAP = 24 * 3600.0
 
 
@@ -211,3 +216,42 @@ def targets_load(pks) -> dict[int, Target]:
             max_retry=max_retry, backoff=steps, rate=rate, updated_at=updated_at,
         )
     return targets
+
+
+async def attempt_deliver(client, job, target: Target, *, worker: str) -> "Result":
+    """POST one claimed job to its consumer and classify the answer; never raises (a failure is the
+    attempt's outcome). Runs on the dispatcher's event loop (``client``: ``jobs.callbacks.http``)."""
+    started = time.monotonic()
+    headers = {}
+    span = span_start(f"deliver {target.channel_id}", parent=job.trace, kind="client", attributes={
+        "messaging.system": "broker", "messaging.operation.type": "process", "messaging.message.id": job.message_id,
+        "messaging.destination.name": target.channel_id, "messaging.consumer.group.name": target.consumer_id,
+        "broker.attempt": job.retry_count + 1})  # trace context: None unless OpenTelemetry is configured
+    try:
+        headers = request_headers(job, target, worker=worker, span=span)
+        answer = await client.post(scheme=target.scheme, host=target.host, port=target.port,
+                                   path=target.path, headers=headers, body=job.payload, timeout=target.timeout)
+        code = answer.status
+        retry_after = (parse_retry_after(answer.headers.get("retry-after"))
+                       if code in (429, 503) else None)
+        location = answer.headers.get("location") if 300 <= code < 400 else None
+        error = f"redirect to {location} not followed" if location else ""
+        excerpt = answer.body[:settings.BROKER_PUSH_EXCERPT_BYTES].decode("utf-8", "replace")
+        result = Result(status_code=code, duration=0.0, excerpt=excerpt, error=error, retry_after=retry_after)
+        if job.partition_key is not None and 200 <= code < 300:  # handler-driven gates
+            result.answer = handler_answer(answer.body, job.gate)
+    except TimeoutError:
+        result = Result(status_code=None, duration=0.0, error=f"timeout after {target.timeout:g}s")
+    except (OSError, ssl.SSLError, ProtocolError, ValueError) as exc:
+        result = Result(status_code=None, duration=0.0, error=f"{type(exc).__name__}: {exc}"[:500])
+    except Exception as exc:  # noqa: BLE001 - a bug must not lose the job's outcome
+        logger.exception("push delivery of job %s failed unexpectedly", job_xid(job.id), extra={
+            "job_id": job_xid(job.id), "message_id": job.message_id, "consumer_id": target.consumer_id,
+            "channel_id": target.channel_id})
+        result = Result(status_code=None, duration=0.0, error=f"internal error: {type(exc).__name__}")
+    end = time.monotonic()
+    result.duration, result.finished, result.request_id = end - started, end, headers.get("X-Request-ID", "")
+    if span is not None:
+        span.end(error="" if result.outcome == "delivered" else (result.error or f"HTTP {result.status_code}"),
+                 **{"http.response.status_code": result.status_code, "broker.outcome": result.outcome})
+    return result

@@ -7,7 +7,8 @@ Two threads per process: this coordinator (all database work) and the HTTP clien
     wait (select) for a NOTIFY on this loop's own LISTEN connection, a finished callback (wake
     pipe), a retry or pacing timer, or the safety-net poll
     -> one transaction: record the finished attempts (``jobs_push_record``, one statement), then
-       claim as many due jobs as there is room for (``jobs_claim_push``)
+       claim as many due jobs as there is room for (``jobs_claim_push``); under load at most one
+       such transaction per ``BROKER_PUSH_WINDOW`` (what arrives meanwhile waits for the next)
     -> hand the claimed jobs to the event loop
     -> housekeeping (jobs.housekeeping), each step at its period: every second the in-flight
        timeout sweep, due scheduled messages and lost partition settles; every 5 s the counter
@@ -15,8 +16,10 @@ Two threads per process: this coordinator (all database work) and the HTTP clien
 
 Recording and claiming share a transaction so the room freed by finished callbacks is
 visible to the claim at once: with maxInFlight = 10 a consumer's throughput is 10 / (callback
-round trip + one transaction), not 10 / (round trip + two transactions + a poll). Everything is
-at-least-once: a job whose outcome cannot be recorded stays INFLIGHT until its deadline and
+round trip + one transaction), not 10 / (round trip + two transactions + a poll). The window is
+what one message costs the database: each transaction pays its statements' fixed costs (the
+triggers' history and counter rows) once for the whole batch; after a quiet spell the first claim
+runs at once, so a single message is never held. Everything is at-least-once: a job whose outcome cannot be recorded stays INFLIGHT until its deadline and
 the sweep queues it again.
 """
 
@@ -26,7 +29,6 @@ import heapq
 import logging
 import os
 import select
-import ssl
 import threading
 import time
 import uuid
@@ -38,24 +40,21 @@ from django.db import connection, transaction
 
 from broker.db.errors import DB_ERRORS, DB_RETRY, database_unavailable
 from broker.db.listen import Listener
-from broker.tracing import span_start
+from broker.db.run import bound_cursor
 from broker.xid import job_xid
 from jobs.callbacks.http import Client as HttpClient
-from jobs.callbacks.http import ProtocolError
 from jobs.callbacks.target import Target
 from jobs.housekeeping import Housekeeping
 from jobs.partitions.leases import lease_seconds, partition_leases_cycle, partition_leases_release
-from jobs.pull.wakeups import CHANNEL
+from jobs.publish.wakeup import CHANNEL
 from jobs.push.claim import PUSH_TRANSACTION_SETUP, jobs_claim_push
-from jobs.push.delivery import Result, handler_answer, parse_retry_after, request_headers, targets_load
+from jobs.push.delivery import attempt_deliver, targets_load
 from jobs.push.queries import Q
 from jobs.push.record import outcomes_record
 
 logger = logging.getLogger(__name__)
-# Finished callbacks are held up to this long while others of the same burst are still running,
-# so one transaction records (and refills) a burst instead of a fragment of it.
-COALESCE = 0.002
 LEASE_KICK = 0.2  # seconds: the soonest a NOTIFY brings the next partition lease cycle after the last
+IDLE_AFTER = 10.0  # seconds without a claimed or recorded job: the loop is idle (see BROKER_PUSH_IDLE_POLL)
 
 
 @dataclass
@@ -75,13 +74,18 @@ class _Loop:
     chores: Housekeeping
     lease_every: float
     next_lease: float
+    idle_poll: float = 5.0  # the safety-net poll and lease cycle of an idle loop (BROKER_PUSH_IDLE_POLL)
+    busy_at: float = 0.0  # monotonic time of the last transaction that claimed or recorded a job
+    last_lease: float = float("-inf")  # monotonic time of the last lease cycle
     # monotonic times when our own retries / paced consumers are due
     timers: list[float] = field(default_factory=list)
     stats: dict = field(default_factory=lambda: {
         "claimed": 0, "recorded": 0, "transactions": 0, "errors": 0, "db_seconds": 0.0})
     claiming: bool = True
     kicked: bool = True
-    notified: bool = False  # a NOTIFY or timer is waiting for a claim (no coalescing delay then)
+    notified: bool = False  # the last wait ended on a NOTIFY (worth a partition lease cycle soon)
+    window: float = 0.0  # seconds between two transactions (BROKER_PUSH_WINDOW)
+    last_tx: float = float("-inf")  # monotonic start of the last record-and-claim transaction
     # finished attempts not yet recorded (kept across a DB error)
     pending: list[tuple] = field(default_factory=list)
     down_since: float | None = None  # monotonic time of the first database error of an outage
@@ -96,8 +100,14 @@ class _Loop:
                    stop=stop, housekeeping=housekeeping, batch=max(1, int(settings.BROKER_PUSH_BATCH)),
                    poll=max(0.05, float(settings.BROKER_PUSH_POLL)),
                    events=sorted(((start + at, fn) for at, fn in (events or [])), key=lambda e: e[0]),
-                   next_poll=start, chores=Housekeeping(start=start),
-                   lease_every=min(1.0, lease_seconds() / 3.0), next_lease=start)
+                   next_poll=start, chores=Housekeeping(start=start), window=max(0.0, float(settings.BROKER_PUSH_WINDOW)),
+                   lease_every=min(1.0, lease_seconds() / 3.0), next_lease=start, busy_at=start,
+                   idle_poll=max(float(settings.BROKER_PUSH_POLL), float(settings.BROKER_PUSH_IDLE_POLL)))
+
+    def idle(self, now: float) -> bool:
+        """Nothing claimed or recorded for a while: the safety-net poll and an empty lease cycle slow
+        down to ``idle_poll`` (a NOTIFY still wakes the loop at once)."""
+        return now - self.busy_at >= IDLE_AFTER
 
     def result(self) -> dict:
         """The counters for the log, with the run's length."""
@@ -133,40 +143,7 @@ class Engine:
     # --- the HTTP side (event loop thread) ---------------------------------------------------
     async def _deliver(self, item) -> None:
         job, target = item
-        started = time.monotonic()
-        headers = {}
-        span = span_start(f"deliver {target.channel_id}", parent=job.trace, kind="client", attributes={
-            "messaging.system": "broker", "messaging.operation.type": "process", "messaging.message.id": job.message_id,
-            "messaging.destination.name": target.channel_id, "messaging.consumer.group.name": target.consumer_id,
-            "broker.attempt": job.retry_count + 1})  # trace context: None unless OpenTelemetry is configured
-        try:
-            headers = request_headers(job, target, worker=self.worker_id, span=span)
-            answer = await self.client.post(scheme=target.scheme, host=target.host, port=target.port,
-                                            path=target.path, headers=headers, body=job.payload,
-                                            timeout=target.timeout)
-            code = answer.status
-            retry_after = (parse_retry_after(answer.headers.get("retry-after"))
-                           if code in (429, 503) else None)
-            location = answer.headers.get("location") if 300 <= code < 400 else None
-            error = f"redirect to {location} not followed" if location else ""
-            excerpt = answer.body[:settings.BROKER_PUSH_EXCERPT_BYTES].decode("utf-8", "replace")
-            result = Result(status_code=code, duration=0.0, excerpt=excerpt, error=error, retry_after=retry_after)
-            if job.partition_key is not None and 200 <= code < 300:  # handler-driven gates
-                result.answer = handler_answer(answer.body, job.gate)
-        except TimeoutError:
-            result = Result(status_code=None, duration=0.0, error=f"timeout after {target.timeout:g}s")
-        except (OSError, ssl.SSLError, ProtocolError, ValueError) as exc:
-            result = Result(status_code=None, duration=0.0, error=f"{type(exc).__name__}: {exc}"[:500])
-        except Exception as exc:  # noqa: BLE001 - a bug must not lose the job's outcome
-            logger.exception("push delivery of job %s failed unexpectedly", job_xid(job.id), extra={
-                "job_id": job_xid(job.id), "message_id": job.message_id, "consumer_id": target.consumer_id,
-                "channel_id": target.channel_id})
-            result = Result(status_code=None, duration=0.0, error=f"internal error: {type(exc).__name__}")
-        end = time.monotonic()
-        result.duration, result.finished, result.request_id = end - started, end, headers.get("X-Request-ID", "")
-        if span is not None:
-            span.end(error="" if result.outcome == "delivered" else (result.error or f"HTTP {result.status_code}"),
-                     **{"http.response.status_code": result.status_code, "broker.outcome": result.outcome})
+        result = await attempt_deliver(self.client, job, target, worker=self.worker_id)
         self.done.append((job, target, result))
         if not self._signalled:  # one byte per batch of finished attempts
             self._signalled = True
@@ -264,8 +241,10 @@ class Engine:
         """
         self.wake_share = wake_share
         self.listener.fileno()  # LISTEN before the first claim, so no publish falls in between
+        # one loop per cluster (slot 0, the first taken) runs the housekeeping steps: with several
+        # loops each would repeat the same sweeps every second for nothing
         loop = _Loop.begin(claim_for=claim_for, drain_for=drain_for, stop=stop, events=events,
-                           housekeeping=housekeeping)
+                           housekeeping=housekeeping and (wake_share is None or wake_share[0] == 0))
         while True:
             now = time.monotonic()
             try:
@@ -287,10 +266,9 @@ class Engine:
         self._events_run(loop, now)
         self._claiming_check(loop, now)
         self._timers_due(loop, now)
-        if self._collect_or_hold(loop):
-            return False
+        loop.pending.extend(self._collect())
         if not self._record_and_claim(loop, now):
-            return False  # database error: the finished attempts stay pending
+            return False  # held for the window, or a database error: the finished attempts stay pending
         self._leases_due(loop, now)
         self._housekeeping_due(loop, now)
         if self._drained(loop, now):
@@ -347,29 +325,23 @@ class Engine:
         coalescing delay."""
         while loop.timers and loop.timers[0] <= now:
             heapq.heappop(loop.timers)
-            loop.kicked = loop.notified = True
-
-    def _collect_or_hold(self, loop: _Loop) -> bool:
-        """Take the finished attempts. True when they are held a moment (``COALESCE``) because others
-        of the same burst are still running, so one transaction records (and refills) the whole
-        burst; never while a NOTIFY or timer is waiting for a claim, which is consumed otherwise."""
-        loop.pending.extend(self._collect())
-        if loop.pending and self._running and not loop.notified:
-            hold = min(r.finished for _, _, r in loop.pending) + COALESCE - time.monotonic()
-            if hold > 0:
-                loop.notified = self._wait(hold) == "notify"
-                return True
-        loop.notified = False
-        return False
+            loop.kicked = True
 
     def _record_and_claim(self, loop: _Loop, now: float) -> bool:
         """Record the finished attempts and claim into the room there is, in one transaction so the
         room they freed is claimable at once; then schedule retries and hand the jobs over. False
-        after a database error (the attempts stay pending, the loop starts over after ``DB_RETRY``)."""
+        while held (the window since the last transaction is not over: the loop sleeps the rest of
+        it, then starts over with what arrived meanwhile) and after a database error (the attempts
+        stay pending, the loop starts over after ``DB_RETRY``)."""
         capacity = min(loop.batch, self.idle_capacity()) if loop.claiming else 0
         want_claim = capacity > 0 and (loop.kicked or now >= loop.next_poll)
         if not (loop.pending or want_claim):
             return True
+        hold = loop.last_tx + loop.window - now
+        if hold > 0:
+            time.sleep(hold)
+            return False
+        loop.last_tx = now
         db_start = time.perf_counter()
         try:
             retry_delays, jobs = self._transaction(loop.pending, now, capacity if want_claim else 0)
@@ -391,8 +363,10 @@ class Engine:
         for delay in retry_delays:
             self._timer(loop.timers, now + delay + 0.01)
         loop.pending = []
+        if jobs or loop.pending:
+            loop.busy_at = now
         if want_claim:
-            loop.next_poll = now + loop.poll
+            loop.next_poll = now + (loop.idle_poll if loop.idle(now) else loop.poll)
             loop.kicked = len(jobs) >= capacity  # a full batch: more may be due right away
         if jobs:
             self._hand_over(loop, now, jobs)
@@ -413,8 +387,8 @@ class Engine:
         Returns the retry delays of the recorded attempts and the claimed jobs."""
         retry_delays, jobs = [], []
         with transaction.atomic():
-            with connection.cursor() as cur:
-                cur.execute(PUSH_TRANSACTION_SETUP)  # generic plans, async commit
+            with bound_cursor() as cur:
+                cur.execute(PUSH_TRANSACTION_SETUP, prepare=True)  # generic plans, async commit
             if pending:
                 retry_delays = outcomes_record(pending, now=now)
             if limit:
@@ -438,9 +412,11 @@ class Engine:
         if now >= loop.next_lease:
             # Partition leases: from this coordinator thread, which never waits for callbacks
             # (they run on the HTTP client's event loop), so slow deliveries never delay renewal.
-            loop.next_lease = now + loop.lease_every
+            loop.next_lease, loop.last_lease = now + loop.lease_every, now
             if self._lease_cycle(acquire=loop.claiming):
                 loop.kicked = True
+            elif self.lease_stats is not None and not self.lease_stats.owned and loop.idle(now):
+                loop.next_lease = now + loop.idle_poll  # no lease to renew: a NOTIFY brings the next cycle
 
     @staticmethod
     def _housekeeping_due(loop: _Loop, now: float) -> None:
@@ -475,8 +451,7 @@ class Engine:
         loop.notified = woke == "notify"
         if loop.notified and loop.claiming:
             # new jobs may be in a partition nobody leases yet: look soon (at most 5 cycles a second)
-            loop.next_lease = min(loop.next_lease,
-                                  max(time.monotonic(), loop.next_lease - loop.lease_every + LEASE_KICK))
+            loop.next_lease = min(loop.next_lease, max(time.monotonic(), loop.last_lease + LEASE_KICK))
 
     def _lease_cycle(self, *, acquire: bool) -> bool:
         """One partition lease cycle (jobs.partitions); True when partitions were taken."""

@@ -27,7 +27,7 @@ GOOD = """
 -- hot
 -- Why it is shaped so.
 SELECT 1
-  -- a comment inside the SQL stays part of it
+  -- a comment inside the SQL stays part of its text, not of what is sent
   FROM jobs_job;
 
 -- second --
@@ -41,7 +41,8 @@ def test_blocks_parse_with_their_metadata():
     assert list(queries) == ["first", "second"]
     first = queries["first"]
     assert first.index == "job_claim" and first.hot and first.doc == "Why it is shaped so."
-    assert first.sql.startswith("SELECT 1") and "stays part of it" in first.sql and not first.sql.endswith(";")
+    assert first.text.startswith("SELECT 1") and "stays part of its text" in first.text and not first.text.endswith(";")
+    assert first.sql == "SELECT 1 FROM jobs_job"  # as sent: no comment, whitespace collapsed
     assert not queries["second"].hot and queries["second"].index == "none (settings only)"
     registry = Registry(queries)
     assert registry.first is first and "second" in registry and len(registry) == 2

@@ -39,3 +39,31 @@ def test_a_failing_step_is_logged_and_the_others_run(monkeypatch):
     result = housekeeping_run(steps=(Step("a", broken, 1.0), Step("b", recorder(log, "b", 3), 1.0)))
     assert result == {"a": None, "b": 3}
     assert log == ["b"] and closed == [True]
+
+
+def test_a_step_left_to_the_schedule_does_not_keep_the_loop_awake():
+    """A step only the fallback schedule runs (``in_loops=False``) has no due time in a loop's clock:
+    before, its entry stayed at the loop's start and ``next_due`` stayed in the past, so the push
+    dispatcher's loop never slept (one to two cores burnt by an idle broker)."""
+    steps = (Step("loop", recorder([], "loop"), 1.0), Step("scheduled", recorder([], "scheduled"), 60.0, in_loops=False))
+    clock = Housekeeping(start=100.0, steps=steps)
+    clock.run_due(100.0)
+    assert clock.next_due() == 101.0
+
+
+def test_a_step_that_finds_nothing_waits_its_idle_period_then_its_own_again():
+    log, results = [], iter([0, 0, 4, 0])
+
+    def run():
+        log.append("x")
+        return next(results)
+
+    clock = Housekeeping(start=0.0, steps=(Step("x", run, 1.0, idle_every=3.0),))
+    clock.run_due(0.0)
+    assert clock.next_due() == 3.0  # found nothing: idle period
+    clock.run_due(3.0)
+    assert clock.next_due() == 6.0
+    clock.run_due(6.0)  # did work: back to every second
+    assert clock.next_due() == 7.0
+    clock.run_due(7.0)
+    assert clock.next_due() == 10.0 and log == ["x"] * 4

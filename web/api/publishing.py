@@ -1,5 +1,9 @@
 """HTTP API for publishing: one message (``broadcast``, or scheduled for later) and its headers;
-the batch body parser (the batch endpoint shares its path with the message list, web.api.messages)."""
+the batch body parser (the batch endpoint shares its path with the message list, web.api.messages).
+
+``broadcast_post`` is the handler; ``BroadcastView`` documents it and serves what the fast lane
+(``web.api.fast_lane``) leaves to the full stack. It reads headers from ``request.META`` (what
+``request.headers`` is built from, without building it)."""
 
 from __future__ import annotations
 
@@ -7,16 +11,17 @@ import json
 from urllib.parse import quote
 
 from django.conf import settings
+from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from broker.errors import InvalidInput, TooLarge
+from broker.errors import DomainError, InvalidInput, TooLarge
 from broker.message_types import message_type_parse, ttl_parse
 from broker.tracing import trace_context_parse
 from jobs.publish.auth import PublishContext, publish_authenticate
-from jobs.publish.messages import NewMessage, message_publish, partition_headers, partition_parse
+from jobs.publish.grouped import message_publish_grouped
+from jobs.publish.messages import NewMessage, partition_headers, partition_parse
 from jobs.publish.scheduled import scheduled_for_parse, scheduled_message_create
 from web.api.common import CHANNEL_TOKEN, ERROR, read_body
 from web.api.representations import message_url
@@ -81,26 +86,80 @@ def parse_message_id(raw: str | None) -> str | None:
 
 def metadata_headers(request) -> dict:
     """Headers named in X-Broker-Metadata-Headers (comma-separated) that are present."""
-    names = request.headers.get("X-Broker-Metadata-Headers", "")
+    names = request.META.get("HTTP_X_BROKER_METADATA_HEADERS")
+    if not names:
+        return {}
+    headers = request.headers
     result = {}
     for name in names.split(","):
         name = name.strip()
-        if name and name in request.headers:
-            result[name] = request.headers[name]
+        if name and name in headers:
+            result[name] = headers[name]
     return result
 
 
 def publish_context(request, channel_id: str) -> PublishContext:
+    meta = request.META
     return publish_authenticate(
         channel_id=channel_id,
-        channel_token=request.headers.get("X-Broker-Channel-Token"),
-        producer_id=request.headers.get("X-Broker-Producer-ID"),
-        producer_token=request.headers.get("X-Broker-Producer-Token"),
+        channel_token=meta.get("HTTP_X_BROKER_CHANNEL_TOKEN"),
+        producer_id=meta.get("HTTP_X_BROKER_PRODUCER_ID"),
+        producer_token=meta.get("HTTP_X_BROKER_PRODUCER_TOKEN"),
     )
+
+
+def broadcast_post(request, channel_id: str) -> HttpResponse:
+    """Publish one message (or schedule it): 201 with the Location of the message. A plain publish
+    shares the transaction of the publishes arriving with it (``message_publish_grouped``)."""
+    meta = request.META
+    credentials = {"channel_id": channel_id, "channel_token": meta.get("HTTP_X_BROKER_CHANNEL_TOKEN"),
+                   "producer_id": meta.get("HTTP_X_BROKER_PRODUCER_ID"),
+                   "producer_token": meta.get("HTTP_X_BROKER_PRODUCER_TOKEN")}
+    try:
+        message, scheduled_for = _broadcast_message(request)
+    except DomainError:
+        publish_authenticate(**credentials)  # refusals of the credentials come first
+        raise
+    response = HttpResponse(status=201)
+    del response["Content-Type"]  # an empty body, as DRF answered it
+    if scheduled_for:  # publish later (jobs.publish.scheduled): 400 bad date, 412 too soon
+        mid = scheduled_message_create(ctx=publish_authenticate(**credentials), message=message,
+                                       dispatch_at=scheduled_for_parse(scheduled_for))
+        response["Location"] = f"/channel/{channel_id}/scheduled-message/{quote(mid, safe='-_.~')}"
+    else:
+        mid = message_publish_grouped(**credentials, message=message)
+        response["Location"] = message_url(channel_id, quote(mid, safe="-_.~"))
+    return response
+
+
+def _broadcast_message(request) -> tuple[NewMessage, str]:
+    """The message of a broadcast request and its X-Broker-Scheduled-For (empty: now); 400 / 413 refusals."""
+    meta = request.META
+    body = read_body(request, settings.BROKER_MAX_PAYLOAD_BYTES)
+    if not body:
+        raise InvalidInput("empty_body", "message body must not be empty")
+    partitioned = "HTTP_X_BROKER_PARTITION_KEY" in meta or "HTTP_X_BROKER_GATE" in meta
+    partition_key, gate = partition_headers(request.headers) if partitioned else (None, 0)
+    message = NewMessage(
+        payload=body,
+        content_type=meta.get("CONTENT_TYPE") or "application/octet-stream",
+        priority=parse_priority(meta.get("HTTP_X_BROKER_MESSAGE_PRIORITY")),
+        message_id=parse_message_id(meta.get("HTTP_X_BROKER_MESSAGE_ID")),
+        headers=metadata_headers(request),
+        partition_key=partition_key, gate=gate,
+        type=message_type_parse(meta.get("HTTP_X_BROKER_MESSAGE_TYPE")),
+        ttl=ttl_parse(meta.get("HTTP_X_BROKER_MESSAGE_TTL")),
+        trace=trace_context_parse(meta.get("HTTP_TRACEPARENT"), meta.get("HTTP_TRACESTATE")),
+    )
+    scheduled_for = (meta.get("HTTP_X_BROKER_SCHEDULED_FOR") or "").strip()
+    if scheduled_for and partition_key is not None:
+        raise InvalidInput("partition_not_schedulable", "a scheduled message cannot carry X-Broker-Partition-Key")
+    return message, scheduled_for
 
 
 class BroadcastView(APIView):
     parser_classes = []  # the body is stored raw, whatever its content type
+    authentication_classes = []  # channel and producer tokens (broadcast_post); no session is read
 
     @extend_schema(
         summary="Publish a message",
@@ -122,34 +181,7 @@ class BroadcastView(APIView):
                    403: ERROR, 404: ERROR, 409: ERROR, 412: ERROR, 413: ERROR, 429: ERROR},
     )
     def post(self, request, channel_id: str):
-        ctx = publish_context(request, channel_id)
-        body = read_body(request, settings.BROKER_MAX_PAYLOAD_BYTES)
-        if not body:
-            raise InvalidInput("empty_body", "message body must not be empty")
-        partition_key, gate = partition_headers(request.headers)
-        message = NewMessage(
-            payload=body,
-            content_type=request.META.get("CONTENT_TYPE") or "application/octet-stream",
-            priority=parse_priority(request.headers.get("X-Broker-Message-Priority")),
-            message_id=parse_message_id(request.headers.get("X-Broker-Message-ID")),
-            headers=metadata_headers(request),
-            partition_key=partition_key, gate=gate,
-            type=message_type_parse(request.headers.get("X-Broker-Message-Type")),
-            ttl=ttl_parse(request.headers.get("X-Broker-Message-TTL")),
-            trace=trace_context_parse(request.headers.get("traceparent"), request.headers.get("tracestate")),
-        )
-        scheduled_for = (request.headers.get("X-Broker-Scheduled-For") or "").strip()
-        if scheduled_for and partition_key is not None:
-            raise InvalidInput("partition_not_schedulable", "a scheduled message cannot carry X-Broker-Partition-Key")
-        if scheduled_for:  # publish later (jobs.publish.scheduled): 400 bad date, 412 too soon
-            mid = scheduled_message_create(ctx=ctx, message=message, dispatch_at=scheduled_for_parse(scheduled_for))
-            response = Response(status=201)
-            response["Location"] = f"/channel/{channel_id}/scheduled-message/{quote(mid, safe='-_.~')}"
-            return response
-        mid = message_publish(ctx=ctx, message=message)
-        response = Response(status=201)
-        response["Location"] = message_url(channel_id, quote(mid, safe="-_.~"))
-        return response
+        return broadcast_post(request, channel_id)
 
 
 def batch_parse(raw: bytes) -> list[NewMessage]:

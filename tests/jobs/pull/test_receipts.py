@@ -56,9 +56,17 @@ def test_a_late_ack_of_an_earlier_claim_changes_nothing(world, pc):
     # the current holder's ack lands
     r = pc.ack([{"ID": again["ID"], "NextState": "DELIVERED", "Receipt": again["Receipt"]}])
     assert r.json()["Result"][0] == {"ID": again["ID"], "Status": "DELIVERED", "RetryCount": 1}
-    # repeated (a retried request): the job is no longer INFLIGHT, its receipt still this claim's: a conflict
+    # repeated (a retried request whose answer was lost): its receipt still this claim's and the job
+    # already DELIVERED, as asked: answered as done, without an Error (SQS / Pub/Sub acks are idempotent)
     r = pc.ack([{"ID": again["ID"], "NextState": "DELIVERED", "Receipt": again["Receipt"]}])
+    assert r.json()["Result"][0] == {"ID": again["ID"], "Status": "DELIVERED", "RetryCount": 1}
+    assert job_status(again["ID"]) == ("DELIVERED", 1)
+    # ... but asking for another state than the one it is in is still a conflict, as is a repeat without receipt
+    r = pc.ack([{"ID": again["ID"], "NextState": "DEAD", "Receipt": again["Receipt"]}])
+    assert r.json()["Result"][0]["Error"] == "conflict" and r.json()["Result"][0]["Status"] == "DELIVERED"
+    r = pc.ack([{"ID": again["ID"], "NextState": "DELIVERED"}])
     assert r.json()["Result"][0]["Error"] == "conflict"
+    assert job_status(again["ID"]) == ("DELIVERED", 1)
 
 
 def test_without_a_receipt_an_ack_behaves_as_before(world, pc):
@@ -129,3 +137,16 @@ def test_grouped_pulls_and_push_claims_carry_receipts_too(world, api, client_ano
     assert len(pushed) == 2
     receipts = list(Job.objects.filter(pk__in=[p.id for p in pushed]).values_list("receipt", flat=True))
     assert None not in receipts and len(set(receipts)) == 2 and int(job["Receipt"]) not in receipts
+
+
+def test_a_repeated_nack_with_its_receipt_is_answered_as_done_and_changes_nothing(world, pc):
+    """A negative ack sent again (its answer lost between the commit and the client): the job is
+    QUEUED with that claim's receipt, as asked, so the repeat answers as the first did and does not
+    spend another retry."""
+    publish_n(world, 1)
+    [job] = _pulled(pc)
+    item = {"ID": job["ID"], "NextState": "QUEUED", "Receipt": job["Receipt"], "Delay": 60}
+    first = pc.ack([item]).json()["Result"][0]
+    assert first == {"ID": job["ID"], "Status": "QUEUED", "RetryCount": 1}
+    assert pc.ack([item]).json()["Result"][0] == first
+    assert job_status(job["ID"]) == ("QUEUED", 1)

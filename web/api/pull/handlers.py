@@ -2,7 +2,7 @@
 state POST, pull and ack.
 
 One implementation serves two callers: the DRF views in ``web.api.pull.views`` (the OpenAPI schema and
-every request the fast lane leaves to the full stack) and ``web.api.pull.fast_lane.PullFastLaneMiddleware``
+every request the fast lane leaves to the full stack) and ``web.api.fast_lane.FastLaneMiddleware``
 (the common case, without URL resolving, DRF dispatch or the rest of the middleware chain). They
 read headers from ``request.META`` (what ``request.headers`` is built from, without building it)
 and answer JSON bytes; errors are raised as domain errors and rendered by the caller.

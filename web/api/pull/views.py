@@ -3,7 +3,7 @@
 Views only translate HTTP: parse, call ``jobs.pull`` (the spec path), ``jobs.pull.claim`` (pull, ack,
 progress) or ``jobs.pull.purge``, answer. The hot routes (queued-jobs GET, job state POST, pull, ack)
 are plain functions in ``web.api.pull.handlers``: these views document them and serve what the fast lane
-(``web.middleware.PullFastLaneMiddleware``) leaves to the full stack. All views skip DRF's parsers,
+(``web.api.fast_lane.FastLaneMiddleware``) leaves to the full stack. All views skip DRF's parsers,
 authenticators and renderers and write JSON bytes themselves.
 """
 

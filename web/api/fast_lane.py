@@ -1,8 +1,8 @@
-"""The pull routes' fast lane: the hot pull routes (queued-jobs GET, job state POST, pull, ack)
-answered without URL resolving, DRF and the rest of the middleware chain, with the same answers
-(``PullFastLaneMiddleware``, first in ``MIDDLEWARE``; ``BROKER_PULL_FAST_LANE`` turns it off). The
-route table is here, beside the handlers it routes to (``handlers``) and the DRF views that
-document them (``views``)."""
+"""The fast lane: the hot routes (the single publish, and the pull routes: queued-jobs GET, job
+state POST, pull, ack) answered without URL resolving, DRF and the rest of the middleware chain,
+with the same answers (``FastLaneMiddleware``, first in ``MIDDLEWARE``; ``BROKER_FAST_LANE`` turns
+it off). The route table is here; the handlers are beside the DRF views that document them and
+serve every request the lane leaves to the full stack (``web.api.publishing``, ``web.api.pull``)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from django.middleware.common import CommonMiddleware
 from django.middleware.security import SecurityMiddleware
 from rest_framework.renderers import JSONRenderer
 
+from web.api import publishing
 from web.api.errors import exception_handler
 from web.api.pull import handlers, views
 from web.middleware import signature_refusal
@@ -26,6 +27,8 @@ _C = r"^/channel/(?P<channel_id>[^/]+)/consumer/(?P<consumer_id>[^/]+)"
 # <str:...> in web.urls matches [^/]+, as here, and ends in \Z as here (not $, which also matches
 # before a final newline); tests check both resolve to the same view.
 HOT_ROUTES = [
+    ("POST", re.compile(r"^/channel/(?P<channel_id>[^/]+)/broadcast\Z"), publishing.broadcast_post,
+     publishing.BroadcastView),
     ("GET", re.compile(_C + r"/queued-jobs\Z"), handlers.queued_jobs_get, views.QueuedJobsView),
     ("POST", re.compile(_C + r"/job/(?P<job_id>[^/]+)\Z"), handlers.job_state_post, views.JobView),
     ("POST", re.compile(_C + r"/pull\Z"), handlers.pull_post, views.PullView),
@@ -62,10 +65,10 @@ def _passthrough(request):
     return None
 
 
-class PullFastLaneMiddleware:
-    """The hot pull routes (queued-jobs GET, job state POST, pull, ack) in the common case, without
-    URL resolving, DRF dispatch and the middleware chain: those cost ~0.3 ms of CPU per request,
-    as much as the handler and its one SQL statement; the spec path makes three requests per job.
+class FastLaneMiddleware:
+    """The hot routes (the single publish; queued-jobs GET, job state POST, pull, ack) in the common
+    case, without URL resolving, DRF dispatch and the middleware chain: those cost ~0.3 ms of CPU
+    per request, as much as the handler and its SQL; the spec path makes three requests per job.
 
     Same answers as the full stack, byte for byte (status, body, headers; tests compare them):
     the same handler functions the DRF views call, the same error rendering (``exception_handler``
@@ -77,8 +80,8 @@ class PullFastLaneMiddleware:
     Django's request signals still run (the connection handling around every request)."""
 
     def __init__(self, get_response):
-        if not settings.BROKER_PULL_FAST_LANE:
-            raise MiddlewareNotUsed("BROKER_PULL_FAST_LANE is off")
+        if not settings.BROKER_FAST_LANE:
+            raise MiddlewareNotUsed("BROKER_FAST_LANE is off")
         self.get_response = get_response
         self.security = SecurityMiddleware(_passthrough)
         self.common = CommonMiddleware(_passthrough)

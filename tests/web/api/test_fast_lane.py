@@ -1,4 +1,4 @@
-"""The pull routes' fast lane (web.api.pull.fast_lane.PullFastLaneMiddleware) answers exactly as the full
+"""The pull routes through the fast lane (web.api.fast_lane.FastLaneMiddleware) answer exactly as the full
 stack does: every request below is sent twice on the same database state (a savepoint rolled
 back in between), once with the fast lane and once without it, and the answers (status, body,
 every header) must be equal; requests it must leave to the full stack are checked too."""
@@ -18,13 +18,14 @@ from django.urls import resolve
 
 from tests.conftest import ADMIN_TOKEN
 from tests.jobs.pull.conftest import BASE, PULL_HEADERS, publish_n
+from web.api import publishing
 from web.api.pull import views as pull
-from web.api.pull.fast_lane import HOT_ROUTES, SKIPPED_MIDDLEWARE
+from web.api.fast_lane import HOT_ROUTES, SKIPPED_MIDDLEWARE
 from web.middleware import signature_make
 
 pytestmark = pytest.mark.django_db
 
-FAST_LANE = "web.api.pull.fast_lane.PullFastLaneMiddleware"
+FAST_LANE = "web.api.fast_lane.FastLaneMiddleware"
 WRONG = {"HTTP_X_BROKER_CHANNEL_TOKEN": "ch-token", "HTTP_X_BROKER_CONSUMER_TOKEN": "nope"}
 
 
@@ -210,7 +211,8 @@ def test_hot_routes_resolve_to_the_documented_views():
         called = set(fn.__code__.co_names) | {c.cell_contents.__name__ for c in fn.__closure__ or ()
                                               if callable(c.cell_contents)}  # by name, or the factory's handler
         assert handler.__name__ in called
-    assert {view for *_, view in HOT_ROUTES} == {pull.QueuedJobsView, pull.JobView, pull.PullView, pull.AckView}
+    assert {view for *_, view in HOT_ROUTES} == {pull.QueuedJobsView, pull.JobView, pull.PullView, pull.AckView,
+                                                 publishing.BroadcastView}
 
 
 def test_every_other_middleware_was_reviewed_for_the_lane():
