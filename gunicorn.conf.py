@@ -13,6 +13,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the repository root, for broker/
 from broker.db.urls import DatabaseUrlError, database_url_parse  # noqa: E402  (no Django: safe before it loads)
 from broker.embedded_db import database_url_ensure  # noqa: E402
+from broker.logs import log_format_default, logging_config  # noqa: E402  (stdlib only)
+from gunicorn.glogging import Logger  # noqa: E402
 
 # A serving process (broker.settings: the database bounds are on), also when on_starting below loads
 # Django in the master before broker.wsgi (BROKER_SEED_CONFIG): the workers inherit its settings.
@@ -35,6 +37,21 @@ max_requests = int(os.environ.get("BROKER_WEB_MAX_REQUESTS", "0"))
 accesslog = os.environ.get("BROKER_ACCESS_LOG") or None
 errorlog = "-"
 loglevel = os.environ.get("BROKER_LOG_LEVEL", "info").lower()
+# gunicorn's own lines go through the broker's logging configuration (broker.logs): one format on a
+# console, plain for `make run`, JSON in production (BROKER_LOG_FORMAT).
+logconfig_dict = logging_config(fmt=log_format_default(os.environ), level=loglevel.upper())
+
+
+class BrokerLogger(Logger):
+    """gunicorn's logger, configured by ``logconfig_dict``; the access log stays off unless
+    BROKER_ACCESS_LOG asks for it (gunicorn turns it on with any logging configuration, and then
+    formats a line for every request, the hot pull routes included)."""
+
+    def _compute_access_log_enabled(self):
+        return bool(self.cfg.accesslog)
+
+
+logger_class = BrokerLogger
 proc_name = "broker-web"
 
 

@@ -129,6 +129,38 @@ SELECT set_config(n, v, false) FROM unnest(%(names)s::text[], %(values)s::text[]
 -- The database clock.
 SELECT now();
 
+-- advisory_lock_wait --
+-- index: none (an advisory lock)
+-- Wait for a session advisory lock (key text, number) until it is free or the session's
+-- lock_timeout passes (SQLSTATE 55P03): a blocking wait on the server, no polling. A push
+-- dispatcher slot's standby waits this way (jobs/tasks.py).
+SELECT pg_advisory_lock(hashtext(%s), %s);
+
+-- advisory_unlock --
+-- index: none (an advisory lock)
+-- Give back one session advisory lock (key text, number) this session holds.
+SELECT pg_advisory_unlock(hashtext(%s), %s);
+
+-- relation_sizes --
+-- index: none (catalogs: pg_class, pg_stat_user_tables)
+-- Rows (estimated: pg_class.reltuples, or the live tuples the statistics collector counts when the
+-- table was never analyzed) and bytes (table, indexes and TOAST) of the named tables, for
+-- ``manage.py broker_upgrade_check``.
+SELECT c.relname, GREATEST(c.reltuples, COALESCE(s.n_live_tup, 0), 0)::bigint, pg_total_relation_size(c.oid)
+  FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+ WHERE c.relname = ANY(%s) AND c.relkind IN ('r', 'p') AND pg_table_is_visible(c.oid);
+
+-- transactions_long --
+-- index: none (pg_stat_activity)
+-- Sessions whose transaction has been open longer than the given seconds: a migration's lock waits
+-- behind them (and, with a lock_timeout, gives up and retries), so the operator ends or waits for
+-- them first (``manage.py broker_upgrade_check``).
+SELECT pid, COALESCE(application_name, ''), extract(epoch FROM now() - xact_start)::int, COALESCE(state, ''),
+       left(regexp_replace(query, '\s+', ' ', 'g'), 120)
+  FROM pg_stat_activity
+ WHERE xact_start < now() - make_interval(secs => %s) AND pid <> pg_backend_pid()
+ ORDER BY xact_start;
+
 -- notify_session_setup --
 -- index: none (no table)
 -- The wake-up connection's commits (one NOTIFY each) need no WAL flush: a wake-up is not data, and a

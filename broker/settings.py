@@ -20,6 +20,7 @@ from django.core.exceptions import ImproperlyConfigured
 from broker.db.urls import DatabaseUrlError, django_database, options_settings
 from broker.durations import duration_parse
 from broker.embedded_db import data_dir
+from broker.logs import logging_config
 from broker.tracing import otel_configured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -347,26 +348,9 @@ if BROKER_Q_REDIS_URL:
 if TESTING:
     Q_CLUSTER["sync"] = env_bool("BROKER_Q_SYNC", True)
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {
-        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
-        "json": {"()": "broker.logs.JsonFormatter"},
-    },
-    "handlers": {"stderr": {"class": "logging.StreamHandler",
-                            "formatter": env_str("BROKER_LOG_FORMAT", "plain" if DEBUG or TESTING else "json")}},
-    "root": {"handlers": ["stderr"], "level": env_str("BROKER_LOG_LEVEL", "INFO")},
-    # django-q2 logs an INFO line per task run (several a second with the broker's schedules):
-    # dropped unless BROKER_Q_TASK_LOG; its banner, warnings and failures stay (broker.logs).
-    "filters": {"q_task_heartbeat": {"()": "broker.logs.QuietTaskHeartbeat"}},
-    "loggers": {
-        "django-q": {"filters": [] if env_bool("BROKER_Q_TASK_LOG", False) else ["q_task_heartbeat"]},
-        "django.db.backends": {"level": "WARNING"},
-        # 4xx answers are normal traffic for a broker (lost claim races, duplicates): not warnings.
-        "django.request": {"level": "ERROR"},
-    },
-}
+# One logging configuration for Django and gunicorn's own lines (broker.logs.logging_config).
+LOGGING = logging_config(fmt=env_str("BROKER_LOG_FORMAT") or ("plain" if DEBUG or TESTING else "json"),
+                         level=env_str("BROKER_LOG_LEVEL", "INFO"), task_log=env_bool("BROKER_Q_TASK_LOG", False))
 
 # --- retention (jobs/sweeps/retention.py, a housekeeping step) -----------------------------------
 # A message whose jobs are all finished is removed (with its jobs, history and attempts) once older

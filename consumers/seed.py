@@ -7,6 +7,7 @@
     [initial-producer-tokens] id=token
     [initial-producer-rate-limits] id=rateLimitPerSecond[,burst]   (flow control)
     [initial-channel-retention] id=retention  (90s, 15m, 12h, 7d or seconds; empty: BROKER_RETENTION)
+    [initial-channel-message-ttl] id=seconds  (the channel's messageTTL)
     [prune]                   message-retention-days=N (webhook-broker's key: BROKER_RETENTION in days,
                               read at start-up by broker.settings; a bad value is reported here)
     [<consumerId>]            token=, channel=, type=push|pull (empty = push), name=,
@@ -14,7 +15,14 @@
                               notifyInterval= (doorbell seconds > 0; a pull consumer with a
                               callback URL in [initial-consumers] gets the doorbell),
                               messageTypes= (filters: comma-separated type patterns; empty = all),
-                              filter= (content filter: a JSON object on one line; empty = none)
+                              filter= (content filter: a JSON object on one line; empty = none),
+                              connectionTimeout=, maxRetry=, retryBackoff=, signingSecret=, paused=,
+                              priorityPolicy=, priorityGroups=, priorityTimeout=,
+                              circuitBreakerFailures=, circuitBreakerProbeSeconds=,
+                              circuitBreakerOpenAfterSeconds= (as the consumer PUT takes them)
+
+``manage.py broker_export`` (consumers.export) writes this format back from a database, every
+setting included, so a registry is kept as code and restored with ``seed``.
 
 A consumer with an invalid type, an unknown channel or a bad callback URL is skipped with a
 logged error (as the pull-consumer spec says); the rest of the file still applies.
@@ -41,7 +49,8 @@ from broker.netpolicy import CallbackDenied, callback_url_check
 from broker.registry import db_now, row_update
 from consumers.filters import filter_parse
 from consumers.models import Consumer
-from consumers.services import signing_secret_generate
+from consumers.priority import priority_config_parse
+from consumers.services import retry_backoff_parse, signing_secret_generate, signing_secret_validate
 
 logger = logging.getLogger("broker.services.seed")  # its name before the move: what operators filter on
 
@@ -180,11 +189,50 @@ def seed_parse(text: str) -> SeedPlan:
         except DomainError as exc:
             plan.errors.append(f"consumer {cid}: {exc.detail}, skipped")
             continue
+        try:
+            consumer.update(_consumer_settings(options, ctype))
+        except (DomainError, ValueError) as exc:
+            plan.errors.append(f"consumer {cid}: {getattr(exc, 'detail', exc)}, skipped")
+            continue
         if not consumer["token"]:
             plan.errors.append(f"consumer {cid}: no token, skipped")
             continue
         plan.consumers[cid] = consumer
     return plan
+
+
+_NUMBERS = {  # seed key -> (model field, type, smallest value allowed)
+    "connectionTimeout": ("connection_timeout", float, 0.001),
+    "maxRetry": ("max_retry", int, 0),
+    "circuitBreakerFailures": ("circuit_breaker_failures", int, 0),
+    "circuitBreakerProbeSeconds": ("circuit_breaker_probe_seconds", float, 0.001),
+    "circuitBreakerOpenAfterSeconds": ("circuit_breaker_open_after_seconds", float, 0.0),
+}
+_BOOLEANS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
+
+
+def _consumer_settings(options: dict, ctype: str) -> dict:
+    """The consumer PUT's other settings (the same parsers); a key left out keeps the value."""
+    found = {}
+    for key, (name, cast, low) in _NUMBERS.items():
+        raw = options.get(key, "").strip()
+        if raw:
+            value = cast(raw)
+            if not low <= value < 1e9:
+                raise ValueError(f"{key} out of range")
+            found[name] = value
+    if options.get("retryBackoff", "").strip():
+        found["retry_backoff"] = retry_backoff_parse(options["retryBackoff"])
+    if options.get("signingSecret", "").strip():
+        found["signing_secret"] = signing_secret_validate(options["signingSecret"].strip())
+    if options.get("paused", "").strip():
+        if options["paused"].strip().lower() not in _BOOLEANS:
+            raise ValueError("paused must be true or false")
+        found["paused"] = _BOOLEANS[options["paused"].strip().lower()]
+    priority = {k: options[k] for k in ("priorityPolicy", "priorityGroups", "priorityTimeout") if k in options}
+    if priority:
+        found.update(priority_config_parse(priority, consumer_type=ctype))
+    return found
 
 
 def _retention_parse(ini, plan: SeedPlan) -> None:
@@ -198,6 +246,14 @@ def _retention_parse(ini, plan: SeedPlan) -> None:
             plan.channels[cid]["retention"] = retention_parse(raw, field=f"channel {cid} retention")
         except DomainError as exc:
             plan.errors.append(f"{exc.detail}, ignored")
+    for cid, raw in _section(ini, "initial-channel-message-ttl").items():
+        if cid not in plan.channels:
+            plan.errors.append(f"channel {cid}: message TTL for a channel not in [initial-channels], ignored")
+        elif raw.strip():
+            if not raw.strip().isdigit() or not 1 <= int(raw) <= 31_536_000:
+                plan.errors.append(f"channel {cid}: message TTL {raw!r} is not 1 to 31536000 seconds, ignored")
+            else:
+                plan.channels[cid]["message_ttl"] = int(raw)
     days = _section(ini, "prune").get("message-retention-days", "").strip()
     if days and not (days.isdigit() and int(days) > 0):
         plan.errors.append(f"[prune] message-retention-days {days!r} is not a positive number of days, ignored")
@@ -237,7 +293,7 @@ def seed_apply(plan: SeedPlan) -> dict:
                     continue
             channel = channels[values.pop("channel")]
             existing = Consumer.objects.filter(channel=channel, consumer_id=cid).exists()
-            if not existing:
+            if not existing and not values.get("signing_secret"):
                 values["signing_secret"] = signing_secret_generate()
             _, new = _apply_row(Consumer, {"channel": channel, "consumer_id": cid}, values)
             created["consumers"] += new

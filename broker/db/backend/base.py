@@ -17,6 +17,8 @@ import psycopg
 from django.conf import settings
 from django.db.backends.postgresql import base
 
+from broker.schema_editor import BrokerSchemaEditor
+
 WAIT_INTERVAL = 0.1  # psycopg's: how often a wait looks for an interrupt (Ctrl-C)
 
 
@@ -51,7 +53,11 @@ def bounded_connect(**params) -> BoundedConnection:
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
-    """Django's PostgreSQL backend; each new connection is a ``BoundedConnection``."""
+    """Django's PostgreSQL backend; each new connection is a ``BoundedConnection``. Migrations run
+    through django-pg-zero-downtime-migrations' schema editor (``broker.schema_editor``: online DDL,
+    lock timeouts, retries); it exists only while a migration runs."""
+
+    SchemaEditorClass = BrokerSchemaEditor
 
     def get_new_connection(self, conn_params):
         connection = super().get_new_connection(conn_params)

@@ -17,7 +17,7 @@ from django.core.management.base import BaseCommand
 
 from broker import embedded_db
 
-QCLUSTER_GRACE = 5.0  # django-q2's qcluster can hang on SIGTERM (its issue #346): SIGKILL after this
+GRACE = 10.0  # seconds the children get to stop after Ctrl-C, then SIGKILL for whatever is left
 
 
 def _read_or_create(path: Path, make) -> str:
@@ -57,6 +57,7 @@ class Command(BaseCommand):
             User.objects.create_superuser("admin", "admin@localhost", password)
         env = {**os.environ, "BROKER_ADMIN_TOKEN": admin_token, "BROKER_BIND": bind,
                "DATABASE_URL": settings.DATABASE_URL, "BROKER_CALLBACK_ALLOW": settings.BROKER_CALLBACK_ALLOW}
+        env.setdefault("BROKER_LOG_FORMAT", "plain")  # one console format for web and workers (broker.logs)
         if seed:
             env["BROKER_SEED_CONFIG"] = seed
         self.stdout.write(self.style.SUCCESS(f"broker on http://{bind}/"))
@@ -86,18 +87,55 @@ class Command(BaseCommand):
             while not stopping and web.poll() is None and (workers is None or workers.poll() is None):
                 time.sleep(0.5)
         finally:
-            procs = [p for p in (web, workers) if p is not None]
-            for proc in procs:
-                _signal_group(proc, signal.SIGTERM)
-            deadline = time.monotonic() + QCLUSTER_GRACE
-            for proc in procs:
-                try:
-                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    pass
-                _signal_group(proc, signal.SIGKILL)  # whatever is left of the group, qcluster's workers too
-                proc.wait()
-            self.stdout.write("broker stopped")
+            self._stop(web, workers)
+
+    def _stop(self, web: subprocess.Popen, workers: subprocess.Popen | None) -> None:
+        """gunicorn: SIGTERM to its group (it finishes the requests it serves). qcluster: SIGTERM to
+        its main process only, django-q2's own stop sequence, in which the dispatcher loops hand
+        over and end (jobs/tasks.py); a SIGTERM to its whole group would leave its main process
+        hanging (django-q2 #346). Whatever is still running after ``GRACE`` gets SIGKILL. The last
+        line says what is left: the embedded PostgreSQL, shared with other commands, keeps running."""
+        _signal_group(web, signal.SIGTERM)
+        if workers is not None and workers.poll() is None:
+            workers.send_signal(signal.SIGTERM)
+        procs = [p for p in (web, workers) if p is not None]
+        deadline = time.monotonic() + GRACE
+        while time.monotonic() < deadline and any(_group_alive(p) for p in procs):
+            time.sleep(0.1)
+        killed = [p for p in procs if _group_alive(p)]
+        for proc in killed:
+            _signal_group(proc, signal.SIGKILL)
+        for proc in procs:
+            proc.wait()
+        note = f" ({len(killed)} process group(s) killed after {GRACE:g} s)" if killed else ""
+        server = embedded_db.started()
+        if server is None:
+            self.stdout.write(f"broker stopped{note}")
+        else:
+            self.stdout.write(f"broker stopped{note}; the embedded PostgreSQL keeps running ({server.data_dir}); "
+                              f"stop it with: {sys.executable} -m broker.embedded_db stop")
+        self.stdout.flush()
+
+
+def _group_alive(proc: subprocess.Popen) -> bool:
+    """Whether any process of ``proc``'s group (its own session) is still running; reaps ``proc``."""
+    proc.poll()
+    try:
+        os.killpg(proc.pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    if proc.returncode is None:
+        return True
+    return any(_pgid_of(pid) == proc.pid for pid in os.listdir("/proc") if pid.isdigit())
+
+
+def _pgid_of(pid: str) -> int | None:
+    """The process group of a running (not zombie) process, from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else int(fields[2])
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:

@@ -1,0 +1,571 @@
+"""Rolling upgrade under traffic: from the previous release (a commit of this repository) to this tree.
+
+    .venv/bin/python bench/upgrade.py --jobs 1000000     # the figures of docs/upgrades.md
+    .venv/bin/python bench/upgrade.py --smoke            # CI (tests/system/bench): tiny sizes, same steps
+    .venv/bin/python bench/upgrade.py --jobs 100000 --json out.json   # tests/system/upgrade asserts on it
+
+What it does (docs/upgrades.md, "A rolling deploy"):
+
+1. ``git worktree add`` of ``--previous`` (default ``PREVIOUS_RELEASE``) into a temp dir, with a
+   virtualenv of its own that reuses this one's installed packages (a ``.pth`` file naming this
+   venv's site-packages; the project's own code is imported from the worktree, never installed);
+2. a new database (created beside ``DATABASE_URL``'s, or on a throw-away embedded PostgreSQL)
+   migrated by the previous release, and a backlog of ``--jobs`` QUEUED jobs written with
+   set-based SQL for a pull consumer nobody pulls (big tables, little traffic);
+3. the previous release serving: one web process and one qcluster; steady traffic from this
+   process: publishes (``--rate`` a second), a push consumer delivering to a loopback receiver, a
+   pull consumer pulling and acknowledging with receipts;
+4. the upgrade in place: ``migrate`` (this tree), a new web process beside the old one, the old
+   one taken out of the clients' pool and stopped (SIGTERM: gunicorn finishes what it serves), a new
+   qcluster beside the old one (its workers stand by on the old one's dispatcher slots), the old
+   qcluster stopped (SIGTERM to its main process; SIGKILL after ``--grace`` s if it is still there:
+   the previous release's loops do not hand over, they are cut off and their jobs redelivered);
+5. then a second new qcluster, and the first one stopped with SIGTERM to its main process only (as
+   Kubernetes does): it must hand its slots over and exit within its grace period;
+6. traffic stops; everything is drained and checked; the last cluster is stopped with SIGTERM to
+   its whole process group (noted, not judged: django-q2's main process hangs on it, #346).
+
+Figures: answers by status (publish, pull, ack), the longest stall of any request, the longest
+pause of push deliveries at each switch of workers, how each old cluster stopped, what was lost
+(a publish answered 201 whose message never reached the push receiver, or was never pulled and
+acknowledged) and anything delivered outside at-least-once (a message nobody published, a job not
+DELIVERED at the end). Everything runs on 127.0.0.1 and stops by itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+from collections import Counter
+from contextlib import ExitStack, contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.common import ADMIN, base_env, broker_database, free_port, smoke_args_parse, smoke_problems_exit  # noqa: E402
+
+# The previous release: the last commit of main before this tree's schema changes. Move it forward
+# with each change of the schema (docs/upgrades.md); it must be in the repository's history.
+PREVIOUS_RELEASE = "b66868b135851de1aee3db04d1f4101f955afb95"
+SMOKE_TABLE = r"^upgrade .*: migrate [\d.]+ s, longest stall [\d.]+ s, push pause [\d.]+ s / [\d.]+ s, lost \d+$"
+SLOTS = 2  # dispatcher loops per cluster (BROKER_Q_WORKERS = 3)
+PROCESS_ENV = {  # short delivery deadlines: a job abandoned by a killed worker comes back in seconds
+    "BROKER_CONNECTION_TIMEOUT": "3", "BROKER_RATIONAL_DELAY": "1", "BROKER_Q_WORKERS": "3",
+    "BROKER_WEB_WORKERS": "1", "BROKER_WEB_THREADS": "16", "BROKER_GUNICORN_CONTROL_SOCKET": "off",
+    "BROKER_LOG_LEVEL": "INFO", "BROKER_LOG_FORMAT": "plain",
+}
+CHANNEL, PRODUCER, PUSH, PULL = "traffic", "traffic-producer", "pushed", "pulled"
+BACKLOG_CHANNEL, BACKLOG = "backlog", "backlog-consumer"
+
+
+# --- the previous release: a worktree and a virtualenv ---------------------------------------------
+@contextmanager
+def release_checkout(commit: str, base: Path):
+    """``commit`` checked out with ``git worktree`` under ``base``, with a virtualenv whose
+    ``python`` sees this venv's packages (a .pth line) but imports the project from the worktree."""
+    tree = base / "release"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--force", str(tree), commit],
+                   check=True, capture_output=True, text=True)
+    try:
+        venv = base / "release-venv"
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+        site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                   check=True, capture_output=True, text=True).stdout.strip())
+        # a plain path: this venv's own .pth files (its editable install of this tree) are not run
+        (site / "broker-current-venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+        yield tree, venv / "bin" / "python"
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], capture_output=True)
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "prune"], capture_output=True)
+
+
+@contextmanager
+def scratch_database(url: str):
+    """A new database on ``url``'s server, dropped afterwards (``url``'s own database is untouched)."""
+    parts = urlsplit(url)
+    name = f"broker_upgrade_{os.getpid()}"
+    admin = urlunsplit(parts._replace(path="/postgres"))
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield urlunsplit(parts._replace(path="/" + name))
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+# --- processes --------------------------------------------------------------------------------------
+class Proc:
+    def __init__(self, name: str, args: list, cwd: Path, env: dict, logs: Path, url: str | None = None):
+        self.name, self.url, self.log = name, url, logs / f"{name}.log"
+        self.popen = subprocess.Popen(args, cwd=cwd, env=env, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT,
+                                      start_new_session=True)
+
+    def group_alive(self) -> bool:
+        try:
+            os.killpg(self.popen.pid, 0)
+        except ProcessLookupError:
+            return False
+        self.popen.poll()
+        return True if self.popen.returncode is None else _group_has_live(self.popen.pid)
+
+    def stop(self, *, grace: float, group: bool = True) -> dict:
+        """SIGTERM (the process group, or its main process only), SIGKILL whatever is left after
+        ``grace``; how long the group took to go and whether SIGKILL was needed."""
+        started = time.monotonic()
+        try:
+            (os.killpg if group else os.kill)(self.popen.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        while time.monotonic() - started < grace and self.group_alive():
+            time.sleep(0.05)
+        killed = self.group_alive()
+        if killed:
+            try:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.popen.wait(timeout=10)
+        return {"seconds": round(time.monotonic() - started, 2), "sigkill": killed}
+
+
+def _group_has_live(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` other than zombies is still running (via /proc)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def web_start(name: str, python: Path, tree: Path, env: dict, logs: Path) -> Proc:
+    port = free_port()
+    proc = Proc(name, [str(python), "-m", "gunicorn", "broker.wsgi:application"], tree,
+                {**env, "BROKER_BIND": f"127.0.0.1:{port}"}, logs, url=f"http://127.0.0.1:{port}")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.popen.poll() is not None:
+            raise RuntimeError(f"{name} exited: {proc.log.read_text()[-3000:]}")
+        try:
+            requests.get(f"{proc.url}/_status", timeout=1)
+            return proc
+        except requests.RequestException:
+            time.sleep(0.2)
+    raise RuntimeError(f"{name} did not start: {proc.log.read_text()[-3000:]}")
+
+
+def qcluster_start(name: str, python: Path, tree: Path, env: dict, logs: Path) -> Proc:
+    return Proc(name, [str(python), "manage.py", "qcluster"], tree, env, logs)
+
+
+def slot_sessions(url: str) -> Counter:
+    """The dispatcher slot connections by application_name (loops and, from this release, standbys)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        return Counter(dict(conn.execute(
+            "SELECT application_name, count(*) FROM pg_stat_activity"
+            " WHERE application_name IN ('broker-push-slot', 'broker-push-standby') GROUP BY 1").fetchall()))
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise RuntimeError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+# --- the database at the previous release -------------------------------------------------------------
+def registry_put(url: str) -> None:
+    """The traffic's and the backlog's channels, producer and consumers, through the API (PUT)."""
+    session = requests.Session()
+    session.headers["X-Broker-Admin-Token"] = ADMIN
+
+    def put(path: str, **data) -> None:
+        r = session.put(url + path, data=data, timeout=30)
+        r.raise_for_status()
+
+    put(f"/producer/{PRODUCER}", token="pt")
+    for channel in (CHANNEL, BACKLOG_CHANNEL):
+        put(f"/channel/{channel}", token="ct")
+    put(f"/channel/{CHANNEL}/consumer/{PUSH}", token="kt", callbackUrl=RECEIVER.url, maxInFlight="50")
+    put(f"/channel/{CHANNEL}/consumer/{PULL}", token="kt", type="pull")
+    put(f"/channel/{BACKLOG_CHANNEL}/consumer/{BACKLOG}", token="kt", type="pull")
+
+
+BACKLOG_SQL = """
+WITH ids AS (SELECT (SELECT id FROM broker_channel WHERE channel_id = %(channel)s) AS channel,
+                    (SELECT id FROM broker_producer WHERE producer_id = %(producer)s) AS producer,
+                    (SELECT k.id FROM consumers_consumer k JOIN broker_channel c ON c.id = k.channel_id
+                      WHERE c.channel_id = %(channel)s AND k.consumer_id = %(consumer)s) AS consumer),
+m AS (INSERT INTO broker_message (channel_id, message_id, producer_id, payload, content_type, priority, headers,
+                                  status, received_at, dispatched_at)
+      SELECT ids.channel, 'backlog-' || g, ids.producer, convert_to('{"backlog": ' || g || '}', 'UTF8'),
+             'application/json', 0, '{}'::jsonb, 102, now(), now()
+        FROM ids, generate_series(%(lo)s::bigint, %(hi)s::bigint) g
+      RETURNING id, channel_id)
+INSERT INTO jobs_job (message_id, consumer_id, channel_id, status, priority, retry_count, next_attempt_at,
+                      incremental_timeout, status_changed_at, created_at, gate)
+SELECT m.id, ids.consumer, m.channel_id, 1001, 0, 0, now(), 0, now(), now(), 0 FROM m, ids
+"""
+
+
+def backlog_fill(url: str, jobs: int, batch: int = 250_000) -> float:
+    """``jobs`` QUEUED jobs (and their messages), set-based, in batches; then ANALYZE. Seconds taken."""
+    started = time.monotonic()
+    with psycopg.connect(url, autocommit=True) as conn:
+        for lo in range(1, jobs + 1, batch):
+            conn.execute(BACKLOG_SQL, {"channel": BACKLOG_CHANNEL, "producer": PRODUCER, "consumer": BACKLOG,
+                                       "lo": lo, "hi": min(jobs, lo + batch - 1)})
+        conn.execute("ANALYZE")
+    return time.monotonic() - started
+
+
+# --- traffic ---------------------------------------------------------------------------------------
+class PushReceiver:
+    """A loopback HTTP receiver answering 204 and noting (time, message id) of every callback."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[float, str]] = []
+        self.lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with receiver.lock:
+                    receiver.seen.append((time.monotonic(), self.headers.get("X-Broker-Message-ID", "")))
+                self.send_response(204)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def ids(self) -> set[str]:
+        with self.lock:
+            return {mid for _, mid in self.seen}
+
+    def gaps(self, start: float, end: float) -> float:
+        """The longest time without a callback within [start, end]."""
+        with self.lock:
+            times = sorted(t for t, _ in self.seen if start <= t <= end)
+        points = [start, *times, min(end, time.monotonic())]
+        return max(b - a for a, b in zip(points, points[1:]))
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+RECEIVER: PushReceiver  # set by main (registry_put names its URL)
+
+
+class Traffic:
+    """Publishers and a pull consumer over the web processes in ``pool`` (a load balancer's list,
+    replaced as processes come and go); every answer's status and latency is noted."""
+
+    def __init__(self, *, rate: float, publishers: int = 2) -> None:
+        self.pool: list[str] = []
+        self.rate = rate
+        self.publishers = publishers
+        self.running = threading.Event()
+        self.publishing = threading.Event()
+        self.lock = threading.Lock()
+        self.answers: Counter = Counter()  # (kind, status) -> n
+        self.bad: list[str] = []  # 5xx without Retry-After, other 5xx, no answer
+        self.stall = (0.0, "")  # longest request: (seconds, what)
+        self.published: set[str] = set()  # answered 201
+        self.attempted: set[str] = set()  # every message id sent (an answer may be lost)
+        self.acked: set[str] = set()  # message ids whose ack was accepted
+        self.pulled = Counter()  # message id -> times pulled
+        self.threads: list[threading.Thread] = []
+        self.n = 0
+
+    def _note(self, kind: str, started: float, response, error: str = "") -> None:
+        seconds = time.monotonic() - started
+        with self.lock:
+            if seconds > self.stall[0]:
+                self.stall = (seconds, kind)
+            if response is None:
+                self.answers[(kind, "no answer")] += 1
+                self.bad.append(f"{kind}: no answer ({error})")
+                return
+            self.answers[(kind, response.status_code)] += 1
+            if response.status_code >= 500 and not (response.status_code == 503 and response.headers.get("Retry-After")):
+                self.bad.append(f"{kind}: {response.status_code} {response.text[:200]}")
+
+    def _url(self, i: int) -> str:
+        pool = self.pool
+        return pool[i % len(pool)]
+
+    def _publisher(self, k: int) -> None:
+        session = requests.Session()
+        period = self.publishers / self.rate
+        i = 0
+        next_at = time.monotonic()
+        while self.publishing.is_set():
+            i += 1
+            mid = f"m-{k}-{i}"
+            with self.lock:
+                self.attempted.add(mid)
+            started = time.monotonic()
+            response, error = None, ""
+            try:
+                response = session.post(f"{self._url(i)}/channel/{CHANNEL}/broadcast", data=json.dumps({"n": i}),
+                                        timeout=10, headers={
+                                            "X-Broker-Channel-Token": "ct", "X-Broker-Producer-ID": PRODUCER,
+                                            "X-Broker-Producer-Token": "pt", "X-Broker-Message-ID": mid,
+                                            "Content-Type": "application/json"})
+            except requests.RequestException as exc:
+                error = type(exc).__name__
+            self._note("publish", started, response, error)
+            if response is not None and response.status_code == 201:
+                with self.lock:
+                    self.published.add(mid)
+            next_at += period
+            time.sleep(max(0.0, next_at - time.monotonic()))
+
+    def _puller(self) -> None:
+        session = requests.Session()
+        headers = {"X-Broker-Channel-Token": "ct", "X-Broker-Consumer-Token": "kt"}
+        base = f"/channel/{CHANNEL}/consumer/{PULL}"
+        i = 0
+        while self.running.is_set():
+            i += 1
+            started = time.monotonic()
+            response, error = None, ""
+            try:
+                response = session.post(f"{self._url(i)}{base}/pull", json={"batch": 100, "no_wait": True},
+                                        headers=headers, timeout=10)
+            except requests.RequestException as exc:
+                error = type(exc).__name__
+            self._note("pull", started, response, error)
+            jobs = response.json().get("Result", []) if response is not None and response.status_code == 200 else []
+            if not jobs:
+                time.sleep(0.05)
+                continue
+            by_id = {j["ID"]: j["Message"]["MessageID"] for j in jobs}
+            with self.lock:
+                self.pulled.update(by_id.values())
+            started = time.monotonic()
+            response, error = None, ""
+            try:
+                response = session.post(f"{self._url(i)}{base}/ack", headers=headers, timeout=10, json={"Jobs": [
+                    {"ID": j["ID"], "NextState": "DELIVERED", "Receipt": j["Receipt"]} for j in jobs]})
+            except requests.RequestException as exc:
+                error = type(exc).__name__
+            self._note("ack", started, response, error)
+            if response is not None and response.status_code == 200:
+                ok = {item["ID"] for item in response.json().get("Result", []) if not item.get("Error")}
+                with self.lock:
+                    self.acked.update(by_id[j] for j in ok if j in by_id)
+
+    def start(self) -> None:
+        self.running.set()
+        self.publishing.set()
+        self.threads = [threading.Thread(target=self._publisher, args=(k,), daemon=True) for k in range(self.publishers)]
+        self.threads.append(threading.Thread(target=self._puller, daemon=True))
+        for thread in self.threads:
+            thread.start()
+
+    def stop_publishing(self) -> None:
+        self.publishing.clear()
+        for thread in self.threads[:-1]:
+            thread.join(timeout=30)
+
+    def stop(self) -> None:
+        self.stop_publishing()
+        self.running.clear()
+        for thread in self.threads:
+            thread.join(timeout=30)
+
+
+def final_states(url: str) -> dict:
+    """Job counts by consumer and status name at the end."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT k.consumer_id, j.status, count(*) FROM jobs_job j JOIN consumers_consumer k ON k.id = j.consumer_id"
+            " WHERE k.consumer_id IN (%s, %s) GROUP BY 1, 2", [PUSH, PULL]).fetchall()
+    names = {1001: "QUEUED", 1002: "INFLIGHT", 1003: "DELIVERED", 1004: "DEAD"}
+    states: dict = {}
+    for consumer, status, n in rows:
+        states.setdefault(consumer, {})[names.get(status, str(status))] = n
+    return states
+
+
+# --- the run -----------------------------------------------------------------------------------------
+def run(args, base: Path, database_url: str) -> dict:
+    global RECEIVER
+    logs = base / "logs"
+    logs.mkdir()
+    figures: dict = {"previous": args.previous, "jobs": args.jobs, "rate": args.rate}
+    with ExitStack() as stack:
+        tree, old_python = stack.enter_context(release_checkout(args.previous, base))
+        url = stack.enter_context(scratch_database(database_url))
+        env = base_env(url, **PROCESS_ENV, BROKER_DATA_DIR=str(base / "data"))
+        RECEIVER = PushReceiver()
+        stack.callback(RECEIVER.close)
+        procs: list[Proc] = []
+        stack.callback(lambda: [p.stop(grace=2) for p in procs if p.popen.poll() is None or p.group_alive()])
+
+        subprocess.run([str(old_python), "manage.py", "migrate", "-v0"], cwd=tree, env=env, check=True)
+        old_web = web_start("old-web", old_python, tree, env, logs)
+        procs.append(old_web)
+        registry_put(old_web.url)
+        figures["backlog_seconds"] = round(backlog_fill(url, args.jobs), 1)
+        old_q = qcluster_start("old-qcluster", old_python, tree, env, logs)
+        procs.append(old_q)
+        wait_for(lambda: slot_sessions(url)["broker-push-slot"] >= SLOTS, 60, "the old cluster's dispatcher loops")
+
+        traffic = Traffic(rate=args.rate)
+        traffic.pool = [old_web.url]
+        traffic.start()
+        time.sleep(args.seconds)
+        marks = {}
+
+        started = time.monotonic()  # 1. migrate, with the old release serving
+        subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
+        figures["migrate_seconds"] = round(time.monotonic() - started, 2)
+        new_web = web_start("new-web", Path(sys.executable), ROOT, env, logs)  # 2. new web beside the old
+        procs.append(new_web)
+        traffic.pool = [old_web.url, new_web.url]
+        time.sleep(args.seconds / 2)
+        traffic.pool = [new_web.url]  # 3. the old web out of the pool, then stopped
+        time.sleep(0.5)
+        figures["old_web_stop"] = old_web.stop(grace=args.grace)
+        new_q = qcluster_start("new-qcluster", Path(sys.executable), ROOT, env, logs)  # 4. workers swapped
+        procs.append(new_q)
+        wait_for(lambda: slot_sessions(url)["broker-push-standby"] >= SLOTS, 60, "the new cluster's standbys")
+        time.sleep(args.seconds / 2)
+        marks["old_q"] = time.monotonic()
+        figures["old_qcluster_stop"] = old_q.stop(grace=args.grace, group=False)
+        wait_for(lambda: slot_sessions(url)["broker-push-slot"] >= SLOTS, 30, "the new cluster's loops")
+        time.sleep(args.seconds)
+        figures["push_pause_old_to_new"] = round(RECEIVER.gaps(marks["old_q"], time.monotonic()), 3)
+
+        next_q = qcluster_start("next-qcluster", Path(sys.executable), ROOT, env, logs)  # 5. new to new
+        procs.append(next_q)
+        wait_for(lambda: slot_sessions(url)["broker-push-standby"] >= SLOTS, 60, "the next cluster's standbys")
+        marks["new_q"] = time.monotonic()
+        figures["new_qcluster_stop"] = new_q.stop(grace=args.grace, group=False)
+        time.sleep(args.seconds)
+        figures["push_pause_new_to_new"] = round(RECEIVER.gaps(marks["new_q"], time.monotonic()), 3)
+
+        traffic.stop_publishing()  # 6. drain and check
+        published = set(traffic.published)
+        try:
+            wait_for(lambda: published <= RECEIVER.ids() and published <= traffic.acked, args.drain,
+                     "every published message pushed and acknowledged")
+        except RuntimeError:
+            pass  # counted as lost below
+        traffic.stop()
+        figures["stall_seconds"] = round(traffic.stall[0], 3)
+        figures["stall_request"] = traffic.stall[1]
+        figures["answers"] = {f"{kind} {status}": n for (kind, status), n in sorted(traffic.answers.items(), key=str)}
+        figures["bad_answers"] = traffic.bad[:20]
+        figures["published"] = len(published)
+        figures["lost_push"] = sorted(published - RECEIVER.ids())[:20]
+        figures["lost_pull"] = sorted(published - traffic.acked)[:20]
+        figures["lost"] = len((published - RECEIVER.ids()) | (published - traffic.acked))
+        figures["phantom"] = sorted((RECEIVER.ids() | set(traffic.pulled)) - traffic.attempted)[:20]
+        pushes = Counter(mid for _, mid in RECEIVER.seen)
+        figures["push_duplicates"] = sum(n - 1 for n in pushes.values())
+        figures["pull_duplicates"] = sum(n - 1 for n in traffic.pulled.values())
+        figures["final_states"] = final_states(url)
+        # the last cluster, its whole process group signalled (systemd's default KillMode): the loops
+        # hand over at once, but the main process hangs until SIGKILL (django-q2 #346, docs/upgrades.md)
+        figures["next_qcluster_stop"] = next_q.stop(grace=args.grace, group=True)
+        if args.logs:
+            shutil.copytree(logs, args.logs, dirs_exist_ok=True)
+    return figures
+
+
+def problems_of(figures: dict, *, limit: float = 2.0) -> list[str]:
+    """What the rolling upgrade must not do (tests/system/upgrade asserts the same list is empty)."""
+    problems = []
+    if figures["bad_answers"]:
+        problems.append(f"answers other than 2xx/4xx/503 with Retry-After: {figures['bad_answers']}")
+    if figures["stall_seconds"] >= limit:
+        problems.append(f"a request stalled {figures['stall_seconds']} s ({figures['stall_request']})")
+    for key in ("push_pause_old_to_new", "push_pause_new_to_new"):
+        if figures[key] > limit:
+            problems.append(f"{key}: push deliveries paused {figures[key]} s")
+    if figures["new_qcluster_stop"]["sigkill"]:
+        problems.append(f"the new cluster did not exit within its grace period: {figures['new_qcluster_stop']}")
+    if figures["lost"]:
+        problems.append(f"{figures['lost']} acknowledged publishes lost: push {figures['lost_push']}, "
+                        f"pull {figures['lost_pull']}")
+    if figures["phantom"]:
+        problems.append(f"delivered but never published: {figures['phantom']}")
+    for consumer, states in figures["final_states"].items():
+        if set(states) - {"DELIVERED"}:
+            problems.append(f"{consumer} jobs not all DELIVERED at the end: {states}")
+    if not figures["published"]:
+        problems.append("nothing was published")
+    return problems
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--previous", default=PREVIOUS_RELEASE, help="the release upgraded from (a commit)")
+    parser.add_argument("--jobs", type=int, default=1_000_000, help="backlog of QUEUED jobs written before")
+    parser.add_argument("--rate", type=float, default=100.0, help="publishes a second")
+    parser.add_argument("--seconds", type=float, default=4.0, help="traffic between the steps")
+    parser.add_argument("--grace", type=float, default=10.0, help="seconds a stopped process gets before SIGKILL")
+    parser.add_argument("--drain", type=float, default=60.0, help="seconds allowed for the final drain")
+    parser.add_argument("--json", help="write the figures to this file")
+    parser.add_argument("--logs", help="copy the processes' logs to this folder")
+    args = smoke_args_parse(parser, jobs=1000, rate=20.0, seconds=1.5, grace=3.0)
+    base = Path(tempfile.mkdtemp(prefix="broker-upgrade-"))
+    try:
+        with broker_database() as database_url:
+            figures = run(args, base, database_url)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2, default=str))
+    answers = ", ".join(f"{k}: {v}" for k, v in figures["answers"].items())
+    print(f"upgrade {figures['previous'][:7]} -> this tree, backlog {figures['jobs']:,} jobs, "
+          f"{figures['rate']:g} publishes/s")
+    print(f"  answers: {answers}")
+    print(f"  old qcluster stop: {figures['old_qcluster_stop']}; new qcluster stop (SIGTERM to its main "
+          f"process): {figures['new_qcluster_stop']}; last qcluster stop (SIGTERM to its group): "
+          f"{figures['next_qcluster_stop']}")
+    print(f"  duplicates (at-least-once): push {figures['push_duplicates']}, pull {figures['pull_duplicates']}; "
+          f"final states {figures['final_states']}")
+    print(f"upgrade {figures['published']:,} published: migrate {figures['migrate_seconds']} s, longest stall "
+          f"{figures['stall_seconds']} s, push pause {figures['push_pause_old_to_new']} s / "
+          f"{figures['push_pause_new_to_new']} s, lost {figures['lost']}")
+    smoke_problems_exit(problems=problems_of(figures))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+"""``manage.py broker_export``: the registry as a seed INI (consumers.export), read back by ``seed``."""
+
+from __future__ import annotations
+
+import os
+
+from django.core.management.base import BaseCommand
+
+from consumers.export import registry_export
+
+
+class Command(BaseCommand):
+    help = ("Write the registry (channels, producers, consumers with every setting, priority groups, "
+            "retention) as a seed INI that `seed --config` reads back; tokens and signing secrets only "
+            "with --with-secrets.")
+
+    def add_arguments(self, parser):
+        parser.add_argument("--with-secrets", action="store_true",
+                            help="include tokens and signing secrets (needed to restore; keep the file private)")
+        parser.add_argument("--output", "-o", help="write to this file (mode 600) instead of standard output")
+
+    def handle(self, *args, with_secrets: bool, output: str | None, **options):
+        text, problems = registry_export(with_secrets=with_secrets)
+        for problem in problems:
+            self.stderr.write(f"left out: {problem}")
+        if output:
+            with open(output, "w", encoding="utf-8", opener=lambda path, flags: os.open(path, flags, 0o600)) as fh:
+                fh.write(text)
+        else:
+            self.stdout.write(text, ending="")

@@ -1,0 +1,177 @@
+"""Safe migrations, enforced (docs/upgrades.md "Writing a migration"): every migration of the project
+numbered after ``broker.upgrades.CHECKED_AFTER`` must be online-safe by two maintained tools:
+
+- django-pg-zero-downtime-migrations (the schema editor ``migrate`` runs with,
+  ``broker.schema_editor``): no ``UnsafeOperationWarning``, and no statement of its online forms that
+  scans or rewrites an existing table under a lock blocking writes, nor an UPDATE/DELETE over one;
+- django-migration-linter: no backward-incompatible change (a column dropped or renamed, a NOT NULL
+  column without a default, a type change: old code still runs against the new schema during a
+  rolling deploy) and no index built or dropped without CONCURRENTLY.
+
+An exception is a migration that contains ``IgnoreMigration()`` (django-migration-linter's marker)
+and a ``# safe: <why>`` comment. Sample migrations show each check catching what it must (a check
+that cannot fail proves nothing) and the editor's online forms, lock timeout and retries at work."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from django.db import connection, models
+from django.db.migrations import AddConstraint, AddField, AddIndex, AlterField, Migration, RemoveField, RunSQL
+from django.db.migrations.executor import MigrationExecutor
+from django.db.migrations.loader import MigrationLoader
+from django_migration_linter import MigrationLinter
+from django_migration_linter.operations import IgnoreMigration
+from django_migration_linter.sql_analyser.analyser import analyse_sql_statements
+from django_migration_linter.sql_analyser.postgresql import PostgresqlAnalyser
+
+from broker import schema_editor
+from broker.upgrades import CHECKED_AFTER, is_checked, migration_plan
+
+# the linter's lock warnings count as errors (its backward-compatibility checks are errors already)
+LOCK_CHECKS = ["CREATE_INDEX", "CREATE_INDEX_EXCLUSIVE", "DROP_INDEX", "REINDEX"]
+
+
+def checked_migrations():
+    loader = MigrationLoader(None, ignore_no_migrations=True)
+    return sorted((m for (app, name), m in loader.disk_migrations.items() if is_checked(app, name)),
+                  key=lambda m: (m.app_label, m.name))
+
+
+def excepted(migration) -> bool:
+    """A checked migration that carries the linter's ``IgnoreMigration()`` marker, which needs a
+    ``# safe:`` comment saying why (asserted by the test below)."""
+    return any(isinstance(op, IgnoreMigration) for op in migration.operations)
+
+
+def linter_issues(sql: list[str], migration) -> list[str]:
+    """django-migration-linter's errors (lock warnings included) for these statements."""
+    errors, _, warnings = analyse_sql_statements(PostgresqlAnalyser, sql, [])
+    data_errors, _, _ = MigrationLinter(no_cache=True, no_output=True, analyser_string="postgresql").analyse_data_migration(migration)
+    return [f"{i.code}: {i.message}" for i in errors + data_errors + [w for w in warnings if w.code in LOCK_CHECKS]]
+
+
+def test_the_baseline_names_the_last_migrations_of_the_previous_release():
+    """CHECKED_AFTER matches the migrations on disk: nothing of the project above it is unchecked,
+    and each app's baseline migration exists (a typo would check nothing)."""
+    loader = MigrationLoader(None, ignore_no_migrations=True)
+    numbers = {}
+    for app, name in loader.disk_migrations:
+        if app in CHECKED_AFTER and re.match(r"^\d+_", name):
+            numbers.setdefault(app, set()).add(int(name.split("_")[0]))
+    for app, last in CHECKED_AFTER.items():
+        assert last in numbers[app], f"{app} has no migration {last:04d}"
+
+
+@pytest.mark.django_db
+def test_new_migrations_are_online_safe():
+    """The CI gate: every checked migration passes both tools (or is an exception with its reason)."""
+    linter = MigrationLinter(no_cache=True, analyser_string="postgresql", all_warnings_as_errors=False, warnings_as_errors_tests=LOCK_CHECKS,
+                             include_apps=list(CHECKED_AFTER),
+                             ignore_name=[name for (app, name) in MigrationLoader(None).disk_migrations
+                                          if app in CHECKED_AFTER and not is_checked(app, name)])
+    executor = MigrationExecutor(connection)
+    problems = []
+    for migration in checked_migrations():
+        if excepted(migration):
+            source = Path(__import__(migration.__module__, fromlist=["_"]).__file__).read_text()
+            if not re.search(r"#\s*safe:\s*\S", source):
+                problems.append(f"{migration.app_label}.{migration.name}: IgnoreMigration() without a '# safe: why' comment")
+            continue
+        problems += [f"{migration.app_label}.{migration.name}: {p}" for p in migration_plan(executor, migration).problems()]
+        before = linter.nb_erroneous
+        linter.lint_migration(migration)
+        if linter.nb_erroneous > before:
+            problems.append(f"{migration.app_label}.{migration.name}: django-migration-linter errors (printed above)")
+    assert not problems, "unsafe migrations (docs/upgrades.md, 'Writing a migration'):\n" + "\n".join(problems)
+
+
+# --- the checks themselves, on sample migrations against jobs_job -----------------------------------------
+def _sample(*operations, name="9999_sample") -> tuple[MigrationExecutor, Migration]:
+    executor = MigrationExecutor(connection)
+    graph = executor.loader.graph
+    parent = graph.leaf_nodes("jobs")[0]
+    migration = Migration(name, "jobs")
+    migration.operations = list(operations)
+    migration.dependencies = [parent]
+    graph.add_node(("jobs", name), migration)
+    graph.add_dependency(migration, ("jobs", name), parent)
+    return executor, migration
+
+
+def _check(*operations):
+    executor, migration = _sample(*operations)
+    plan = migration_plan(executor, migration)
+    return plan, linter_issues([s.sql for s in plan.steps], migration)
+
+
+SAMPLES = {
+    # name: (operations, caught by our check (editor warning or lock rule), caught by the linter)
+    "index": ([AddIndex("job", models.Index(fields=["created_at"], name="sample_created"))], False, False),
+    "nullable column": ([AddField("job", "sample", models.IntegerField(null=True))], False, False),
+    "column with a database default": ([AddField("job", "sample", models.IntegerField(db_default=0))], False, False),
+    "not null without a database default": ([AddField("job", "sample", models.IntegerField(default=0))], True, True),
+    "type change": ([AlterField("job", "priority", models.BigIntegerField(default=0))], True, True),
+    "column dropped (contract before expand)": ([RemoveField("job", "last_reason")], False, True),
+    "one-statement backfill": ([RunSQL("UPDATE jobs_job SET priority = 0", RunSQL.noop)], True, False),
+    "index without CONCURRENTLY in RunSQL": ([RunSQL("CREATE INDEX sample_raw ON jobs_job (created_at)",
+                                                     "DROP INDEX sample_raw")], True, True),
+}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name", list(SAMPLES))
+def test_each_check_catches_what_it_must(name):
+    operations, ours, linter = SAMPLES[name]
+    plan, issues = _check(*operations)
+    assert bool(plan.problems()) == ours, (plan.problems(), [s.sql for s in plan.steps])
+    assert bool(issues) == linter, (issues, [s.sql for s in plan.steps])
+
+
+@pytest.mark.django_db
+def test_the_editor_writes_online_forms():
+    """What django-pg-zero-downtime-migrations changes: indexes CONCURRENTLY, constraints NOT VALID
+    then VALIDATE (Django's own editor: a plain CREATE INDEX holding SHARE for the whole build)."""
+    plan, _ = _check(AddIndex("job", models.Index(fields=["created_at"], name="sample_created")))
+    locks = [s for s in plan.steps if s.lock != "none"]  # (SET statement_timeout lines aside)
+    assert [s.lock for s in locks] == ["SHARE UPDATE EXCLUSIVE"] and "CONCURRENTLY" in locks[0].sql
+    plan, _ = _check(AddField("job", "sample", models.IntegerField(null=True)),
+                     AddField("job", "sample_ok", models.BooleanField(null=True)))
+    assert {s.effect for s in plan.steps} == {"instant"} and plan.problems() == []
+    check = models.CheckConstraint(condition=models.Q(priority__gte=-1000), name="sample_priority")
+    plan, _ = _check(AddConstraint("job", check))
+    locks = [s for s in plan.steps if s.lock != "none"]
+    assert [(s.lock, s.effect) for s in locks] == [("ACCESS EXCLUSIVE", "instant"), ("SHARE UPDATE EXCLUSIVE", "scan")]
+    assert "NOT VALID" in locks[0].sql and "VALIDATE CONSTRAINT" in locks[1].sql
+    assert plan.problems() == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_statement_waits_2_s_for_its_lock_and_is_retried(monkeypatch, caplog):
+    """A transaction holding jobs_job: the migration's ALTER waits at most LOCK_TIMEOUT per try (the
+    publishes queued behind it wait no longer), then goes through once the transaction ends."""
+    from broker.db.listen import dedicated_connect
+
+    monkeypatch.setattr(schema_editor, "RETRY_PAUSES", (0.2,))
+    blocker = dedicated_connect(application_name="test-blocker")
+    blocker.execute("BEGIN")
+    blocker.execute("LOCK TABLE jobs_job IN ACCESS SHARE MODE")  # a long reader (pg_dump, a report)
+    threading.Timer(3.0, lambda: blocker.execute("ROLLBACK")).start()
+    started = time.monotonic()
+    try:
+        with caplog.at_level("WARNING", logger="broker.migrations"):
+            with connection.schema_editor() as editor:
+                editor.execute("ALTER TABLE jobs_job ALTER COLUMN last_reason SET DEFAULT NULL")
+    finally:
+        time.sleep(0.1)
+        blocker.close()
+    retries = [r for r in caplog.records if "retrying" in r.getMessage()]
+    assert 1 <= len(retries) <= 2, [r.getMessage() for r in caplog.records]
+    assert 2.0 <= time.monotonic() - started < 8.0
+    with connection.cursor() as cur:
+        cur.execute("SHOW lock_timeout")
+        assert cur.fetchone()[0] == "0", "the session's lock_timeout is put back after the migration"
