@@ -111,3 +111,11 @@ def test_the_schema_documents_both_operations(world, api):
     assert {"400", "401", "403", "404"} <= set(ops["post"]["responses"]) and "204" in ops["delete"]["responses"]
     body = ops["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert set(body["properties"]) == {"ttl", "scope"}
+
+
+@pytest.mark.parametrize("body", [b'{"ttl": "1h", "sco', b'{"ttl": "\xff\xfe"}', b"[" * 50000 + b"]" * 50000,
+                                  b'{"ttl": "1\\u0000h"}', b'["ttl"]', b"\x00\x01"])
+def test_hostile_bodies_are_a_json_4xx(world, api, body):
+    r = api.generic("POST", f"{C1}/portal-links", body, content_type="application/json")
+    assert 400 <= r.status_code < 500 and {"error", "detail"} <= set(r.json()), (r.status_code, r.content[:200])
+    assert not PortalLink.objects.exists()

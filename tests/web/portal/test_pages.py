@@ -186,3 +186,13 @@ def test_a_pull_consumer_has_no_endpoint_page(world, api):
     assert ">Endpoint<" not in html and ">Replay<" in html
     assert client.get(f"{home}endpoint").status_code == 404
     assert client.post(f"{home}endpoint/rotate-secret").status_code == 404
+
+
+@pytest.mark.parametrize("value", ["a\x00b", "x" * 500, "", "%ff%fe", "é"])
+def test_a_malformed_cookie_or_token_is_a_plain_403(world, value):
+    client = Client()
+    client.cookies["broker_portal"] = value
+    r = client.get(HOME)
+    assert r.status_code == 403 and b"portal link" in r.content
+    r = Client().get(f"/portal/open/{value.replace(chr(0), '%00') or 'x'}")
+    assert r.status_code == 403 and b"portal link" in r.content
