@@ -30,8 +30,8 @@ from jobs.callbacks.target import Target
 
 TIMEOUT_CAP = 10.0  # seconds: the page waits for the answer
 BODY_HEAD = 1024  # characters of the answer's body shown
-_client: Client | None = None
 _client_lock = threading.Lock()
+_clients: dict[str, Client] = {}  # the process's client, made on the first test event
 
 
 @dataclass(frozen=True)
@@ -44,11 +44,9 @@ class ProbeAnswer:
 
 def _client_shared() -> Client:
     """One client (one event loop thread) per process, started on the first test event."""
-    global _client
     with _client_lock:
-        if _client is None:
-            _client = Client()
-        return _client
+        client = _clients["client"] = _clients.get("client") or Client()
+        return client
 
 
 def probe_target(consumer: Consumer) -> Target:

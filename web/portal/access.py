@@ -13,15 +13,18 @@ and is kept out of search engines.
 from __future__ import annotations
 
 import functools
+import logging
 
 from django.conf import settings
 from django.http import HttpResponseRedirect
 from django.template.response import SimpleTemplateResponse, TemplateResponse
 from django.urls import reverse
 
+from broker.db.errors import database_unavailable
 from broker.errors import RateLimited
 from web.portal.links import PortalAccess, PortalDenied, portal_link_open, portal_session_find
 
+logger = logging.getLogger("web.portal")
 COOKIE = "broker_portal"
 COOKIE_PATH = "/portal/"
 
@@ -60,9 +63,28 @@ def not_found_page(request, *args, **kwargs):
 
 def link_open_view(request, token: str):
     """Open a link: a new session (cookie for /portal/ until the link ends), then the consumer's
-    overview, so the token leaves the address bar and the browser's history."""
+    overview, so the token leaves the address bar and the browser's history. Nothing escapes this
+    view: Django would log a failed request with its URL, which holds the token."""
     if request.method != "GET":
-        return not_found_page(request)
+        response = not_found_page(request)
+    else:
+        try:
+            response = _link_open(request, token)
+        except Exception as exc:  # noqa: BLE001 - answered here, logged without the request
+            if database_unavailable(exc):
+                response = plain_page(request, 503, "Try again shortly", "The broker's database is unavailable; "
+                                      "try again in a moment.", headers={"Retry-After": "1"})
+            else:
+                logger.exception("opening a portal link failed")  # the traceback, never the URL
+                response = plain_page(request, 500, "Something went wrong",
+                                      "The portal could not be opened; try again later.")
+    # Django logs every 4xx/5xx answer with its path (django.request) unless marked as logged already
+    # (django.utils.log.log_response): this path holds the token
+    response._has_been_logged = True
+    return response
+
+
+def _link_open(request, token: str):
     address = request.META.get("REMOTE_ADDR") or "-"
     try:
         key, link = portal_link_open(token=token, address=address)

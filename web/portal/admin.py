@@ -11,7 +11,7 @@ from django.contrib import admin, messages
 from django.db.models import Count
 from django.utils import timezone
 
-from web.admin.helpers import table
+from web.admin.helpers import ReadOnlyAdmin, table
 from web.portal.links import portal_changes, portal_links_revoke, portal_sessions_revoke
 from web.portal.models import PortalLink, PortalSession
 from web.portal.rules import access_state
@@ -19,20 +19,8 @@ from web.portal.rules import access_state
 logger = logging.getLogger("web.admin.channels")  # the admin's audit trail: who did what
 
 
-class ReadOnlyRows(admin.ModelAdmin):
-    """Rows made by the portal's services, never edited here."""
-
-    show_facets = admin.ShowFacets.NEVER
-    ordering = ("-id",)
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
+class ReadOnlyRows(ReadOnlyAdmin):
+    """Rows made by the portal's services, never edited here; revoked by the actions."""
 
     def has_revoke_permission(self, request):
         return request.user.has_perm("portal.change_portallink")

@@ -1,12 +1,13 @@
-"""Portal fixtures: links made through the API (as an operator makes them) and opened by a client."""
+"""Portal fixtures: links made through the API (as an operator makes them) and their paths."""
 
 from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-import pytest
-
-from tests.conftest import ADMIN_TOKEN
+# the push fixtures (a real receiver on 127.0.0.1, in-process dispatcher loops) and the admin e2e
+# tests' Chromium launch settings and artifacts folder
+from tests.jobs.conftest import dispatcher, push_settings, receiver  # noqa: F401
+from tests.web.admin.conftest import artifacts, browser_type_launch_args  # noqa: F401
 
 C1 = "/channel/ch1/consumer/c1"
 
@@ -22,10 +23,3 @@ def link_path(body: dict) -> str:
     """The link's path (the test servers' host differs from the one the API saw)."""
     return urlsplit(body["URL"]).path
 
-
-@pytest.fixture
-def portal_link(api):
-    return lambda consumer=C1, **data: link_make(api, consumer, **data)
-
-
-__all__ = ["ADMIN_TOKEN", "C1", "link_make", "link_path"]

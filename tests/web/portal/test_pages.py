@@ -5,6 +5,7 @@ real deliveries (test_portal_browser.py)."""
 
 from __future__ import annotations
 
+import logging
 import re
 from datetime import datetime, timezone
 
@@ -196,3 +197,19 @@ def test_a_malformed_cookie_or_token_is_a_plain_403(world, value):
     assert r.status_code == 403 and b"portal link" in r.content
     r = Client().get(f"/portal/open/{value.replace(chr(0), '%00') or 'x'}")
     assert r.status_code == 403 and b"portal link" in r.content
+
+
+def test_the_token_never_reaches_the_logs_even_when_opening_fails(world, api, caplog, monkeypatch):
+    caplog.set_level(logging.DEBUG)
+    caplog.set_level(logging.DEBUG, logger="django.request")  # its 4xx warnings too, which settings silence
+    body = link_make(api)
+    token = body["URL"].rsplit("/", 1)[1]
+    client, _ = opened(api)
+    assert Client().get(link_path(body)).status_code == 302
+    api.delete("/channel/ch1/consumer/c1/portal-links")
+    assert Client().get(link_path(body)).status_code == 403
+    monkeypatch.setattr("web.portal.access.portal_link_open", lambda **kw: 1 / 0)
+    r = Client().get(link_path(body))
+    assert r.status_code == 500 and b"Traceback" not in r.content and b"ZeroDivision" not in r.content
+    assert "opening a portal link failed" in caplog.text and "ZeroDivisionError" in caplog.text
+    assert token not in caplog.text and "/portal/open/" not in caplog.text

@@ -20,8 +20,8 @@ from playwright.sync_api import expect  # noqa: E402 (after the skip)
 from consumers.models import Advisory, Consumer
 from jobs.models import Job, JobStatus
 from jobs.state.transitions import DEAD
-from tests.jobs.conftest import Reply, dispatcher, push_settings, receiver  # noqa: F401 (fixtures)
-from tests.web.admin.conftest import artifacts, browser_type_launch_args, chromium_missing, finish  # noqa: F401
+from tests.jobs.conftest import Reply
+from tests.web.admin.conftest import chromium_missing, finish
 from tests.web.portal.conftest import link_make, link_path
 
 pytestmark = [
