@@ -86,7 +86,10 @@ class DeadLetterQueueView(APIView):
         summary="Requeue every dead job of the consumer",
         description="Form field requeue=<consumer token> (webhook-broker). Dead jobs go back to QUEUED "
                     "with the retry count reset and are delivered again.",
-        request={"application/x-www-form-urlencoded": OpenApiTypes.OBJECT},
+        request={"application/x-www-form-urlencoded": {
+            "type": "object", "required": ["requeue"],
+            "properties": {"requeue": {"type": "string", "description": "the consumer's token (400 invalid_requeue_token "
+                                                                        "when missing or wrong)"}}}},
         responses={202: OBJ, 400: ERROR, 404: ERROR, 415: ERROR},
     )
     def post(self, request, channel_id: str, consumer_id: str):
