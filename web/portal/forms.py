@@ -23,6 +23,8 @@ class EndpointForm(ConsumerForm):
                       "max_deliveries_per_second": "Empty: no rate limit."}
 
     def __init__(self, *args, instance, **kwargs):
+        # labels without a colon: a control's accessible name is its label as quoted (Callback URL, ...)
+        kwargs.setdefault("label_suffix", "")
         super().__init__(*args, instance=copy.copy(instance), **kwargs)  # validation never edits the caller's row
         for name in list(self.fields):
             if name not in (*ENDPOINT_FIELDS, "loaded_at"):

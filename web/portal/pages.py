@@ -118,7 +118,7 @@ def requeue_all_view(request, access: PortalAccess):
 def replay_view(request, access: PortalAccess):
     """``Replay`` since a time: ``jobs.publish.replay.consumer_replay``, as the API and the admin (its
     advisory names the link as its source)."""
-    form = ReplayForm(request.POST or None) if access.can_manage else None
+    form = ReplayForm(request.POST or None, label_suffix="") if access.can_manage else None
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         try:

@@ -36,6 +36,11 @@ def jobs_in(status: int, consumer: str = "c1") -> int:
     return Job.objects.filter(consumer__consumer_id=consumer, status=status).count()
 
 
+UNNAMED = """() => [...document.querySelectorAll("input:not([type=hidden]), select, textarea, button")]
+    .filter(el => !(el.labels && el.labels.length) && !el.getAttribute("aria-label") && !el.textContent.trim())
+    .map(el => el.outerHTML)"""
+
+
 def nav(page, name: str) -> None:
     page.get_by_role("navigation", name="Portal pages").get_by_role("link", name=name, exact=True).click()
     expect(page.locator("h1")).to_have_text(name)
@@ -76,7 +81,8 @@ def test_a_team_fixes_its_endpoint_and_recovers_its_dead_letters(page, live_serv
 
     # the URL fixed in the portal
     nav(page, "Endpoint")
-    page.get_by_label("Callback URL").fill(receiver.url("/up"))
+    assert page.evaluate(UNNAMED) == []  # every control has an accessible name
+    page.get_by_label("Callback URL", exact=True).fill(receiver.url("/up"))
     page.get_by_role("button", name="Save endpoint").click()
     expect(page.locator("ul.messagelist")).to_contain_text("Endpoint saved.")
     assert Consumer.objects.get(consumer_id="c1").callback_url == receiver.url("/up")
@@ -84,7 +90,7 @@ def test_a_team_fixes_its_endpoint_and_recovers_its_dead_letters(page, live_serv
     # dead letters: one requeued, then all (after a confirmation), and delivered
     nav(page, "Dead letters")
     rows = page.locator("#dead-letters tbody tr")
-    assert rows.count() == 3
+    assert rows.count() == 3 and page.evaluate(UNNAMED) == []
     rows.first.get_by_role("button", name="Requeue", exact=True).click()
     expect(page.locator("ul.messagelist")).to_contain_text("Requeued job")
     receiver.wait(lambda: len(receiver.at("/up")) == 1 and jobs_in(JobStatus.DELIVERED) == 1, what="one redelivery")
@@ -122,7 +128,8 @@ def test_a_team_fixes_its_endpoint_and_recovers_its_dead_letters(page, live_serv
     # a replay since a time
     nav(page, "Replay")
     since = (datetime.now(timezone.utc) - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M")
-    page.get_by_label("Since (UTC)").fill(since)
+    assert page.evaluate(UNNAMED) == []
+    page.get_by_label("Since (UTC)", exact=True).fill(since)
     page.get_by_role("button", name="Replay", exact=True).click()
     expect(page.locator("ul.messagelist")).to_contain_text("Replayed 4 messages")
     assert f"portal link {Advisory.objects.filter(type='portal_endpoint_updated').get().data['link']}" \
