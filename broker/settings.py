@@ -201,6 +201,7 @@ INSTALLED_APPS = [
     "jobs",
     "pipeline",
     "web",
+    "web.portal",  # the delivery portal (issue 29): its own app label, tables and migrations
 ]
 
 MIDDLEWARE = [
@@ -307,7 +308,7 @@ BROKER_DOORBELL_TIMEOUT = env_float("BROKER_DOORBELL_TIMEOUT", 2.0)
 BROKER_HMAC_SECRET = env_str("BROKER_HMAC_SECRET")
 BROKER_HMAC_TOLERANCE = env_float("BROKER_HMAC_TOLERANCE", 300.0)
 BROKER_HMAC_EXEMPT_PATHS = [p.strip() for p in env_str(
-    "BROKER_HMAC_EXEMPT_PATHS", "/_status,/metrics,/admin/,/static/,/api/schema/,/api/docs/,/api/redoc/"
+    "BROKER_HMAC_EXEMPT_PATHS", "/_status,/metrics,/admin/,/static/,/api/schema/,/api/docs/,/api/redoc/,/portal/"
 ).split(",") if p.strip()]
 # Who may use the registry (producers, channels, consumers; /dlq-status, /job-status): "token" = the
 # admin token, a staff session, or with BROKER_HMAC_SECRET a validly signed request (webhook-broker's
@@ -402,4 +403,11 @@ BROKER_CALLBACK_ALLOW = env_str("BROKER_CALLBACK_ALLOW")
 # The admin site whose index is the dashboard replaces django.contrib.admin's default site.
 INSTALLED_APPS[INSTALLED_APPS.index("django.contrib.admin")] = "web.apps.BrokerAdminConfig"
 BROKER_ADMIN_PAYLOAD_PREVIEW_BYTES = env_int("BROKER_ADMIN_PAYLOAD_PREVIEW_BYTES", 64 * 1024)  # shown per payload
-FORMAT_MODULE_PATH = ["broker.formats"]  # admin dates as 2026-11-22 19:25:54 (broker/formats/en/formats.py)
+FORMAT_MODULE_PATH = ["broker.formats"]
+
+# --- delivery portal (web/portal/: scoped links a consumer's team opens in a browser) -----------
+# Where the links point (e.g. https://broker.example.com); empty: the scheme and host of the request
+# that made the link.
+BROKER_PORTAL_URL = env_str("BROKER_PORTAL_URL").rstrip("/")
+# Link openings allowed per client address and minute (shared by every web process); more: 429.
+BROKER_PORTAL_OPENS_PER_MINUTE = env_int("BROKER_PORTAL_OPENS_PER_MINUTE", 20)  # admin dates as 2026-11-22 19:25:54 (broker/formats/en/formats.py)

@@ -2,11 +2,12 @@
 report page. One list, in the order the routes are matched."""
 
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from web.api import consumers, dlq, messages, metrics, partitions, publishing, registry, sample, status
 from web.api.pull import views as pull
+from web.portal import api as portal
 from web.reports import report_latest_view
 
 _C = "channel/<str:channel_id>/consumer/<str:consumer_id>"
@@ -48,6 +49,9 @@ urlpatterns = [
     # priority groups
     path(f"{_C}/unpin", pull.UnpinView.as_view()),
     path(f"{_C}/advisories", pull.AdvisoriesView.as_view()),
+    # the delivery portal: links to one consumer's pages (web/portal), and the pages
+    path(f"{_C}/portal-links", portal.PortalLinksView.as_view()),
+    path("portal/", include("web.portal.urls")),
     # dead letters, secret rotation
     path(f"{_C}/dlq", dlq.DeadLetterQueueView.as_view()),
     path(f"{_C}/rotate-secret", dlq.RotateSecretView.as_view()),

@@ -23,3 +23,11 @@ def sign(key: bytes, webhook_id: str, timestamp: int, body: bytes) -> str:
     """Standard Webhooks v1: base64 HMAC-SHA256 of ``id.timestamp.body``."""
     mac = hmac.new(key, f"{webhook_id}.{timestamp}.".encode() + body, hashlib.sha256).digest()
     return "v1," + base64.b64encode(mac).decode()
+
+
+def signature_headers(*, keys: list[bytes], webhook_id: str, timestamp: int, body: bytes) -> dict:
+    """The Standard Webhooks headers of one message: a ``v1,`` signature per key, space-separated
+    (the current secret and, while a rotation's grace period lasts, the previous one: a receiver
+    accepts the message when any of them verifies with its secret)."""
+    return {"webhook-id": webhook_id, "webhook-timestamp": str(timestamp),
+            "webhook-signature": " ".join(sign(key, webhook_id, timestamp, body) for key in keys)}

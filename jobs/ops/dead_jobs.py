@@ -7,10 +7,30 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from django.db.models import OuterRef, QuerySet, Subquery
+
 from broker.db.run import query_fetchall, query_fetchone
+from jobs.models import DeliveryAttempt, Job, JobTransition
 from jobs.ops.queries import Q
 from jobs.partitions.settle import settle_on_commit
 from jobs.state.transitions import DEAD, GONE, INFLIGHT, QUEUED, transition_check, transitions_check
+
+
+def dead_jobs_listed(*, consumer_pk: int, last_attempt: bool = False) -> QuerySet:
+    """A consumer's DEAD jobs, newest first (``job_consumer_status``), each with ``dead_reason``:
+    why it died (the reason of its last move to DEAD: push, ack, timeout, operator, expired, ...);
+    with ``last_attempt`` also its last attempt's ``last_status``, ``last_error`` and
+    ``last_excerpt`` (None for pull consumers, which report outcomes without attempts). Each is
+    one probe of a ``job_id`` index per row of the page read (the DLQ endpoint, the delivery portal)."""
+    dead = Job.objects.filter(consumer_id=consumer_pk, status=DEAD).order_by("-id").annotate(
+        dead_reason=Subquery(JobTransition.objects.filter(job_id=OuterRef("pk"), to_status=DEAD)
+                             .order_by("-id").values("reason")[:1]))
+    if not last_attempt:
+        return dead
+    last = DeliveryAttempt.objects.filter(job_id=OuterRef("pk")).order_by("-id")
+    return dead.annotate(last_status=Subquery(last.values("status_code")[:1]),
+                         last_error=Subquery(last.values("error")[:1]),
+                         last_excerpt=Subquery(last.values("response_excerpt")[:1]))
 
 
 def jobs_requeue_dead(*, consumer_pk: int, job_ids: Iterable[int] | None = None,

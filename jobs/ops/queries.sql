@@ -262,3 +262,50 @@ SELECT (SELECT reltuples::bigint FROM pg_class WHERE oid = 'jobs_job'::regclass)
        (SELECT array_agg(i.relname::text) FROM pg_class i JOIN pg_index x ON x.indexrelid = i.oid
          WHERE i.relname = ANY(%(names)s::text[]) AND i.relnamespace = current_schema()::regnamespace
            AND x.indrelid IN ('jobs_job'::regclass, 'broker_message'::regclass));
+
+-- attempts_newest_id --
+-- index: pk
+-- The newest delivery attempt id, 0 without any (where a consumer's attempt pages start).
+SELECT COALESCE(max(id), 0) FROM jobs_deliveryattempt;
+
+-- consumer_attempts --
+-- index: pk (jobs_deliveryattempt backwards over one window of ids; each row's job by its primary key)
+-- One page of a consumer's delivery attempts, newest first, among the attempt ids in
+-- [%(low)s, %(high)s), optionally of one outcome (the delivery portal's Deliveries page). Attempts have
+-- no consumer column: the id window bounds what a page reads whatever the table's size, and each
+-- row's job is looked up by its primary key (a scalar subquery: never a hash of the consumer's jobs).
+SELECT a.id, a.job_id, a.attempt, a.started_at, a.duration_ms, a.status_code, a.outcome,
+       left(a.error, %(head)s), left(a.response_excerpt, %(head)s)
+  FROM jobs_deliveryattempt a
+ WHERE a.id >= %(low)s AND a.id < %(high)s
+   AND (%(outcome)s::text IS NULL OR a.outcome = %(outcome)s::text)
+   AND (SELECT j.consumer_id FROM jobs_job j WHERE j.id = a.job_id) = %(consumer)s
+ ORDER BY a.id DESC
+ LIMIT %(limit)s;
+
+-- consumer_attempt_figures --
+-- index: pk (the newest %(scan)s attempt ids; each row's job by its primary key)
+-- A consumer's attempts of the last hour and of the last day, read from the broker's newest
+-- %(scan)s attempts (a bounded read whatever the table's size): for each window the attempts, the
+-- deliveries and the p50 / p99 duration (ms); last, ``reach``: when the rows read do not cover the
+-- whole day while older attempts exist, the start of the oldest of them (NULL: the day is covered).
+WITH b AS (
+    SELECT COALESCE(max(id), 0) - %(scan)s AS low FROM jobs_deliveryattempt
+), w AS (
+    SELECT a.started_at, a.duration_ms, a.outcome, a.job_id
+      FROM jobs_deliveryattempt a WHERE a.id > (SELECT low FROM b)
+), mine AS (
+    SELECT w.duration_ms, w.outcome = 'delivered' AS ok, w.started_at > now() - interval '1 hour' AS recent
+      FROM w
+     WHERE w.started_at > now() - interval '1 day'
+       AND (SELECT j.consumer_id FROM jobs_job j WHERE j.id = w.job_id) = %(consumer)s
+)
+SELECT count(*) FILTER (WHERE recent), count(*) FILTER (WHERE recent AND ok),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY duration_ms) FILTER (WHERE recent),
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY duration_ms) FILTER (WHERE recent),
+       count(*), count(*) FILTER (WHERE ok),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY duration_ms),
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY duration_ms),
+       CASE WHEN EXISTS (SELECT 1 FROM jobs_deliveryattempt x WHERE x.id <= (SELECT low FROM b))
+            THEN (SELECT min(w.started_at) FROM w HAVING min(w.started_at) > now() - interval '1 day') END
+  FROM mine;

@@ -29,18 +29,18 @@ from broker.counters import JOB, counts_for
 from broker.models import Message
 from broker.xid import job_pk, job_xid
 from consumers.models import Consumer
-from jobs.models import DeliveryAttempt, Job, JobTransition, Partition
+from jobs.models import Job, Partition
 from jobs.ops.dashboard import duration_text
 from jobs.ops.dead_jobs import jobs_delete_dead, jobs_mark_dead, jobs_requeue_dead
 from jobs.state.transitions import DEAD, INFLIGHT, QUEUED, STATUS_NAMES, STATUSES
-from web.admin.helpers import ChannelFilter, ViewOnlyAdmin, admin_url, json_block, payload_preview, table
+from web.admin.helpers import ChannelFilter, ViewOnlyAdmin, admin_url
+from web.admin.job_detail import attempts_table, history_table, job_payload, message_headers
 from web.admin.job_filters import AgeFilter, AttemptsFilter, ConsumerFilter, PriorityGroupFilter
 from web.admin.partitions import JobPartitionFilter
 
 logger = logging.getLogger("web.admin.channels")
 
 CHUNK = 5000  # job ids handed to one state-machine call (its statements lock at most this many rows)
-DETAIL_ROWS = 200  # attempts / state changes listed on a job's page
 
 
 def job_admin_url(pk: int) -> str:
@@ -230,39 +230,19 @@ class JobAdmin(ViewOnlyAdmin):
 
     @admin.display(description="headers")
     def message_headers(self, obj):
-        return json_block(Message.objects.filter(pk=obj.message_id).values_list("headers", flat=True).first())
+        return message_headers(obj.message_id)
 
     @admin.display(description="payload")
     def message_payload(self, obj):
-        if obj.has_own_payload:  # moved to a later gate with the handler's new data: that is what is delivered
-            return format_html('<p class="help">{}</p>{}', "this job's own payload (set by a handler-driven gate move)",
-                               payload_preview(table="jobs_job", pk=obj.pk))
-        return payload_preview(table="broker_message", pk=obj.message_id)
+        return job_payload(job_pk=obj.pk, message_pk=obj.message_id, own=obj.has_own_payload)
 
     @admin.display(description="attempts")
     def attempts_table(self, obj):
-        rows = list(DeliveryAttempt.objects.filter(job_id=obj.pk).order_by("-id")[:DETAIL_ROWS + 1])
-        more = len(rows) > DETAIL_ROWS
-        rows = rows[:DETAIL_ROWS]
-        body = table(
-            ["#", "started", "status code", "duration", "outcome", "response excerpt", "error"],
-            [[a.attempt, a.started_at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3], a.status_code,
-              "" if a.duration_ms is None else f"{a.duration_ms:,.1f} ms", a.outcome,
-              Truncator(a.response_excerpt).chars(300), Truncator(a.error).chars(300)] for a in reversed(rows)],
-            empty="No delivery attempts recorded (pull consumers report outcomes without attempts).")
-        if more:
-            return format_html("{}<p class='help'>Showing the latest {} attempts.</p>", body, DETAIL_ROWS)
-        return body
+        return attempts_table(obj.pk)
 
     @admin.display(description="history")
     def history_table(self, obj):
-        rows = list(JobTransition.objects.filter(job_id=obj.pk).order_by("-at", "-id")[:DETAIL_ROWS])
-        return table(["at", "from", "to", "retries", "reason"],
-                     [[t.at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3],
-                       STATUS_NAMES.get(t.from_status, "(created)") if t.from_status else "(created)",
-                       STATUS_NAMES.get(t.to_status, t.to_status), t.retry_count, t.reason]
-                      for t in reversed(rows)],
-                     empty="No state changes recorded.")
+        return history_table(obj.pk)
 
     # actions: each calls the state machine and says what it did
 

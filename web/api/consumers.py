@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -22,7 +21,7 @@ from jobs.pull import groups
 from jobs.pull.doorbell import doorbell_state
 from jobs.push.circuit import circuit_state, consumer_circuit_close
 from web.api.common import (ADMIN_PARAM, CHANNEL_TOKEN, CONSUMER_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, PRECONDITION,
-                            channel_or_404, form_number, form_value, with_last_modified)
+                            PRECONDITION_REQUIRED, channel_or_404, form_number, form_value, with_last_modified)
 from web.api.pagination import paginate
 from web.api.put_schemas import CONSUMER_PUT, CONSUMER_PUT_FORM, put_request
 from web.api.representations import changed_at
@@ -231,7 +230,7 @@ class ConsumerView(APIView):
         consumer.channel = channel
         return with_last_modified(consumer_repr(consumer, show_secret=True), consumer)  # 200 on create too
 
-    @extend_schema(summary="Delete a consumer and its jobs", parameters=[ADMIN_PARAM, PRECONDITION],
+    @extend_schema(summary="Delete a consumer and its jobs", parameters=[ADMIN_PARAM, PRECONDITION_REQUIRED],
                    responses={204: None, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 412: ERROR})
     def delete(self, request, channel_id: str, consumer_id: str):
         require_registry(request)
@@ -272,6 +271,15 @@ class ConsumerResumeView(ConsumerPauseView):
         return super().post(request, channel_id, consumer_id)
 
 
+REPLAY_REQUEST = {  # what replay_request_parse reads (the schema marks since required: 400 invalid_since without it)
+    "type": "object", "required": ["since"],
+    "properties": {"since": {"type": "string", "format": "date-time"},
+                   "until": {"type": "string", "format": "date-time", "nullable": True,
+                             "description": "default now; not before since"},
+                   "onlyFailed": {"type": "boolean", "default": False}},
+}
+
+
 def replay_request_parse(data) -> dict:
     """The replay body: {"since": RFC 3339, "until": optional RFC 3339, "onlyFailed": bool}; 400 otherwise."""
     if not isinstance(data, dict):
@@ -297,7 +305,7 @@ class ConsumerReplayView(APIView):
                     "QUEUED or INFLIGHT now, and partitioned jobs, are skipped. Works in chunks of 10,000 "
                     'messages. Answers 202 {"Replayed": n, "Skipped": m}; until before since, or a window in the '
                     "future: 400. Recorded as an advisory (replay).",
-        parameters=[ADMIN_PARAM, CHANNEL_TOKEN, CONSUMER_TOKEN], request={"application/json": OpenApiTypes.OBJECT},
+        parameters=[ADMIN_PARAM, CHANNEL_TOKEN, CONSUMER_TOKEN], request={"application/json": REPLAY_REQUEST},
         responses={202: OBJ, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 415: ERROR},
     )
     def post(self, request, channel_id: str, consumer_id: str):

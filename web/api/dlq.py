@@ -10,7 +10,6 @@ import base64
 from urllib.parse import quote
 
 from django.conf import settings
-from django.db.models import OuterRef, Subquery
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.parsers import FormParser, MultiPartParser
@@ -24,8 +23,8 @@ from broker.tokens import tokens_equal
 from broker.xid import job_xid
 from consumers.models import Consumer
 from consumers.services import consumer_rotate_secret
-from jobs.models import Job, JobStatus, JobTransition
-from jobs.ops.dead_jobs import jobs_delete_dead, jobs_requeue_dead
+from jobs.models import Job, JobStatus
+from jobs.ops.dead_jobs import dead_jobs_listed, jobs_delete_dead, jobs_requeue_dead
 from jobs.publish import scheduled as scheduling
 from web.api.common import (ADMIN_PARAM, CHANNEL_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, channel_or_404,
                             channel_rows_by_status, form_value, require_channel_reader)
@@ -63,11 +62,7 @@ class DeadLetterQueueView(APIView):
         consumer = consumer_or_404(channel, consumer_id)
         require_consumer_or_admin(request, channel, consumer)
         base = f"/channel/{_q(channel_id)}/consumer/{_q(consumer_id)}"
-        dead = Job.objects.filter(consumer=consumer, status=JobStatus.DEAD).select_related("message").annotate(
-            # why it died: the reason of its last move to DEAD (push, ack, timeout, operator, expired, ...);
-            # evaluated for the page's rows only, each by jobs_jobtransition's job_id index
-            dead_reason=Subquery(JobTransition.objects.filter(job_id=OuterRef("pk"), to_status=JobStatus.DEAD)
-                                 .order_by("-id").values("reason")[:1]))
+        dead = dead_jobs_listed(consumer_pk=consumer.pk).select_related("message")  # with dead_reason
 
         def item(job: Job) -> dict:
             return {
@@ -91,7 +86,10 @@ class DeadLetterQueueView(APIView):
         summary="Requeue every dead job of the consumer",
         description="Form field requeue=<consumer token> (webhook-broker). Dead jobs go back to QUEUED "
                     "with the retry count reset and are delivered again.",
-        request={"application/x-www-form-urlencoded": OpenApiTypes.OBJECT},
+        request={"application/x-www-form-urlencoded": {
+            "type": "object", "required": ["requeue"],
+            "properties": {"requeue": {"type": "string", "description": "the consumer's token (400 invalid_requeue_token "
+                                                                        "when missing or wrong)"}}}},
         responses={202: OBJ, 400: ERROR, 404: ERROR, 415: ERROR},
     )
     def post(self, request, channel_id: str, consumer_id: str):
