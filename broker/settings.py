@@ -387,6 +387,7 @@ BROKER_PULL_WINDOW = env_float("BROKER_PULL_WINDOW", 0.05)
 # Single publishes that arrive together in one process share one transaction and commit (group
 # commit: jobs/publish/grouped.py); off: each publishes in its request's thread.
 BROKER_PUBLISH_GROUP = env_bool("BROKER_PUBLISH_GROUP", True)
+BROKER_PUBLISH_WINDOW = env_float("BROKER_PUBLISH_WINDOW", 0.005)  # seconds between two batches' starts
 # Wake-ups of new jobs are sent after the publishing commit, at most one NOTIFY per this many seconds
 # per process (the first after a quiet spell at once): broker/db/notify.py.
 BROKER_NOTIFY_INTERVAL = env_float("BROKER_NOTIFY_INTERVAL", 0.02)

@@ -157,27 +157,31 @@ def pull_request_check(*, ctx: PullContext, req: PullRequest) -> None:
         raise InvalidInput("invalid_group", "Bad Request - Invalid Priority Group")
 
 
-_claimed_at: dict[int, float] = {}  # consumer pk -> monotonic time of this process's last claim for it
+_claimed: dict[int, tuple[float, bool]] = {}  # consumer pk -> (monotonic time, full) of this process's last claim
 _claimed_lock = threading.Lock()
 
 
 def _claim(ctx: PullContext, req: PullRequest, *, window: bool = False) -> list[ClaimedJob]:
     """One claim; with ``window`` (a waiting pull) not before ``BROKER_PULL_WINDOW`` has passed since
-    this process's last claim for the consumer: under load a waiting pull then takes the batch that
-    gathered meanwhile in one statement (whose triggers' history and counter rows cost the same for
-    one job or hundreds), instead of one or two jobs per claim; after a quiet spell it claims at once."""
+    this process's last claim for the consumer, when that one did not fill its batch (the consumer had
+    caught up): under load a waiting pull then takes the batch that gathered meanwhile in one
+    statement (whose triggers' history and counter rows cost the same for one job or hundreds)
+    instead of one or two jobs per claim. After a quiet spell, or behind a backlog (the last claim
+    was full), it claims at once."""
     if window:
         with _claimed_lock:
-            last = _claimed_at.get(ctx.consumer_pk, float("-inf"))
+            last, full = _claimed.get(ctx.consumer_pk, (float("-inf"), True))
         hold = last + float(settings.BROKER_PULL_WINDOW) - time.monotonic()
-        if hold > 0:
+        if hold > 0 and not full:
             time.sleep(hold)
+    jobs: list[ClaimedJob] = []
     try:
-        return jobs_claim(consumer_pk=ctx.consumer_pk, limit=req.batch, max_bytes=req.max_bytes,
+        jobs = jobs_claim(consumer_pk=ctx.consumer_pk, limit=req.batch, max_bytes=req.max_bytes,
                           incremental_timeout=req.incremental_timeout, reason="pull")
+        return jobs
     finally:
         with _claimed_lock:
-            _claimed_at[ctx.consumer_pk] = time.monotonic()
+            _claimed[ctx.consumer_pk] = (time.monotonic(), len(jobs) >= req.batch)
 
 
 def _next_check(due_in, deadline_in, remaining: float) -> float:

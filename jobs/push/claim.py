@@ -44,6 +44,7 @@ class PushJob:
     message_type: str | None = None  # filters: sent as X-Broker-Message-Type
     circuit_dirty: bool = False  # its consumer's circuit was counting failures or open when claimed
     trace: TraceContext | None = None  # the message's traceparent / tracestate (broker.tracing)
+    room: int | None = None  # its consumer's room at this claim (all of it taken: the consumer is saturated)
 
 
 def jobs_claim_push(*, limit: int, reason: str = "push", worker: str = "") -> list[PushJob]:
@@ -81,6 +82,29 @@ def jobs_claim_push(*, limit: int, reason: str = "push", worker: str = "") -> li
         PushJob(id=r[0], consumer_pk=r[1], priority=r[2], retry_count=r[3], message_id=r[4],
                 payload=bytes(r[5]), content_type=r[6], consumer_updated_at=r[8],
                 partition_key=r[9], gate=r[10] or 0, message_type=r[11], circuit_dirty=r[12],
-                headers=headers_decode(r[7]), trace=TraceContext(r[13] or "", r[14] or ""))
+                headers=headers_decode(r[7]), trace=TraceContext(r[13] or "", r[14] or ""), room=r[15])
         for r in rows
     ]
+
+
+def saturation_update(saturated: set[int], jobs: list[PushJob]) -> None:
+    """Which consumers are saturated after a claim: those it gave all of their room (more of their
+    jobs may wait for room). A consumer with no job in the claim stays as it was: with no room at
+    all it got none."""
+    claimed: dict[int, list] = {}  # consumer pk: [jobs claimed, its room]
+    for job in jobs:
+        claimed.setdefault(job.consumer_pk, [0, job.room])[0] += 1
+    for pk, (count, room) in claimed.items():
+        if room is not None and count >= room:
+            saturated.add(pk)
+        else:
+            saturated.discard(pk)
+
+
+def window_hold(*, last: float, window: float, now: float, saturated: set[int], pending: list[int]) -> float:
+    """Seconds a dispatcher loop holds its next record-and-claim transaction: the rest of the window
+    since its last one, or none when an attempt to record is a saturated consumer's (its room is
+    what it waits for)."""
+    if any(pk in saturated for pk in pending):
+        return 0.0
+    return max(0.0, last + window - now)

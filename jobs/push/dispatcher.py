@@ -19,7 +19,10 @@ visible to the claim at once: with maxInFlight = 10 a consumer's throughput is 1
 round trip + one transaction), not 10 / (round trip + two transactions + a poll). The window is
 what one message costs the database: each transaction pays its statements' fixed costs (the
 triggers' history and counter rows) once for the whole batch; after a quiet spell the first claim
-runs at once, so a single message is never held. Everything is at-least-once: a job whose outcome cannot be recorded stays INFLIGHT until its deadline and
+runs at once, so a single message is never held, and finished attempts of a *saturated* consumer
+(its last claim took all of its room: more jobs wait for room) are recorded at once, so a
+consumer held back by its maxInFlight gets its room back without waiting for the window.
+Everything is at-least-once: a job whose outcome cannot be recorded stays INFLIGHT until its deadline and
 the sweep queues it again.
 """
 
@@ -47,7 +50,7 @@ from jobs.callbacks.target import Target
 from jobs.housekeeping import Housekeeping
 from jobs.partitions.leases import lease_seconds, partition_leases_cycle, partition_leases_release
 from jobs.publish.wakeup import CHANNEL
-from jobs.push.claim import PUSH_TRANSACTION_SETUP, jobs_claim_push
+from jobs.push.claim import PUSH_TRANSACTION_SETUP, jobs_claim_push, saturation_update, window_hold
 from jobs.push.delivery import attempt_deliver, targets_load
 from jobs.push.queries import Q
 from jobs.push.record import outcomes_record
@@ -126,6 +129,7 @@ class Engine:
         self.done: deque = deque()
         self.targets: dict[int, Target] = {}
         self.pull_pks: set[int] = set()
+        self.saturated: set[int] = set()  # consumers whose last claim took all of their room
         self._pull_loaded = 0.0
         self._running = 0  # handed to the client, outcome not yet collected (coordinator thread only)
         self._wake_r, self._wake_w = os.pipe()
@@ -337,7 +341,8 @@ class Engine:
         want_claim = capacity > 0 and (loop.kicked or now >= loop.next_poll)
         if not (loop.pending or want_claim):
             return True
-        hold = loop.last_tx + loop.window - now
+        hold = window_hold(last=loop.last_tx, window=loop.window, now=now, saturated=self.saturated,
+                           pending=[job.consumer_pk for job, _, _ in loop.pending])
         if hold > 0:
             time.sleep(hold)
             return False
@@ -401,6 +406,7 @@ class Engine:
         them: its next burst is allowed before the poll would come."""
         loop.stats["claimed"] += len(jobs)
         self._submit(jobs)
+        saturation_update(self.saturated, jobs)
         for pk in {j.consumer_pk for j in jobs}:
             target = self.targets.get(pk)
             if target is not None and target.rate:

@@ -27,7 +27,8 @@
 -- consecutive failures (below the threshold) at most threshold - failures requests are out at
 -- once; NULL (no cap) when the breaker is off or never failed. The job claimed for an OPEN
 -- circuit is its probe (CTE probe: HALF_OPEN until recorded). Returns m.type (filters),
--- r.cb_dirty (the circuit was counting failures or open when claimed) and the message's trace context.
+-- r.cb_dirty (the circuit was counting failures or open when claimed), the message's trace context
+-- and the consumer's room (the dispatcher's window: jobs.push.dispatcher).
 WITH k AS MATERIALIZED (
     SELECT c.id, c.updated_at,
            LEAST(c.max_in_flight, c.max_ack_pending, CASE WHEN c.circuit_breaker_failures > 0 THEN
@@ -113,7 +114,8 @@ SELECT u.id, u.consumer_id, u.priority, u.retry_count, m.message_id, COALESCE(u.
        m.content_type, m.headers, r.updated_at,
        CASE WHEN u.partition_id IS NOT NULL
             THEN (SELECT pt.key FROM jobs_partition pt WHERE pt.id = u.partition_id) END, u.gate, m.type, r.cb_dirty,
-       m.traceparent, m.tracestate  -- trace context (broker.tracing)
+       m.traceparent, m.tracestate,  -- trace context (broker.tracing)
+       r.room  -- the consumer's room this claim filled up to (all of it: the consumer is saturated)
   FROM u JOIN broker_message m ON m.id = u.message_id JOIN r ON r.id = u.consumer_id
  ORDER BY u.priority DESC, u.id;
 

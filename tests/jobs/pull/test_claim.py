@@ -141,3 +141,33 @@ def test_long_poll_picks_up_a_timed_out_job(world, pc, settings):
     got = pc.pull(expires=10).json()["Result"]
     assert [j["ID"] for j in got] == [jid] and got[0]["Attempt"] == 2
     assert time.monotonic() - t0 < 5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_waiting_pull_after_a_partial_claim_takes_what_gathers_within_the_window(world, pc, settings):
+    """BROKER_PULL_WINDOW: a long-poll right after a claim that did not fill its batch (the consumer
+    had caught up) claims once the window has passed, so publishes arriving meanwhile come in one
+    batch; a pull after a full claim (behind a backlog) or without waiting is never held."""
+    settings.BROKER_PULL_WINDOW = 1.0
+    publish_n(world, 1)
+    assert len(pc.pull(batch=10, expires=5).json()["Result"]) == 1  # not full: caught up
+    publish_n(world, 1, start=1)
+
+    def later():
+        time.sleep(0.3)  # within the window of the next pull
+        publish_n(world, 1, start=2)
+        from django.db import connection
+
+        connection.close()
+
+    thread = threading.Thread(target=later)
+    thread.start()
+    got = pc.pull(batch=10, expires=5).json()["Result"]
+    thread.join(10)
+    assert [j["Message"]["MessageID"] for j in got] == ["m1", "m2"]  # one batch, not m1 alone
+    # a full claim (batch 1): the next pull is not held, even with a job already waiting
+    publish_n(world, 2, start=3)
+    assert [j["Message"]["MessageID"] for j in pc.pull(batch=1, expires=5).json()["Result"]] == ["m3"]
+    t0 = time.monotonic()
+    assert [j["Message"]["MessageID"] for j in pc.pull(batch=1, expires=5).json()["Result"]] == ["m4"]
+    assert time.monotonic() - t0 < 0.9  # (the window is 1 s: it was not waited for)
