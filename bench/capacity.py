@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import _read_response, build_request, percentile, smoke_args_parse, smoke_problems_exit  # noqa: E402
 from bench.push import PUBLISH_HEADERS, Broker, Receiver, _stat, cpu_by_group  # noqa: E402
 
-SMOKE_TABLE = (r"^idle +[\d.]+ s: .* total [\d.]+ % of one core\n(?s:.*)"
+SMOKE_TABLE = (r"^idle +[\d.]+ s: .* total [\d.]+ % of one core; .*\n(?s:.*)"
                r"^rate +\d+/s: achieved [\d.]+/s .* publish p50/p99 .* lost \d+ dup \d+ .*\n"
                r" +CPU ms/msg: postgres [\d.]+ .* commits/msg [\d.]+")
 CHANNEL, PUSHER, PULLER = "capacity", "pusher", "puller"

@@ -14,6 +14,11 @@ the first publish goes at once), as the transaction's cost is nearly the same fo
 
 Publishes inside a transaction (tests; a caller's own ``atomic``), keyed ones (their partition
 checks refuse a whole statement) and ``BROKER_PUBLISH_GROUP`` off publish in the request's thread.
+
+One thread must not become one point of waiting: its connection is checked before a batch that
+follows a quiet second (a server restart or a failover leaves it broken while idle), and a request
+whose message is still queued after ``TAKEN_WITHIN`` seconds (the thread stuck on a dead
+connection until its round trip bound) takes it back and publishes it in its own thread.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ from jobs.publish.messages import NewMessage, message_publish, messages_publish
 logger = logging.getLogger(__name__)
 BATCH_MAX = 500  # messages per transaction
 WAIT_MAX = 120.0  # seconds a request waits for its commit (the thread's round trips are bounded far below)
+TAKEN_WITHIN = 1.0  # seconds a message may wait in the queue before its request publishes it itself
+IDLE_CHECK = 1.0  # seconds without a batch after which the connection is checked before the next
 
 
 @dataclass(eq=False)
@@ -64,6 +71,15 @@ class GroupPublisher:
         self._thread: threading.Thread | None = None
         self._closed = threading.Event()
         self.batches = 0  # transactions committed (tests, benchmarks)
+
+    def take_back(self, item: _Item) -> bool:
+        """Remove ``item`` if the thread has not taken it yet (True: the caller publishes it)."""
+        with self._cond:
+            try:
+                self._queue.remove(item)
+            except ValueError:
+                return False
+            return True
 
     def submit(self, item: _Item) -> None:
         with self._cond:
@@ -94,10 +110,12 @@ class GroupPublisher:
                 while (hold := last + window - time.monotonic()) > 0 and len(self._queue) < BATCH_MAX:
                     self._cond.wait(hold)
                 batch = [self._queue.popleft() for _ in range(min(BATCH_MAX, len(self._queue)))]
-            last = time.monotonic()
+            idle, last = time.monotonic() - last, time.monotonic()
             items = [item for item in batch if item is not None]
             try:
                 connection.close_if_unusable_or_obsolete()
+                if idle > IDLE_CHECK and connection.connection is not None and not connection.is_usable():
+                    connection.close()  # broken while idle (a restart, a failover): the batch reconnects
                 if items:
                     self._publish(items)
             except BaseException as exc:  # noqa: BLE001 - every waiting request gets an answer
@@ -184,6 +202,10 @@ def message_publish_grouped(*, channel_id: str, channel_token: str | None, produ
         return message_publish(ctx=ctx, message=message)
     item = _Item(channel_id, channel_token, producer_id, producer_token, message)
     _publisher.submit(item)
+    if not item.done.wait(TAKEN_WITHIN) and _publisher.take_back(item):  # the thread is stuck: do it here
+        ctx = publish_authenticate(channel_id=channel_id, channel_token=channel_token, producer_id=producer_id,
+                                   producer_token=producer_token)
+        return message_publish(ctx=ctx, message=message)
     if not item.done.wait(WAIT_MAX):  # not known whether it was stored: as a lost connection, 503
         raise Unavailable("database_unavailable", "the database is unavailable, retry shortly", retry_after=1)
     if item.error is not None:

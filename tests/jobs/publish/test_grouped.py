@@ -6,6 +6,7 @@ transaction (inside one, publishes run in the request's thread: nothing else cou
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -96,3 +97,38 @@ def test_off_each_publish_commits_in_its_own_request(world, settings):
     answers = publish_together([{"HTTP_X_BROKER_MESSAGE_ID": f"o{i}"} for i in range(4)])
     assert [a.status_code for a in answers] == [201] * 4
     assert grouped._publisher.batches == before
+
+
+def test_a_message_queued_behind_a_stuck_batch_is_published_by_its_own_request(world, monkeypatch):
+    """The publishing thread stuck on a batch (a connection that stopped answering, until its round
+    trip bound) does not hold the other publishes of the process: a message still queued after
+    TAKEN_WITHIN is taken back and published in its request's thread."""
+    release = threading.Event()
+    original = grouped.GroupPublisher._publish
+
+    def stuck(self, items):
+        if any(item.message.message_id == "stuck" for item in items):
+            release.wait(20)
+        return original(self, items)
+
+    monkeypatch.setattr(grouped.GroupPublisher, "_publish", stuck)
+    monkeypatch.setattr(grouped, "TAKEN_WITHIN", 0.3)
+    answers = {}
+
+    def send(mid):
+        try:
+            answers[mid] = Client().generic("POST", "/channel/ch1/broadcast", b"{}", content_type="application/json",
+                                            HTTP_X_BROKER_MESSAGE_ID=mid, **HEADERS)
+        finally:
+            connection.close()
+
+    first = threading.Thread(target=send, args=("stuck",))
+    first.start()
+    time.sleep(0.5)  # the thread has taken "stuck" and hangs on it
+    send("queued")  # queued behind it, taken back, published here
+    assert answers["queued"].status_code == 201 and "stuck" not in answers
+    release.set()
+    first.join(20)
+    assert answers["stuck"].status_code == 201
+    assert set(Message.objects.filter(message_id__in=["stuck", "queued"]).values_list("message_id", flat=True)) \
+        == {"stuck", "queued"}

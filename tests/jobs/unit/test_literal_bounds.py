@@ -16,7 +16,7 @@ BOUND = re.compile(r"LIMIT (\d+)\s+-- bound: ([\w.]+)")
 
 
 def _bounds():
-    return [(q.name, int(n), path) for q in ALL.values() for n, path in BOUND.findall(q.sql)]
+    return [(q.name, int(n), path) for q in ALL.values() for n, path in BOUND.findall(q.text)]  # (as written)
 
 
 def test_every_literal_bound_names_a_limit_it_is_not_below():
@@ -32,6 +32,6 @@ def test_the_caller_limit_stays_outside_the_bound():
     """The bound is the inner LIMIT; the caller's limit (a parameter or the consumer's room) is
     applied outside it, so the statement still returns at most what the caller asked for."""
     for name in ("claim_pull", "queued_jobs"):
-        sql = ALL[name].sql
+        sql = ALL[name].text
         inner = BOUND.search(sql).end()
         assert re.search(r"\)\s*\w*\s+LIMIT ", sql[inner:]), name

@@ -34,4 +34,4 @@ def test_a_missing_or_an_unused_value_is_an_error():
 
 def test_each_split_table_has_its_own_bounds_statement():
     for table, query in ID_BOUNDS.items():
-        assert query.sql == f"SELECT min(id), max(id) FROM {table}"
+        assert query.text == f"SELECT min(id), max(id) FROM {table}"
