@@ -44,7 +44,7 @@ from bench.push import PUBLISH_HEADERS, Broker, Receiver, _stat, cpu_by_group  #
 
 SMOKE_TABLE = (r"^idle +[\d.]+ s: .* total [\d.]+ % of one core; .*\n(?s:.*)"
                r"^rate +\d+/s: achieved [\d.]+/s .* publish p50/p99 .* lost \d+ dup \d+ .*\n"
-               r" +CPU ms/msg: postgres [\d.]+ .* commits/msg [\d.]+")
+               r" +CPU ms/msg: postgres [\d.]+, .* commits/msg [\d.]+")
 CHANNEL, PUSHER, PULLER = "capacity", "pusher", "puller"
 CHANNEL_TOKEN, PULL_TOKEN = "bench-c", "pull-token"
 PAD = "x" * 200  # bodies of ~250 bytes

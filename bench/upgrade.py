@@ -62,6 +62,8 @@ from bench.common import ADMIN, base_env, broker_database, free_port, smoke_args
 # The previous release: the last commit of main before this tree's schema changes. Move it forward
 # with each change of the schema (docs/upgrades.md); it must be in the repository's history.
 PREVIOUS_RELEASE = "b66868b135851de1aee3db04d1f4101f955afb95"
+# The CI test runs this very script (with 100k jobs): no smoke run of its own (tests/system/bench).
+SMOKE_COVERED_BY = "tests/system/upgrade/test_rolling.py"
 SMOKE_TABLE = r"^upgrade .*: migrate [\d.]+ s, longest stall [\d.]+ s, push pause [\d.]+ s / [\d.]+ s, lost \d+$"
 SLOTS = 2  # dispatcher loops per cluster (BROKER_Q_WORKERS = 3)
 PROCESS_ENV = {  # short delivery deadlines: a job abandoned by a killed worker comes back in seconds

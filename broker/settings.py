@@ -384,6 +384,9 @@ BROKER_PUSH_WINDOW = env_float("BROKER_PUSH_WINDOW", 0.02)
 # A waiting (long-polling) pull claims at most once per this many seconds per consumer and web
 # process: under load it takes the batch that gathered meanwhile (jobs/pull/claim.py).
 BROKER_PULL_WINDOW = env_float("BROKER_PULL_WINDOW", 0.05)
+# Waiting (long-polling) pulls of one web process that keep their idle connection while they sleep;
+# the others close it (jobs/pull/wakeups.py connection_parked).
+BROKER_PULL_WAIT_CONNECTIONS = env_int("BROKER_PULL_WAIT_CONNECTIONS", 4)
 # Single publishes that arrive together in one process share one transaction and commit (group
 # commit: jobs/publish/grouped.py); off: each publishes in its request's thread.
 BROKER_PUBLISH_GROUP = env_bool("BROKER_PUBLISH_GROUP", True)

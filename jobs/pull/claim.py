@@ -1,7 +1,7 @@
 """The batch pull: the request (``PullRequest``: parsing and its priority-group checks), the claim
 (QUEUED -> INFLIGHT, SKIP LOCKED, within the consumer's room and an optional byte budget:
-``jobs_claim``) and the long-poll wait that holds no connection while it sleeps
-(``jobs_pull``). Concurrent pullers on any number of processes never hold the same job."""
+``jobs_claim``) and the long-poll wait that holds no transaction, and at most a few idle
+connections per process, while it sleeps (``jobs_pull``). Concurrent pullers on any number of processes never hold the same job."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import connection
 
 from broker.db.run import query_execute, query_fetchall, query_fetchone
 from broker.errors import InvalidInput
@@ -21,7 +20,7 @@ from jobs.publish.messages import headers_decode
 from jobs.pull.auth import PullContext
 from jobs.pull.fields import int_field, timeout_parse
 from jobs.pull.queries import Q
-from jobs.pull.wakeups import wakeups
+from jobs.pull.wakeups import connection_parked, wakeups
 from jobs.state.retries import inflight_timeout
 from jobs.state.transitions import INFLIGHT, QUEUED, transition_check
 from jobs.sweeps.inflight_timeout import consumer_sweep
@@ -210,7 +209,8 @@ def jobs_pull(*, ctx: PullContext, req: PullRequest) -> list[ClaimedJob]:
     """Atomically claim up to ``batch`` due jobs (QUEUED -> INFLIGHT, SKIP LOCKED), so concurrent
     pullers on any number of processes never hold the same job. With ``expires`` (and not
     ``no_wait``) wait until at least one job is claimed or time runs out: the wait registers a
-    waiter row (NumWaiting, priority groups), holds no database connection or transaction while
+    waiter row (NumWaiting, priority groups), holds no transaction (and, beyond a few waiters per
+    process, no connection: ``connection_parked``) while
     sleeping, and is woken by the process's LISTEN thread when a publish or requeue NOTIFYs. A woken
     pull whose client has hung up (``req.client_gone``) claims nothing and leaves the waiting list."""
     wait, end, mark = pull_wait_begin(ctx=ctx, req=req)
@@ -231,9 +231,8 @@ def jobs_pull(*, ctx: PullContext, req: PullRequest) -> list[ClaimedJob]:
                 return []
             sleep = _next_check(due_in, deadline_in, remaining)
             deadline_at = now + float(deadline_in) if deadline_in is not None else None
-            if not connection.in_atomic_block:  # (inside a caller's transaction there is nothing to release)
-                connection.close()  # never hold a connection (or transaction) while sleeping
-            wakeups.wait(ctx.consumer_pk, mark, sleep)
+            with connection_parked():  # never a transaction, and few connections, while sleeping
+                wakeups.wait(ctx.consumer_pk, mark, sleep)
             if req.client_gone is not None and req.client_gone():
                 return []  # abandoned: claims nothing and leaves the waiting list (finally)
             mark = wakeups.mark(ctx.consumer_pk)

@@ -33,7 +33,7 @@ from jobs.partitions.settle import pull_waiters_wake
 from jobs.pull.claim import (WAIT_SAFETY_NET, WAIT_UNLISTENED, ClaimedJob, claimed_jobs, jobs_claim,
                              pull_wait_begin)
 from jobs.pull.queries import Q
-from jobs.pull.wakeups import wakeups
+from jobs.pull.wakeups import connection_parked, wakeups
 from jobs.state.transitions import INFLIGHT, QUEUED
 from jobs.sweeps.inflight_timeout import consumer_sweep
 
@@ -331,9 +331,8 @@ def jobs_pull_grouped(*, ctx, req) -> GroupPull:
                     sleep = min(sleep, max(float(value), 0.0) + 0.05)
             sleep = max(sleep, 0.01)
             deadline_at = now + float(deadline_in) if deadline_in is not None else None
-            if not connection.in_atomic_block:
-                connection.close()  # never hold a connection (or transaction) while sleeping
-            wakeups.wait(ctx.consumer_pk, mark, sleep)
+            with connection_parked():  # never a transaction, and few connections, while sleeping
+                wakeups.wait(ctx.consumer_pk, mark, sleep)
             mark = wakeups.mark(ctx.consumer_pk)
             consumer_sweep(consumer_pk=ctx.consumer_pk,
                            force=deadline_at is not None and time.monotonic() >= deadline_at)

@@ -14,6 +14,10 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
+from contextlib import contextmanager
+
+from django.conf import settings
+from django.db import connection
 
 from broker.db.listen import Listener
 from jobs.publish.wakeup import CHANNEL, jobs_notifier
@@ -99,3 +103,30 @@ class Wakeups:
 
 
 wakeups = Wakeups()
+
+
+_kept = 0  # waiting pulls of this process that keep their connection now
+_kept_lock = threading.Lock()
+
+
+@contextmanager
+def connection_parked():
+    """Around a waiting pull's sleep: its connection (idle: autocommit, no transaction) is kept while
+    fewer than ``BROKER_PULL_WAIT_CONNECTIONS`` waiters of this process keep theirs, else closed, so
+    many long-polls never hold many connections. A kept one is reused warm when the pull wakes: a
+    closed one costs a new backend, which prepares the pull's statements and compiles the job
+    triggers again (measured: ~3 ms of database CPU on the first claim of a new backend)."""
+    global _kept
+    keep = False
+    if not connection.in_atomic_block:  # (inside a caller's transaction there is nothing to release)
+        with _kept_lock:
+            keep = _kept < int(getattr(settings, "BROKER_PULL_WAIT_CONNECTIONS", 4))
+            _kept += keep
+        if not keep:
+            connection.close()
+    try:
+        yield
+    finally:
+        if keep:
+            with _kept_lock:
+                _kept -= 1

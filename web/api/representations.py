@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import calendar
 from datetime import datetime
 
 from django.utils.http import http_date
@@ -16,7 +17,9 @@ def changed_at(value: datetime) -> str:
 
 
 def last_modified(value: datetime) -> str:
-    return http_date(value.timestamp())
+    """Last-Modified: the second of ``value`` (whole seconds from its UTC fields: a float timestamp
+    of a far date rounds .999985 s up to the next second)."""
+    return http_date(calendar.timegm(value.utctimetuple()))
 
 
 def producer_repr(p) -> dict:

@@ -5,6 +5,10 @@ Scripts are found by globbing ``bench/*.py``, so a new one is covered at once; e
 convention in ``bench/common.py`` (``--smoke`` through ``smoke_args_parse``, a ``SMOKE_TABLE``
 regular expression for its printed table, ``SMOKE_NEEDS = ("spark",)`` when it starts Spark).
 Each script gets a fresh database on the test session's PostgreSQL (no server start per script).
+The selected scripts run two at a time (``SMOKE_PARALLEL``: they mostly wait on the servers they
+start), started together by a module fixture; each test then checks its own script's run. A script
+whose every line a system test already runs (``SMOKE_COVERED_BY``: that test's path, which must
+name the script) is not run again here.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -26,6 +31,7 @@ from tests.processes import ROOT
 
 HELPERS = {"__init__.py", "common.py"}
 TIMEOUT_S = 240  # per script; a smoke run takes seconds (Spark start-up aside)
+SMOKE_PARALLEL = 2
 
 
 def bench_scripts() -> list[Path]:
@@ -124,14 +130,41 @@ def _child_env(database_url: str) -> dict:
     return env
 
 
+def _smoke(script: Path, template: str) -> tuple[int, str, str, float]:
+    with scratch_database(f"bench_smoke_{script.stem}_{os.getpid()}", template=template) as url:
+        return _run([sys.executable, str(script), "--smoke"], _child_env(url))
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(request, migrated_template):
+    """Every selected script's smoke run, started at once on a small pool: {script name: Future}."""
+    selected = [item.callspec.params["script"] for item in request.session.items
+                if item.originalname == "test_bench_script_smoke" and hasattr(item, "callspec")]
+    runnable = [p for p in selected if not module_constant(p, "SMOKE_COVERED_BY")
+                and ("spark" not in (module_constant(p, "SMOKE_NEEDS") or ()) or _spark_ready())]
+    with ThreadPoolExecutor(SMOKE_PARALLEL) as pool:
+        yield {p.name: pool.submit(_smoke, p, migrated_template) for p in runnable}
+
+
+def _spark_ready() -> bool:
+    try:
+        spark_prerequisites_require()
+        return True
+    except pytest.skip.Exception:
+        return False
+
+
 @pytest.mark.parametrize("script", [_param(p) for p in bench_scripts()])
-def test_bench_script_smoke(script: Path, migrated_template: str):
+def test_bench_script_smoke(script: Path, smoke_runs):
     pattern = module_constant(script, "SMOKE_TABLE")
     assert pattern, f"{script.name} defines no SMOKE_TABLE (the convention in bench/common.py)"
+    covered_by = module_constant(script, "SMOKE_COVERED_BY")
+    if covered_by:  # a system test runs the script itself: it must, by name
+        assert f"bench/{script.name}" in (ROOT / covered_by).read_text(), f"{covered_by} does not run {script.name}"
+        return
     if "spark" in (module_constant(script, "SMOKE_NEEDS") or ()):
         spark_prerequisites_require()
-    with scratch_database(f"bench_smoke_{script.stem}_{os.getpid()}", template=migrated_template) as url:
-        code, out, err, seconds = _run([sys.executable, str(script), "--smoke"], _child_env(url))
+    code, out, err, seconds = smoke_runs[script.name].result()
     print(f"{script.name} --smoke: exit {code} in {seconds:.1f} s")
     tail = f"\n--- stdout (end) ---\n{out[-3000:]}\n--- stderr (end) ---\n{err[-3000:]}"
     assert code == 0, f"{script.name} --smoke exited {code}{tail}"
