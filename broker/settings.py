@@ -282,7 +282,8 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
                              "web.api.errors.schema_common_responses",
-                             "web.api.put_schemas.schema_links"],  # issue 25: PUT links, ConsumerFilter  # 503 (and HMAC 401/403) everywhere
+                             "web.api.put_schemas.schema_links",  # issue 25: PUT links, ConsumerFilter  # 503 (and HMAC 401/403) everywhere
+                             "web.api.request_bodies.schema_bodies_required"],  # issue 29: bodies a route needs
 }
 
 # --- broker settings ---------------------------------------------------------------------------

@@ -5,7 +5,7 @@ command line accept the same times; the delete itself is ``jobs.ops.dead_jobs.jo
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timezone
 
 from broker.errors import InvalidInput
 from jobs.ops.dead_jobs import jobs_purge_queued
@@ -33,7 +33,10 @@ def older_than_parse(raw: str | None) -> dict:
         raise InvalidInput("invalid_olderThan", "olderThan must be RFC 3339 or non-negative seconds") from None
     if value.tzinfo is None:
         raise InvalidInput("invalid_olderThan", "olderThan needs a time zone offset (RFC 3339)")
-    return {"older_than": value}
+    try:  # in UTC: PostgreSQL refuses offsets beyond +-15:59, which RFC 3339 and Python allow
+        return {"older_than": value.astimezone(timezone.utc)}
+    except OverflowError:
+        raise InvalidInput("invalid_olderThan", "olderThan is out of range") from None
 
 
 def queued_jobs_purge(*, ctx: PullContext, older_than: str | None = None) -> int:

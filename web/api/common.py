@@ -14,6 +14,7 @@ from broker.errors import InvalidInput, NotFound, TooLarge
 from broker.models import Channel
 from broker.tokens import token_require
 from web.api.errors import ERROR_RESPONSE
+from web.api.pagination import CURSOR_MAX_LENGTH, CURSOR_PATTERN
 from web.api.representations import last_modified
 from web.auth import ADMIN_HEADER, is_admin
 
@@ -23,12 +24,28 @@ ADMIN_PARAM = OpenApiParameter(ADMIN_HEADER, OpenApiTypes.STR, OpenApiParameter.
                                description="BROKER_ADMIN_TOKEN (or a staff session)")
 CHANNEL_TOKEN = OpenApiParameter("X-Broker-Channel-Token", OpenApiTypes.STR, OpenApiParameter.HEADER)
 CONSUMER_TOKEN = OpenApiParameter("X-Broker-Consumer-Token", OpenApiTypes.STR, OpenApiParameter.HEADER)
-PRECONDITION = OpenApiParameter("If-Unmodified-Since", OpenApiTypes.STR, OpenApiParameter.HEADER,
-                                description="required for an update: the object's Last-Modified")
+# An HTTP date as Last-Modified gives it (IMF-fixdate, RFC 9110), limited to dates that exist (Django's
+# parse_http_date_safe, which broker.registry.Precondition reads, refuses 30 Feb): else 400 invalid_precondition.
+_MONTHS_30 = "Jan|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec"
+_LEAP_YEAR = "(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
+HTTP_DATE = {"type": "string", "pattern": (
+    r"^(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun), (?:(?:(?:0[1-9]|1[0-9]|2[0-8]) (?:Feb|" + _MONTHS_30 + ")"
+    r"|(?:29|30) (?:" + _MONTHS_30 + ")|31 (?:Jan|Mar|May|Jul|Aug|Oct|Dec))"
+    r" (?:[1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])|29 Feb " + _LEAP_YEAR + ")"
+    r" (?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9] GMT$"),
+    "example": "Tue, 03 Mar 2026 10:15:00 GMT"}
+PRECONDITION = OpenApiParameter("If-Unmodified-Since", HTTP_DATE, OpenApiParameter.HEADER,
+                                description="required for an update (400 precondition_required without it): the "
+                                            "object's Last-Modified; 412 when the object changed since")
 # a delete is always of an existing object: the header is required (400 precondition_required without it)
-PRECONDITION_REQUIRED = OpenApiParameter("If-Unmodified-Since", OpenApiTypes.STR, OpenApiParameter.HEADER,
-                                         required=True, description="the object's Last-Modified (HTTP date)")
-PAGE_PARAMS = [OpenApiParameter("next", OpenApiTypes.STR), OpenApiParameter("previous", OpenApiTypes.STR)]
+PRECONDITION_REQUIRED = OpenApiParameter("If-Unmodified-Since", HTTP_DATE, OpenApiParameter.HEADER,
+                                         required=True, description="the object's Last-Modified (HTTP date); 412 "
+                                                                    "when the object changed since")
+# the cursors of a list's Pages (web.api.pagination); one of the two (both: 400 invalid_cursor)
+CURSOR = {"type": "string", "pattern": CURSOR_PATTERN, "maxLength": CURSOR_MAX_LENGTH}
+PAGE_PARAMS = [OpenApiParameter("next", CURSOR, description="Pages.next of the previous answer"),
+               OpenApiParameter("previous", CURSOR, description="Pages.previous of the previous answer "
+                                                                "(not with next)")]
 LIST = OpenApiResponse(OpenApiTypes.OBJECT, description='{"Result": [relative URLs], "Pages": {"next", "previous"}}')
 OBJ = OpenApiResponse(OpenApiTypes.OBJECT)
 
@@ -59,6 +76,15 @@ def form_number(request, name: str, cast, in_range, *, range_text: str = "is out
     if not in_range(value):
         raise InvalidInput(f"invalid_{name}", f"{name} {range_text}")
     return value
+
+
+def statuses_param_schema(choices, description: str = "") -> OpenApiParameter:
+    """The OpenAPI ``status`` parameter that ``statuses_param`` reads: names or numbers of
+    ``choices``, comma-separated (or repeated)."""
+    values = [*choices.names, *(str(v) for v in choices.values)]
+    return OpenApiParameter("status", {"type": "array", "items": {"type": "string", "enum": values}},
+                            explode=False, description=description or f"{', '.join(choices.names)} (or their "
+                                                                      "numbers), comma-separated")
 
 
 def statuses_param(request, choices) -> list[int]:

@@ -27,7 +27,7 @@ from jobs.models import Job, JobStatus
 from jobs.ops.dead_jobs import dead_jobs_listed, jobs_delete_dead, jobs_requeue_dead
 from jobs.publish import scheduled as scheduling
 from web.api.common import (ADMIN_PARAM, CHANNEL_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, channel_or_404,
-                            channel_rows_by_status, form_value, require_channel_reader)
+                            channel_rows_by_status, form_value, require_channel_reader, statuses_param_schema)
 from web.api.consumers import consumer_or_404, require_consumer_or_admin
 from web.api.pagination import paginate
 from web.api.publishing import publish_context
@@ -151,12 +151,18 @@ class JobStatusView(APIView):
 
 # --- signing secret -----------------------------------------------------------------------------
 
+GRACE_MAX = 366 * 24 * 3600  # a year (and a day)
+ROTATE_REQUEST = {"type": "object", "properties": {"graceSeconds": {
+    "type": "number", "minimum": 0, "maximum": GRACE_MAX,
+    "description": "seconds the previous secret keeps signing too (default BROKER_SECRET_ROTATION_GRACE)"}}}
+
+
 class RotateSecretView(APIView):
     @extend_schema(
         summary="Rotate a consumer's signing secret (admin)",
         description="Returns the new secret. Callbacks carry signatures with both the new and the old "
                     "secret for graceSeconds (form field, default BROKER_SECRET_ROTATION_GRACE = 24 h).",
-        parameters=[ADMIN_PARAM], request={"application/x-www-form-urlencoded": OpenApiTypes.OBJECT},
+        parameters=[ADMIN_PARAM], request={"application/x-www-form-urlencoded": ROTATE_REQUEST},
         responses={200: OBJ, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR},
     )
     def post(self, request, channel_id: str, consumer_id: str):
@@ -170,7 +176,7 @@ class RotateSecretView(APIView):
                 grace = float(raw)
             except ValueError:
                 raise InvalidInput("invalid_graceSeconds", "graceSeconds must be a number") from None
-            if not 0 <= grace <= 366 * 24 * 3600:
+            if not 0 <= grace <= GRACE_MAX:
                 raise InvalidInput("invalid_graceSeconds", "graceSeconds must be between 0 and a year")
         secret = consumer_rotate_secret(consumer=consumer, grace_seconds=grace)
         consumer.refresh_from_db(fields=["previous_secret_expires_at"])
@@ -210,7 +216,7 @@ class ScheduledMessagesView(APIView):
     @extend_schema(
         summary="List a channel's scheduled messages (newest first)",
         description='{"result": [relative URLs], "pages": {...}} as webhook-broker, also as "Result"/"Pages".',
-        parameters=[CHANNEL_TOKEN, ADMIN_PARAM, OpenApiParameter("status", OpenApiTypes.STR), *PAGE_PARAMS],
+        parameters=[CHANNEL_TOKEN, ADMIN_PARAM, statuses_param_schema(ScheduledMessage.Status), *PAGE_PARAMS],
         responses={200: LIST, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR},
     )
     def get(self, request, channel_id: str):

@@ -7,8 +7,7 @@ import base64
 from urllib.parse import quote
 
 from django.conf import settings
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -23,8 +22,9 @@ from jobs.models import Job, JobStatus
 from jobs.publish import scheduled as scheduling
 from jobs.publish.messages import messages_publish, partition_headers
 from web.api.common import (ADMIN_PARAM, CHANNEL_TOKEN, ERROR, LIST, OBJ, PAGE_PARAMS, channel_or_404,
-                            channel_rows_by_status, read_body, require_channel_reader)
+                            channel_rows_by_status, read_body, require_channel_reader, statuses_param_schema)
 from web.api.pagination import paginate
+from web.api.publish_schemas import batch_request
 from web.api.publishing import (FILTER_EXPIRY_PARAMS, PARTITION_PARAMS, PUBLISH_PARAMS, TRACE_PARAMS, batch_parse,
                                 publish_context)
 from web.api.representations import message_url, rfc3339
@@ -35,7 +35,7 @@ class MessagesView(APIView):
 
     @extend_schema(
         summary="List messages of a channel",
-        parameters=[CHANNEL_TOKEN, ADMIN_PARAM, OpenApiParameter("status", OpenApiTypes.STR), *PAGE_PARAMS],
+        parameters=[CHANNEL_TOKEN, ADMIN_PARAM, statuses_param_schema(Message.Status), *PAGE_PARAMS],
         responses={200: LIST, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR},
     )
     def get(self, request, channel_id: str):
@@ -50,7 +50,7 @@ class MessagesView(APIView):
                     "and the traceparent / tracestate headers apply to items without their own. Answers per "
                     "message: created or duplicate. 201 when at least one was created.",
         parameters=[*PUBLISH_PARAMS, *PARTITION_PARAMS, *FILTER_EXPIRY_PARAMS, *TRACE_PARAMS],
-        request={"application/json": OpenApiTypes.OBJECT},
+        request=batch_request(settings.BROKER_MAX_BATCH_MESSAGES),
         responses={200: OBJ, 201: OBJ, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 409: ERROR, 413: ERROR,
                    429: ERROR},
     )

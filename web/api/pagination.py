@@ -13,6 +13,15 @@ from broker.errors import InvalidInput
 
 PAGE_SIZE = 25
 
+# The cursors ``_encode`` hands out, as the OpenAPI schema gives them (``next`` / ``previous``):
+# unpadded base64url of a row id's decimal digits. Each 3 digits ("0".."9": 0x30-0x39) encode to 4
+# characters, a last 1 or 2 digits to 2 or 3; ``_decode`` reads every string of this form. At most
+# 18 digits (24 characters): larger than any id a table reaches, and within bigint.
+_DIGIT_PAIR_HEAD = "(?:[MN][DTjz]|O[DT])"  # the first two characters of one or more digits
+CURSOR_PATTERN = (rf"^(?:{_DIGIT_PAIR_HEAD}[AEIMQUYcgk][w-z0-5])*"
+                  rf"(?:(?:[MN][AQgw]|O[AQ])|{_DIGIT_PAIR_HEAD}[AEIMQUYcgk])?$")
+CURSOR_MAX_LENGTH = 24
+
 
 def _encode(pk: int) -> str:
     return base64.urlsafe_b64encode(str(pk).encode()).decode().rstrip("=")

@@ -24,6 +24,7 @@ from jobs.partitions.rows import partition_get
 from web.api.common import ADMIN_PARAM, CHANNEL_TOKEN, ERROR, PAGE_PARAMS, channel_or_404
 from web.api.consumers import consumer_or_404, require_consumer_or_admin
 from web.api.pagination import paginate
+from web.api.put_schemas import put_request
 
 CONSUMER_TOKEN = OpenApiParameter("X-Broker-Consumer-Token", OpenApiTypes.STR, OpenApiParameter.HEADER)
 AUTH = [CHANNEL_TOKEN, CONSUMER_TOKEN, ADMIN_PARAM]
@@ -32,6 +33,11 @@ PARTITION = OpenApiResponse(OpenApiTypes.OBJECT, description=(
     '{"key", "consumer", "channel", "gate", "status": AVAILABLE|FAILED|COMPLETE, "closed", "autoClose", '
     '"manualCheckpoint", "owner", "leaseUntil", "leased", "version", "createdAt", "updatedAt", '
     '"counts": {"<gate>": {"QUEUED": n, ...}}, "totals": {...}}'))
+
+
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+_FLAG = {"anyOf": [{"type": "boolean"}, {"type": "string", "enum": [*_TRUE, *_FALSE]}]}  # what _bool reads
+FLAGS_REQUEST = {"type": "object", "properties": {"autoClose": _FLAG, "manualCheckpoint": _FLAG}}
 
 
 def _consumer(request, channel_id: str, consumer_id: str):
@@ -47,9 +53,9 @@ def _bool(value, name: str) -> bool | None:
     if isinstance(value, bool):
         return value
     text = str(value).strip().lower()
-    if text in ("true", "1", "yes", "on"):
+    if text in _TRUE:
         return True
-    if text in ("false", "0", "no", "off"):
+    if text in _FALSE:
         return False
     raise InvalidInput(f"invalid_{name}", f"{name} must be true or false")
 
@@ -57,8 +63,8 @@ def _bool(value, name: str) -> bool | None:
 class PartitionListView(APIView):
     @extend_schema(
         summary="List a consumer's partitions (newest first, 25 per page)",
-        parameters=[*AUTH, OpenApiParameter("status", OpenApiTypes.STR, description="AVAILABLE, FAILED or COMPLETE"),
-                    *PAGE_PARAMS],
+        parameters=[*AUTH, OpenApiParameter("status", {"type": "string", "enum": list(PartitionStatus.names)},
+                                            description="AVAILABLE, FAILED or COMPLETE"), *PAGE_PARAMS],
         responses={200: OpenApiResponse(OpenApiTypes.OBJECT, description='{"Result": [partition], "Pages": {...}}'),
                    **ERRORS},
     )
@@ -96,7 +102,7 @@ class PartitionView(APIView):
         description='JSON or form: {"autoClose": bool, "manualCheckpoint": bool} (either or both). autoClose: '
                     "COMPLETE as soon as all its jobs are delivered; manualCheckpoint: gates advance only "
                     "through .../advance.",
-        parameters=AUTH, request=OpenApiTypes.OBJECT, responses={200: PARTITION, **ERRORS},
+        parameters=AUTH, request=put_request(FLAGS_REQUEST), responses={200: PARTITION, **ERRORS},
     )
     def patch(self, request, channel_id: str, consumer_id: str, key: str):
         consumer = _consumer(request, channel_id, consumer_id)

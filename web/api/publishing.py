@@ -24,6 +24,7 @@ from jobs.publish.grouped import message_publish_grouped
 from jobs.publish.messages import NewMessage, partition_headers, partition_parse
 from jobs.publish.scheduled import scheduled_for_parse, scheduled_message_create
 from web.api.common import CHANNEL_TOKEN, ERROR, read_body
+from web.api.publish_schemas import GATE, INT32, MESSAGE_ID, MESSAGE_TYPE, PARTITION_KEY, PAYLOAD, TTL, publish_request
 from web.api.representations import message_url
 
 PUBLISH_PARAMS = [
@@ -34,10 +35,10 @@ PUBLISH_PARAMS = [
 
 
 FILTER_EXPIRY_PARAMS = [
-    OpenApiParameter("X-Broker-Message-Type", OpenApiTypes.STR, OpenApiParameter.HEADER,
+    OpenApiParameter("X-Broker-Message-Type", MESSAGE_TYPE, OpenApiParameter.HEADER,
                      description="the message's type (<= 128 chars of A-Z a-z 0-9 . _ : / -): only consumers whose "
                                  "messageTypes match get a job"),
-    OpenApiParameter("X-Broker-Message-TTL", OpenApiTypes.INT, OpenApiParameter.HEADER,
+    OpenApiParameter("X-Broker-Message-TTL", TTL, OpenApiParameter.HEADER,
                      description="seconds (1..31536000) the message stays deliverable; default the channel's "
                                  "messageTTL; then its jobs become DEAD with reason expired"),
 ]
@@ -53,11 +54,11 @@ TRACE_PARAMS = [
 
 
 PARTITION_PARAMS = [
-    OpenApiParameter("X-Broker-Partition-Key", OpenApiTypes.STR, OpenApiParameter.HEADER,
+    OpenApiParameter("X-Broker-Partition-Key", PARTITION_KEY, OpenApiParameter.HEADER,
                      description="partition of the message's jobs (<= 255 chars); 409 partition_closed"),
-    OpenApiParameter("X-Broker-Gate", OpenApiTypes.INT, OpenApiParameter.HEADER,
-                     description="gate in the partition (>= 0, default 0); 409 gate_passed when below the "
-                                 "partition's current gate"),
+    OpenApiParameter("X-Broker-Gate", GATE, OpenApiParameter.HEADER,
+                     description="gate in the partition (>= 0, default 0; only with X-Broker-Partition-Key, "
+                                 "else 400 invalid_gate); 409 gate_passed when below the partition's current gate"),
 ]
 
 
@@ -166,17 +167,18 @@ class BroadcastView(APIView):
         description="The body is stored as-is with its Content-Type. 201 with Location of the message.",
         parameters=[
             *PUBLISH_PARAMS,
-            OpenApiParameter("X-Broker-Message-ID", OpenApiTypes.STR, OpenApiParameter.HEADER),
-            OpenApiParameter("X-Broker-Message-Priority", OpenApiTypes.INT, OpenApiParameter.HEADER),
+            OpenApiParameter("X-Broker-Message-ID", MESSAGE_ID, OpenApiParameter.HEADER),
+            OpenApiParameter("X-Broker-Message-Priority", INT32, OpenApiParameter.HEADER),
             OpenApiParameter("X-Broker-Metadata-Headers", OpenApiTypes.STR, OpenApiParameter.HEADER),
             OpenApiParameter("X-Broker-Scheduled-For", OpenApiTypes.DATETIME, OpenApiParameter.HEADER,
                              description="RFC 3339; publish then instead of now (201 with the "
-                                         "scheduled-message Location; 400 bad date, 412 too soon)"),
+                                         "scheduled-message Location; 400 bad date, 412 too soon); not with "
+                                         "X-Broker-Partition-Key (400 partition_not_schedulable)"),
             *PARTITION_PARAMS,
             *FILTER_EXPIRY_PARAMS,
             *TRACE_PARAMS,
         ],
-        request={"*/*": OpenApiTypes.BINARY},
+        request=publish_request(PAYLOAD),
         responses={201: OpenApiResponse(description="Created; Location header"), 400: ERROR, 401: ERROR,
                    403: ERROR, 404: ERROR, 409: ERROR, 412: ERROR, 413: ERROR, 429: ERROR},
     )

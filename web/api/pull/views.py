@@ -26,10 +26,12 @@ from jobs.pull.spec import job_delete_dead, job_detail, job_requeue_dead
 from web.api.common import ADMIN_PARAM, CHANNEL_TOKEN, ERROR, OBJ
 from web.api.pull import handlers
 from web.api.pull.handlers import authenticate, json_body, json_response
+from web.api.pull.schemas import (ACK_REQUEST, ADVISORIES_DEFAULT, ADVISORIES_LIMIT, ADVISORIES_MAX, JOB_STATE_REQUEST,
+                                  OLDER_THAN, PROGRESS_REQUEST, PULL_REQUEST, QUEUED_JOBS_LIMIT, UNPIN_REQUEST)
 
 CONSUMER_TOKEN = OpenApiParameter("X-Broker-Consumer-Token", OpenApiTypes.STR, OpenApiParameter.HEADER)
 TOKENS = [CHANNEL_TOKEN, CONSUMER_TOKEN]
-LISTING = [*TOKENS, ADMIN_PARAM, OpenApiParameter("limit", OpenApiTypes.INT)]  # a GET of a list (tokens or admin)
+LISTING = [*TOKENS, ADMIN_PARAM]  # a GET of a list (tokens or admin); each adds its limit
 ACCEPTED = OpenApiResponse(description="Accepted (empty body)")
 JOBS = OpenApiResponse(OpenApiTypes.OBJECT, description=(
     '{"Result": [{"ID", "Priority", "IncrementalTimeout", '
@@ -48,10 +50,10 @@ class JsonOnly(BaseContentNegotiation):
         return renderers[0], renderers[0].media_type
 
 
-def json_post(summary: str, description: str, responses: dict, parameters=None):
+def json_post(summary: str, description: str, responses: dict, body: dict, parameters=None):
     """The schema of a pull route that takes a JSON body (tokens as headers)."""
     return extend_schema(summary=summary, description=description, parameters=parameters or TOKENS,
-                         request={"application/json": OpenApiTypes.OBJECT}, responses=responses)
+                         request={"application/json": body}, responses=responses)
 
 
 class HotView(APIView):
@@ -71,7 +73,7 @@ class QueuedJobsView(HotView):
         summary="List a pull consumer's queued jobs (due, priority descending then oldest first)",
         description="Not a lease: claim a job with POST .../job/{jobId} NextState INFLIGHT, or use .../pull. "
                     "limit defaults to 25, is clipped to 100; a non-integer or negative limit is a 400.",
-        parameters=LISTING, responses={200: JOBS, **AUTH_ERRORS},
+        parameters=[*LISTING, QUEUED_JOBS_LIMIT], responses={200: JOBS, **AUTH_ERRORS},
     )
     def get(self, request, channel_id: str, consumer_id: str):
         return handlers.queued_jobs_get(request, channel_id, consumer_id)
@@ -82,7 +84,7 @@ class QueuedJobsView(HotView):
                     "batches (in-flight, delivered and dead jobs stay); olderThan (RFC 3339 time, or an age in "
                     "seconds) limits it to jobs created before then. Every purged job gets a history row "
                     '(reason "purged"). Answers {"deletedCount": n}.',
-        parameters=[*TOKENS, ADMIN_PARAM, OpenApiParameter("olderThan", OpenApiTypes.STR)],
+        parameters=[*TOKENS, ADMIN_PARAM, OLDER_THAN],
         responses={200: OBJ, **AUTH_ERRORS},
     )
     def delete(self, request, channel_id: str, consumer_id: str):
@@ -108,8 +110,9 @@ class JobView(HotView):
         "INFLIGHT from QUEUED or DEAD. Partitions: {\"NextState\": \"QUEUED\", \"Gate\": n, "
         "\"Payload\"?} moves an INFLIGHT partitioned job to a higher gate. Anything else is a 400. "
         "A move to INFLIGHT is a claim: its receipt comes in the X-Broker-Receipt header (for the "
-        "Receipt of an ack item or a progress request).",
-        responses={202: CLAIM_ACCEPTED, **AUTH_ERRORS},
+        "Receipt of an ack item or a progress request). 409 message_expired: a claim of a job whose "
+        "message expired.",
+        responses={202: CLAIM_ACCEPTED, 409: ERROR, **AUTH_ERRORS}, body=JOB_STATE_REQUEST,
         parameters=[*TOKENS, OpenApiParameter(handlers.RECEIPT_HEADER, OpenApiTypes.STR, OpenApiParameter.HEADER,
                                               response=[202], description="a claim's receipt (opaque)")],
     )
@@ -129,7 +132,8 @@ class JobView(HotView):
 class JobRequeueView(HotView):
     @extend_schema(
         summary="Requeue one dead job of a pull consumer (DEAD -> QUEUED, retry count reset)",
-        parameters=[*TOKENS, ADMIN_PARAM], request=None, responses={202: ACCEPTED, **AUTH_ERRORS},
+        description="400 job_not_dead when the job is not DEAD; 409 message_expired when its message expired.",
+        parameters=[*TOKENS, ADMIN_PARAM], request=None, responses={202: ACCEPTED, 409: ERROR, **AUTH_ERRORS},
     )
     def post(self, request, channel_id: str, consumer_id: str, job_id: str):
         ctx = authenticate(request, channel_id, consumer_id, allow_admin=True, job_id=job_id)
@@ -145,7 +149,7 @@ class JobProgressView(HotView):
         "IncrementalTimeout, never earlier than before; the retry count does not change. 409 "
         "job_not_inflight when the job is not INFLIGHT; 409 stale_receipt (nothing changes) when "
         "the Receipt is not the job's current claim (it was claimed again since).",
-        responses={200: OBJ, 409: ERROR, **AUTH_ERRORS},
+        responses={200: OBJ, 409: ERROR, **AUTH_ERRORS}, body=PROGRESS_REQUEST,
     )
     def post(self, request, channel_id: str, consumer_id: str, job_id: str):
         ctx = authenticate(request, channel_id, consumer_id, job_id=job_id)
@@ -158,10 +162,10 @@ class JobProgressView(HotView):
         return json_response(job_progress(ctx=ctx, incremental_timeout=incremental, receipt=receipt))
 
 
-def _consumer_post_view(name: str, handler, summary: str, description: str, responses: dict):
+def _consumer_post_view(name: str, handler, summary: str, description: str, responses: dict, body: dict):
     """A view whose POST (JSON body) is one of the hot handlers, the function the fast lane calls."""
     class View(HotView):
-        @json_post(summary, description, responses=responses)
+        @json_post(summary, description, responses=responses, body=body)
         def post(self, request, channel_id: str, consumer_id: str):
             return handler(request, channel_id, consumer_id)
 
@@ -180,7 +184,7 @@ PullView = _consumer_post_view(
     'pinned_client), "priority" 0-9 (prioritized). On such a consumer a waiting pull collects '
     "jobs until its batch is full or it expires; pinned_client answers carry the pin id "
     "(X-Broker-Pin-Id header, PinId in the body); 423 pin_id_mismatch / wrong_pin_id.",
-    responses={200: JOBS, 423: ERROR, **AUTH_ERRORS},
+    responses={200: JOBS, 423: ERROR, **AUTH_ERRORS}, body=PULL_REQUEST,
 )
 AckView = _consumer_post_view(
     "AckView", handlers.ack_post,
@@ -193,7 +197,7 @@ AckView = _consumer_post_view(
     "that claim. Answered per job: {\"Result\": [{\"ID\", \"Status\", \"RetryCount\"} or "
     '{"ID", "Status", "Error": "not_found"|"conflict"|"stale_receipt", "Detail"}]} (stale_receipt: '
     "the job was claimed again since; nothing changed, Status is its current one).",
-    responses={200: OBJ, 413: ERROR, **AUTH_ERRORS},
+    responses={200: OBJ, 413: ERROR, **AUTH_ERRORS}, body=ACK_REQUEST,
 )
 
 
@@ -203,7 +207,8 @@ class UnpinView(HotView):
         description='JSON {"group": "A"}, with the channel and consumer tokens or the admin token. The pin is '
                     "released (advisory consumer_group_unpinned, reason admin) and the next job pins another "
                     "waiting pull. Group missing or invalid: 400; not a group of this consumer: 404.",
-        parameters=[*TOKENS, ADMIN_PARAM], request={"application/json": OpenApiTypes.OBJECT}, responses={200: OBJ, **AUTH_ERRORS},
+        parameters=[*TOKENS, ADMIN_PARAM], request={"application/json": UNPIN_REQUEST},
+        responses={200: OBJ, **AUTH_ERRORS},
     )
     def post(self, request, channel_id: str, consumer_id: str):
         ctx = authenticate(request, channel_id, consumer_id, allow_admin=True, require_pull=False)
@@ -220,10 +225,10 @@ class AdvisoriesView(HotView):
     @extend_schema(
         summary="Recent advisories of a consumer (pins and unpins of its priority groups), oldest first",
         description='{"Result": [{"type", "channel", "consumer", "group", "pinned_id" | "reason", "timestamp"}]}; '
-                    "limit defaults to 100 (max 1000).",
-        parameters=LISTING, responses={200: OBJ, **AUTH_ERRORS},
+                    "limit defaults to 100 (larger values are clipped to 1000).",
+        parameters=[*LISTING, ADVISORIES_LIMIT], responses={200: OBJ, **AUTH_ERRORS},
     )
     def get(self, request, channel_id: str, consumer_id: str):
         ctx = authenticate(request, channel_id, consumer_id, allow_admin=True, require_pull=False)
-        limit = limit_parse(request.GET.get("limit"), default=100, maximum=1000)
+        limit = limit_parse(request.GET.get("limit"), default=ADVISORIES_DEFAULT, maximum=ADVISORIES_MAX)
         return json_response({"Result": advisories_list(consumer_pk=ctx.consumer_pk, limit=limit)})
