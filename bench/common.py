@@ -19,6 +19,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import requests
+
 ROOT = Path(__file__).resolve().parent.parent
 ADMIN = "bench-admin-token"
 
@@ -173,6 +175,32 @@ async def run_load(url: str, make_request, total: int, concurrency: int, rate: f
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return time.perf_counter() - start, statuses, latencies
+
+
+def wait_for(predicate, timeout: float, what: str, *, interval: float = 0.1, error=RuntimeError, detail=lambda: ""):
+    """Poll ``predicate`` every ``interval`` s until it returns something true (returned); ``error``
+    naming ``what`` (and ``detail()``) once ``timeout`` seconds pass first. The tests' waits too."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise error(f"timed out after {timeout:g} s waiting for {what}{detail()}")
+
+
+def http_ready(popen, url: str, output, *, timeout: float = 60.0, name: str = "server") -> None:
+    """Wait until ``url``/_status answers; RuntimeError with the end of ``output()`` if the process
+    exits or ``timeout`` passes first."""
+    def answers() -> bool:
+        if popen.poll() is not None:
+            raise RuntimeError(f"{name} exited: {output()[-3000:]}")
+        try:
+            requests.get(f"{url}/_status", timeout=1)
+            return True
+        except requests.RequestException:
+            return False
+    wait_for(answers, timeout, f"{name} to answer", interval=0.2, detail=lambda: f": {output()[-3000:]}")
 
 
 def percentile(values, p: float) -> float:

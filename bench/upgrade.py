@@ -57,7 +57,8 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import ADMIN, base_env, broker_database, free_port, smoke_args_parse, smoke_problems_exit  # noqa: E402
+from bench.common import (ADMIN, base_env, broker_database, free_port, http_ready, smoke_args_parse,  # noqa: E402
+                          smoke_problems_exit, wait_for)
 
 # The previous release: the last commit of main before this tree's schema changes. Move it forward
 # with each change of the schema (docs/upgrades.md); it must be in the repository's history.
@@ -163,16 +164,8 @@ def web_start(name: str, python: Path, tree: Path, env: dict, logs: Path) -> Pro
     port = free_port()
     proc = Proc(name, [str(python), "-m", "gunicorn", "broker.wsgi:application"], tree,
                 {**env, "BROKER_BIND": f"127.0.0.1:{port}"}, logs, url=f"http://127.0.0.1:{port}")
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.popen.poll() is not None:
-            raise RuntimeError(f"{name} exited: {proc.log.read_text()[-3000:]}")
-        try:
-            requests.get(f"{proc.url}/_status", timeout=1)
-            return proc
-        except requests.RequestException:
-            time.sleep(0.2)
-    raise RuntimeError(f"{name} did not start: {proc.log.read_text()[-3000:]}")
+    http_ready(proc.popen, proc.url, proc.log.read_text, name=name)
+    return proc
 
 
 def qcluster_start(name: str, python: Path, tree: Path, env: dict, logs: Path) -> Proc:
@@ -185,16 +178,6 @@ def slot_sessions(url: str) -> Counter:
         return Counter(dict(conn.execute(
             "SELECT application_name, count(*) FROM pg_stat_activity"
             " WHERE application_name IN ('broker-push-slot', 'broker-push-standby') GROUP BY 1").fetchall()))
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise RuntimeError(f"timed out after {timeout:g} s waiting for {what}")
 
 
 # --- the database at the previous release -------------------------------------------------------------

@@ -14,6 +14,7 @@ of a table that has rows is not online-safe; nor is an operation the library war
 from __future__ import annotations
 
 import re
+from pathlib import Path
 import warnings
 from dataclasses import dataclass, field
 
@@ -34,34 +35,21 @@ BIG_ROWS = 10_000  # a scan or rewrite under a blocking lock of a table this big
 BLOCKING = {"SHARE", "SHARE ROW EXCLUSIVE", "EXCLUSIVE", "ACCESS EXCLUSIVE"}  # block writes (or all access)
 
 _T = r"(?:ONLY\s+)?(?P<table>\"?[\w.]+\"?)"
-# (leading words, lock, what it does while holding it): PostgreSQL's documented lock per command;
-# "instant": a catalog change; "scan": reads the whole table; "rewrite": writes it anew; "rows": a
-# data change (row locks, as long as the statement runs).
-RULES = [
-    (rf"CREATE\s+(UNIQUE\s+)?INDEX\s+CONCURRENTLY\s+(IF\s+NOT\s+EXISTS\s+)?\S+\s+ON\s+{_T}", "SHARE UPDATE EXCLUSIVE", "scan"),
-    (rf"CREATE\s+(UNIQUE\s+)?INDEX\s+(IF\s+NOT\s+EXISTS\s+)?\S+\s+ON\s+{_T}", "SHARE", "scan"),
-    (r"(DROP|REINDEX)\s+INDEX\s+CONCURRENTLY", "SHARE UPDATE EXCLUSIVE", "instant"),
-    (r"REINDEX", "ACCESS EXCLUSIVE", "scan"),
-    (r"DROP\s+INDEX", "ACCESS EXCLUSIVE", "instant"),
-    (rf"ALTER\s+TABLE\s+{_T}\s+VALIDATE\s+CONSTRAINT", "SHARE UPDATE EXCLUSIVE", "scan"),
-    (rf"ALTER\s+TABLE\s+{_T}\s+ADD\s+CONSTRAINT\s+.*\bNOT\s+VALID\s*;?\s*$", "ACCESS EXCLUSIVE", "instant"),
-    (rf"ALTER\s+TABLE\s+{_T}\s+ADD\s+CONSTRAINT\s+\S+\s+(UNIQUE|PRIMARY\s+KEY)\s+USING\s+INDEX", "ACCESS EXCLUSIVE",
-     "instant"),
-    (rf"ALTER\s+TABLE\s+{_T}\s+ADD\s+CONSTRAINT", "ACCESS EXCLUSIVE", "scan"),
-    (rf"ALTER\s+TABLE\s+{_T}\s+ALTER\s+COLUMN\s+\S+\s+(SET\s+DATA\s+)?TYPE", "ACCESS EXCLUSIVE", "rewrite"),
-    (rf"ALTER\s+TABLE\s+{_T}\s+ALTER\s+COLUMN\s+\S+\s+SET\s+NOT\s+NULL", "ACCESS EXCLUSIVE", "scan"),
-    (rf"ALTER\s+TABLE\s+{_T}\s+ADD\s+COLUMN\s+.*\bDEFAULT\s+\(?\s*(now|clock_timestamp|random|gen_random_uuid|"
-     r"nextval|statement_timestamp|timeofday|uuid_generate)", "ACCESS EXCLUSIVE", "rewrite"),
-    (rf"ALTER\s+TABLE\s+{_T}", "ACCESS EXCLUSIVE", "instant"),
-    (rf"CREATE\s+TABLE\s+(IF\s+NOT\s+EXISTS\s+)?{_T}", "ACCESS EXCLUSIVE (new table)", "instant"),
-    (rf"DROP\s+TABLE\s+(IF\s+EXISTS\s+)?{_T}", "ACCESS EXCLUSIVE", "instant"),
-    (rf"CREATE\s+(OR\s+REPLACE\s+)?(CONSTRAINT\s+)?TRIGGER\s+.*?\bON\s+{_T}", "SHARE ROW EXCLUSIVE", "instant"),
-    (rf"DROP\s+TRIGGER\s+.*?\bON\s+{_T}", "ACCESS EXCLUSIVE", "instant"),
-    (rf"(UPDATE|DELETE\s+FROM)\s+{_T}", "ROW EXCLUSIVE", "rows"),
-    (rf"INSERT\s+INTO\s+{_T}", "ROW EXCLUSIVE", "instant"),
-    (r"(CREATE|DROP)\s+(OR\s+REPLACE\s+)?(FUNCTION|PROCEDURE|SEQUENCE|TYPE|EXTENSION|VIEW)", "none", "instant"),
-    (r"(SET|RESET|SELECT|COMMENT|ANALYZE|--)\b", "none", "instant"),
-]
+# (leading words, lock, what it does while holding it): broker/upgrade_locks.tsv
+RULES_FILE = Path(__file__).with_name("upgrade_locks.tsv")
+
+
+def _rules_load() -> list[tuple[str, str, str]]:
+    """(pattern, lock, effect) per line of ``upgrade_locks.tsv`` (the table of locks is data)."""
+    rules = []
+    for line in RULES_FILE.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.startswith("#"):
+            pattern, lock, effect = line.split("\t")
+            rules.append((pattern.replace("{table}", _T), lock, effect))
+    return rules
+
+
+RULES = _rules_load()
 _RULES = [(re.compile(r"^\s*" + pattern, re.IGNORECASE | re.DOTALL), lock, effect) for pattern, lock, effect in RULES]
 
 

@@ -5,21 +5,16 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from bench.common import wait_for
 
 
 def wait_until(predicate, timeout: float = 20.0, what: str = "condition", detail=lambda: ""):
     """Poll ``predicate`` every 50 ms until it returns something true (returned); AssertionError
     naming ``what`` (and ``detail()``) when ``timeout`` seconds pass first."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}{detail()}")
+    return wait_for(predicate, timeout, what, interval=0.05, error=AssertionError, detail=detail)
 
 
 class QuietHandler(BaseHTTPRequestHandler):

@@ -14,7 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-import requests
+
+from bench.common import http_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -112,17 +113,12 @@ def start_web(tmp_path: Path, *, workers: int = 1, threads: int = 16, **env) -> 
                    child_env(BROKER_BIND=f"127.0.0.1:{port}", BROKER_WEB_WORKERS=workers,
                              BROKER_WEB_THREADS=threads, **env), log)
     proc = Proc(popen, f"http://127.0.0.1:{port}", log)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if popen.poll() is not None:
-            raise RuntimeError(f"gunicorn exited: {proc.output()[-3000:]}")
-        try:
-            requests.get(f"{proc.url}/_status", timeout=1)
-            return proc
-        except requests.RequestException:
-            time.sleep(0.2)
-    proc.stop()
-    raise RuntimeError(f"gunicorn did not start: {proc.output()[-3000:]}")
+    try:
+        http_ready(popen, proc.url, proc.output, timeout=30, name="gunicorn")
+    except RuntimeError:
+        proc.stop()
+        raise
+    return proc
 
 
 def start_qcluster(tmp_path: Path, **env) -> Proc:

@@ -30,14 +30,6 @@ def same(fast, full, *, lane=True):
     return fast
 
 
-@pytest.fixture
-def world(make):
-    make.basics()
-    make.consumer("c1")
-    make.consumer("c2", type="pull", token="c2-token", callback=None)
-    return make
-
-
 LATER = (datetime.now(timezone.utc) + timedelta(hours=1)).isoformat()
 CASES = [
     (b'{"a": 1}', PUBLISH, 201),
