@@ -30,6 +30,24 @@ tree (the Spark JVM) and of PostgreSQL, then drops the database and the output (
 --rebuild-check`` runs the whole check small).
 ``--master spark://...``: the same on a standalone cluster (whose workers see this machine's disk).
 Target: the second report under 60 s with Spark start-up, on the 2-core machine, local Spark.
+
+Recorded 2026-11-26 (2 cores shared with other engineers' test runs, 24 GB, Java 17, pyspark 4.3.0,
+local[*], driver 4g, embedded PostgreSQL 18 with fsync on), the command
+``BROKER_DATA_DIR=/tmp/pl-bench10m/data bench/pipeline.py --jobs 10000000 --equality --rebuild-check``:
+
+    rows:    5,000,000 messages, 10,000,000 jobs, 22,500,000 transitions, 11,100,000 attempts (filled in 347.7 s)
+    first:   10,000,000 jobs in 340.8 s with start-up (report 333.5 s: JDBC jobs and attempts 181.3 s, the
+             transitions and the facts of 61 days 128.9 s, aggregates 20.9 s); 43,600,000 rows read over JDBC;
+             CPU: report 409 s, PostgreSQL 216 s
+    second:  100,000 more jobs: 10,100,000 jobs in 41.9 s with start-up (report 35.0 s: JDBC 13.4 s, aggregates
+             20.8 s, of which counts and exact percentiles 13.6 s); 474,009 rows read over JDBC (224,648 jobs,
+             249,361 attempts: today's); 61 days from the facts; CPU: report 56 s, PostgreSQL 9 s
+    archive: older than 55 days: 368,819 messages, 737,638 jobs, 1,751,856 transitions, 875,928 attempts in
+             96.3 s; retention at 50 days: 3,713,487 rows removed in 15.0 s (no archive holds them)
+    third:   equal to the second, figure for figure: 54.4 s with start-up, the same 474,009 rows over JDBC
+             (PostgreSQL busy vacuuming retention's deletes meanwhile: 21 s of its CPU)
+    fourth:  --rebuild, equal to the second too: 345.3 s; 37,323,854 rows over JDBC and 26.4 s reading the
+             archive; 55 days rewritten, the 6 days retention took rows from kept their facts
 """
 
 from __future__ import annotations
