@@ -1,37 +1,53 @@
-"""Benchmark of the Spark pipeline: the report and archive-and-prune over 1,000,000 jobs.
+"""Benchmark of the Spark pipeline: a report over 10,000,000 jobs, then an incremental one.
 
-    .venv/bin/python bench/pipeline.py [--jobs 1000000] [--master local[*]] [--keep] [--smoke]
+    .venv/bin/python bench/pipeline.py [--jobs 10000000] [--new-jobs 100000] [--days 60]
+                                       [--master spark://host:7077] [--equality] [--rebuild-check] [--keep] [--smoke]
 
 Uses a database of its own (``broker_bench_pipeline``) on the embedded PostgreSQL under
-``.data/postgres`` (or on the server of ``DATABASE_URL``; with ``--smoke`` and no DATABASE_URL a
-throw-away server), creates the channels, producer and consumers through the broker's services
-(so new registry columns need no change here) and fills messages, jobs and their history
-server-side with ``INSERT ... SELECT generate_series`` (4 consumers on 2 channels, one message per
-2 jobs, spread over 60 days; ~90% delivered, 4% dead, 6% pending; 0-3 attempts and 0-6 transitions
-per job), runs the report over every job and archive-and-prune (older than 30 days, dead ones 45),
-prints wall times, the Spark JVM's CPU seconds and the load average, then drops the database and
-its output (unless ``--keep``). ``--smoke``: 2,000 jobs, the same steps.
-Target: the report in under 60 s including Spark start-up, on the 2-core machine.
+``BROKER_DATA_DIR/postgres`` (``.data``; or on the server of ``DATABASE_URL``; with ``--smoke`` and
+no DATABASE_URL a throw-away server), creates the channels, producer and consumers through the
+broker's services and fills messages, jobs and their history server-side, in batches of 500,000
+messages, with ``INSERT ... SELECT generate_series`` (4 consumers on 2 channels, one message per 2
+jobs, spread over the ``--days`` (60) before now; ~90% delivered, 4% dead, 6% pending; 0-3 attempts and
+0-6 transitions per job). Then, each report a ``manage.py pipeline report`` of its own, timed from
+the command's start (Python, Django and Spark start-up included), with its facts in the bench's
+BROKER_PIPELINE_DIR:
 
-Recorded 2026-11-24 (2 cores, 24 GB, Java 17, pyspark 4.3.0, local[*], driver 4g with the C1 JIT
-only, binary JDBC transfer, embedded PostgreSQL 18, fsync on; the machine was shared with other
-engineers' test runs, so the load average is given with each figure):
+1. the first report over every job: every day read over JDBC, the finished days' facts written;
+2. ``--new-jobs`` more jobs published in the last minutes, and the second report: the finished
+   days from the facts, only today's rows over JDBC;
+3. with ``--equality``: ``pipeline archive --older-than 55d --dead-older-than 55d``, the broker's
+   retention sweep (``retention_run``, retention and dead retention 50 days, until it removes
+   nothing more: the days 50 to 55 days old lose rows that no archive holds; both windows scaled
+   with ``--days``), and a third report
+   over the second one's window, which must equal it figure for figure, from the facts
+   (``--rebuild-check``: and a fourth, ``--rebuild``, every day read again from the archive and the
+   database, the days retention took from keeping their facts: equal too).
 
-    rows:    500,000 messages, 1,000,000 jobs, 2,250,000 transitions, 1,110,000 attempts (generated in 47.6 s)
-    report:  1,000,000 jobs in 44.5 s + 7.4 s Spark start-up = 51.9 s, JVM CPU 37.6 s, load average 2.0-3.5
-             phases: JDBC read streamed into Parquet by day/channel 24.6 s, aggregates 19.6 s, HTML 0.3 s
-             (a second run at load 3.4-3.8: 59.5 s + 6.6 s = 66.1 s, JVM CPU 38.9 s)
-    archive: --older-than 30d --dead-older-than 45d: 210,007 messages, 420,014 jobs, 962,530 transitions,
-             481,265 attempts (2.07M rows) in 73.9 s = 28.1k rows/s, JVM CPU 60.7 s
-             phases: export 46.7 s, read-back verify 12.3 s, publish 0.1 s, prune 14.9 s
+Prints each run's wall time, the rows read over JDBC, and the CPU seconds of the report's process
+tree (the Spark JVM) and of PostgreSQL, then drops the database and the output (unless ``--keep``).
+``--smoke``: 2,000 jobs over 3 days then 200 (the test suite runs it; ``--smoke --equality
+--rebuild-check`` runs the whole check small).
+``--master spark://...``: the same on a standalone cluster (whose workers see this machine's disk).
+Target: the second report under 60 s with Spark start-up, on the 2-core machine, local Spark.
 
-Before (the code of 5262216: text JDBC results, an in-memory cache of the facts, the C2 JIT), the
-same command in the same session on a quieter machine: report 33.3 s + 10.4 s = 43.7 s, JVM CPU
-45.1 s, load 1.2-1.9 (and 62.0 s + 16.5 s = 78.5 s at load 6-8 the day before); archive 87.1 s,
-JVM CPU 52.8 s (export 40.1 s, verify 25.7 s, prune 20.9 s).
-The report alone, old and new code alternating over one database, three pairs (load 1.9-3.7):
-old 41.9 / 48.6 / 35.5 s with start-up, JVM CPU 58.1 / 63.1 / 56.4 s; new 42.6 / 34.3 / 30.8 s,
-JVM CPU 43.4 / 40.9 / 39.4 s. The CPU (-30%) is the figure load changes least.
+Recorded 2026-11-26 (2 cores shared with other engineers' test runs, 24 GB, Java 17, pyspark 4.3.0,
+local[*], driver 4g, embedded PostgreSQL 18 with fsync on), the command
+``BROKER_DATA_DIR=/tmp/pl-bench10m/data bench/pipeline.py --jobs 10000000 --equality --rebuild-check``:
+
+    rows:    5,000,000 messages, 10,000,000 jobs, 22,500,000 transitions, 11,100,000 attempts (filled in 347.7 s)
+    first:   10,000,000 jobs in 340.8 s with start-up (report 333.5 s: JDBC jobs and attempts 181.3 s, the
+             transitions and the facts of 61 days 128.9 s, aggregates 20.9 s); 43,600,000 rows read over JDBC;
+             CPU: report 409 s, PostgreSQL 216 s
+    second:  100,000 more jobs: 10,100,000 jobs in 41.9 s with start-up (report 35.0 s: JDBC 13.4 s, aggregates
+             20.8 s, of which counts and exact percentiles 13.6 s); 474,009 rows read over JDBC (224,648 jobs,
+             249,361 attempts: today's); 61 days from the facts; CPU: report 56 s, PostgreSQL 9 s
+    archive: older than 55 days: 368,819 messages, 737,638 jobs, 1,751,856 transitions, 875,928 attempts in
+             96.3 s; retention at 50 days: 3,713,487 rows removed in 15.0 s (no archive holds them)
+    third:   equal to the second, figure for figure: 54.4 s with start-up, the same 474,009 rows over JDBC
+             (PostgreSQL busy vacuuming retention's deletes meanwhile: 21 s of its CPU)
+    fourth:  --rebuild, equal to the second too: 345.3 s; 37,323,854 rows over JDBC and 26.4 s reading the
+             archive; 55 days rewritten, the 6 days retention took rows from kept their facts
 """
 
 from __future__ import annotations
@@ -40,24 +56,29 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import broker_database, django_setup, registry_create, smoke_args_parse  # noqa: E402
+from bench.common import base_env, broker_database, django_setup, registry_create, smoke_args_parse  # noqa: E402
 
 BENCH_DB = "broker_bench_pipeline"
-SMOKE_TABLE = (r"^report: \d+ jobs in [\d.]+s \([\d.]+s with Spark start-up; JVM CPU .*\)$(?s:.*)"
-               r"^archive: \{.*\} in [\d.]+s \(\d+ rows/s, export \+ verify \+ prune; .*\)$")
+SMOKE_TABLE = (r"^first report: \d+ jobs in [\d.]+s .*rows read over JDBC.*$(?s:.*)"
+               r"^second report: \d+ jobs in [\d.]+s .*rows read over JDBC.*$")
 SMOKE_NEEDS = ("spark",)
 CHANNELS = ["bench-ch0", "bench-ch1"]
 PRODUCERS = ["bench-producer"]
 CONSUMERS = [(ch, f"{ch}-c{k}", "push", "http://127.0.0.1:9/cb") for ch in CHANNELS for k in range(2)]
+BATCH = 500_000  # messages per INSERT
+FIGURES = ("jobs", "summary", "attempts_histogram", "failures", "throughput", "partitions")
 
 
 def database_prepare(server_url: str) -> tuple[str, dict]:
@@ -76,7 +97,7 @@ def database_prepare(server_url: str) -> tuple[str, dict]:
 
 @contextmanager
 def database_server(*, smoke: bool):
-    """URL of the server to use: DATABASE_URL's, else the embedded one under .data/postgres (a
+    """URL of the server to use: DATABASE_URL's, else the embedded one under BROKER_DATA_DIR (a
     throw-away one in smoke mode, so a CI run leaves no server behind)."""
     if os.environ.get("DATABASE_URL") or smoke:
         with broker_database() as url:
@@ -96,77 +117,78 @@ def database_drop(admin: dict) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)')
 
 
-GENERATE_SQL = [
-    # channels, producer and consumers come from registry_create (CHANNELS, PRODUCERS, CONSUMERS)
-    # messages spread evenly over the last 60 days
-    """INSERT INTO broker_message (channel_id, message_id, producer_id, payload, content_type, priority, headers,
-                                  status, received_at, dispatched_at)
-       SELECT (SELECT array_agg(id ORDER BY id) FROM broker_channel)[1 + g %% 2], 'm-' || g,
-              (SELECT id FROM broker_producer), convert_to('{"n": ' || g || '}', 'UTF8'), 'application/json', g %% 3,
-              jsonb_build_object('X-Trace', 't' || g), 102,
-              now() - (g::float8 / %(messages)s) * interval '60 days',
-              now() - (g::float8 / %(messages)s) * interval '60 days'
-         FROM generate_series(1, %(messages)s) g""",
-    # one job per (message, consumer of its channel): ~90%% delivered, 4%% dead, 3%% queued, 3%% in flight
-    """INSERT INTO jobs_job (message_id, consumer_id, channel_id, status, priority, retry_count, next_attempt_at,
-                            incremental_timeout, status_changed_at, created_at)
-       SELECT m.id, c.id, c.channel_id, s.status, m.priority, s.retry, m.received_at, 0,
-              m.received_at + (((m.id * 31 + c.id * 17) %% 5000) * interval '1 millisecond')
-                            + s.retry * interval '30 seconds', m.received_at
-         FROM broker_message m JOIN consumers_consumer c ON c.channel_id = m.channel_id
-         CROSS JOIN LATERAL (SELECT (m.id * 7 + c.id * 13) %% 100 AS h) x
-         CROSS JOIN LATERAL (SELECT CASE WHEN x.h < 90 THEN 1003 WHEN x.h < 94 THEN 1004
-                                         WHEN x.h < 97 THEN 1001 ELSE 1002 END AS status,
-                                    CASE WHEN x.h < 90 THEN (x.h %% 10 = 0)::int WHEN x.h < 94 THEN 3
-                                         ELSE 0 END AS retry) s""",
-    # history: each try is a claim then a failure (back to QUEUED, or DEAD the last time); then
-    # the final claim and DELIVERED for delivered jobs, a claim for in-flight ones
-    """INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)
-       SELECT j.id, v.from_s, v.to_s, v.retry, v.reason, j.created_at + v.offs * interval '1 second'
-         FROM jobs_job j
-         CROSS JOIN LATERAL (
-             SELECT 1001 AS from_s, 1002 AS to_s, r AS retry, 'claim' AS reason, r * 30 AS offs
-               FROM generate_series(0, j.retry_count - 1) r
-             UNION ALL
-             SELECT 1002, CASE WHEN j.status = 1004 AND r = j.retry_count - 1 THEN 1004 ELSE 1001 END,
-                    r + 1, 'failed', r * 30 + 1 FROM generate_series(0, j.retry_count - 1) r
-             UNION ALL
-             SELECT 1001, 1002, j.retry_count, 'claim', j.retry_count * 30 WHERE j.status IN (1002, 1003)
-             UNION ALL
-             SELECT 1002, 1003, j.retry_count, 'ack',
-                    extract(epoch FROM j.status_changed_at - j.created_at) WHERE j.status = 1003
-         ) v""",
-    # attempts: one per failed try (500/503/timeout) plus the successful one
-    """INSERT INTO jobs_deliveryattempt (job_id, attempt, started_at, duration_ms, status_code, response_excerpt,
-                                        error, request_id, outcome)
-       SELECT j.id, r + 1, j.created_at + r * interval '30 seconds', 20 + (j.id %% 200),
-              CASE WHEN r < j.retry_count THEN (ARRAY[500, 503, NULL])[1 + (j.id + r) %% 3] ELSE 200 END,
-              '', CASE WHEN r < j.retry_count AND (j.id + r) %% 3 = 2 THEN 'ReadTimeout: timed out' ELSE '' END,
-              '', CASE WHEN r < j.retry_count THEN 'failed' ELSE 'delivered' END
-         FROM jobs_job j
-         CROSS JOIN LATERAL generate_series(0, j.retry_count - CASE WHEN j.status = 1003 THEN 0 ELSE 1 END) r
-        WHERE j.status IN (1003, 1004)""",
-    "ANALYZE",
-]
+# One batch: messages g in [lo, hi] of a series of ``total`` spread evenly over ``span`` up to ``end``;
+# then the jobs of the new messages (ids above ``after``), their history and attempts (jobs above ``after``).
+MESSAGES_SQL = """
+INSERT INTO broker_message (channel_id, message_id, producer_id, payload, content_type, priority, headers,
+                            status, received_at, dispatched_at)
+SELECT (SELECT array_agg(id ORDER BY id) FROM broker_channel)[1 + g %% 2], %(tag)s || g,
+       (SELECT id FROM broker_producer), convert_to('{"n": ' || g || '}', 'UTF8'), 'application/json', g %% 3,
+       jsonb_build_object('X-Trace', 't' || g), 102, t.at, t.at
+  FROM generate_series(%(lo)s::bigint, %(hi)s::bigint) g
+ CROSS JOIN LATERAL (SELECT %(end)s::timestamptz - ((%(total)s - g + 1)::float8 / %(total)s)
+                            * %(span)s::interval AS at) t"""
+JOBS_SQL = """
+INSERT INTO jobs_job (message_id, consumer_id, channel_id, status, priority, retry_count, next_attempt_at,
+                      incremental_timeout, status_changed_at, created_at)
+SELECT m.id, c.id, c.channel_id, s.status, m.priority, s.retry, m.received_at, 0,
+       LEAST(m.received_at + (((m.id * 31 + c.id * 17) %% 5000) * interval '1 millisecond')
+                           + s.retry * interval '30 seconds', %(end)s::timestamptz), m.received_at
+  FROM broker_message m JOIN consumers_consumer c ON c.channel_id = m.channel_id
+ CROSS JOIN LATERAL (SELECT (m.id * 7 + c.id * 13) %% 100 AS h) x
+ CROSS JOIN LATERAL (SELECT CASE WHEN x.h < 90 THEN 1003 WHEN x.h < 94 THEN 1004
+                                 WHEN x.h < 97 THEN 1001 ELSE 1002 END AS status,
+                            CASE WHEN x.h < 90 THEN (x.h %% 10 = 0)::int WHEN x.h < 94 THEN 3 ELSE 0 END AS retry) s
+ WHERE m.id > %(after)s"""
+# each try is a claim then a failure (back to QUEUED, or DEAD the last time); then the final claim
+# and DELIVERED for delivered jobs, a claim for in-flight ones
+TRANSITIONS_SQL = """
+INSERT INTO jobs_jobtransition (job_id, from_status, to_status, retry_count, reason, at)
+SELECT j.id, v.from_s, v.to_s, v.retry, v.reason, j.created_at + v.offs * interval '1 second'
+  FROM jobs_job j
+ CROSS JOIN LATERAL (
+     SELECT 1001 AS from_s, 1002 AS to_s, r AS retry, 'claim' AS reason, r * 30 AS offs
+       FROM generate_series(0, j.retry_count - 1) r
+     UNION ALL
+     SELECT 1002, CASE WHEN j.status = 1004 AND r = j.retry_count - 1 THEN 1004 ELSE 1001 END,
+            r + 1, 'failed', r * 30 + 1 FROM generate_series(0, j.retry_count - 1) r
+     UNION ALL
+     SELECT 1001, 1002, j.retry_count, 'claim', j.retry_count * 30 WHERE j.status IN (1002, 1003)
+     UNION ALL
+     SELECT 1002, 1003, j.retry_count, 'ack', extract(epoch FROM j.status_changed_at - j.created_at)
+      WHERE j.status = 1003
+ ) v
+ WHERE j.id > %(after)s"""
+# one attempt per failed try (500/503/timeout) plus the successful one
+ATTEMPTS_SQL = """
+INSERT INTO jobs_deliveryattempt (job_id, attempt, started_at, duration_ms, status_code, response_excerpt,
+                                  error, request_id, outcome)
+SELECT j.id, r + 1, j.created_at + r * interval '30 seconds', 20 + (j.id %% 200),
+       CASE WHEN r < j.retry_count THEN (ARRAY[500, 503, NULL])[1 + (j.id + r) %% 3] ELSE 200 END,
+       '', CASE WHEN r < j.retry_count AND (j.id + r) %% 3 = 2 THEN 'ReadTimeout: timed out' ELSE '' END,
+       '', CASE WHEN r < j.retry_count THEN 'failed' ELSE 'delivered' END
+  FROM jobs_job j
+ CROSS JOIN LATERAL generate_series(0, j.retry_count - CASE WHEN j.status = 1003 THEN 0 ELSE 1 END) r
+ WHERE j.status IN (1003, 1004) AND j.id > %(after)s"""
 
 
-def jvm_cpu_seconds() -> float:
-    """CPU seconds used so far by this process's children (the Spark JVM in local mode): a
-    figure that other work on a shared machine changes far less than wall time."""
-    tick, total = os.sysconf("SC_CLK_TCK"), 0
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == os.getpid():
-            total += int(fields[11]) + int(fields[12])
-    return total / tick
+def messages_fill(*, messages: int, span: timedelta, end: datetime, tag: str) -> None:
+    """``messages`` messages (two jobs each) published over ``span`` up to ``end``, in batches."""
+    from django.db import connection
 
-
-def load_average() -> str:
-    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+    with connection.cursor() as cur:
+        for lo in range(1, messages + 1, BATCH):
+            hi = min(lo + BATCH - 1, messages)
+            cur.execute("SELECT COALESCE(max(id), 0) FROM broker_message")
+            after_message = cur.fetchone()[0]
+            cur.execute("SELECT COALESCE(max(id), 0) FROM jobs_job")
+            after_job = cur.fetchone()[0]
+            cur.execute(MESSAGES_SQL, {"lo": lo, "hi": hi, "total": messages, "span": span, "end": end, "tag": tag})
+            cur.execute(JOBS_SQL, {"after": after_message, "end": end})
+            cur.execute(TRANSITIONS_SQL, {"after": after_job})
+            cur.execute(ATTEMPTS_SQL, {"after": after_job})
+            print(f"  {tag}: messages {lo}-{hi} of {messages}", flush=True)
+        cur.execute("ANALYZE")
 
 
 def table_counts() -> dict[str, int]:
@@ -180,19 +202,118 @@ def table_counts() -> dict[str, int]:
     return counts
 
 
+def _cpu(pid: int) -> tuple[int, float] | None:
+    """(parent pid, CPU seconds of the process and its reaped children) from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[1]), sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+class TreeCpu:
+    """CPU seconds of a process tree, sampled from /proc while it runs (a child that outlives its
+    parent, as the Spark JVM does, is still counted: the last sample it had)."""
+
+    def __init__(self, root: int):
+        self.root, self.seen, self._stop = root, {}, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.25):
+            self.sample()
+
+    def sample(self) -> None:
+        tree = {self.root}
+        table = {int(p): _cpu(int(p)) for p in os.listdir("/proc") if p.isdigit()}
+        grown = True
+        while grown:
+            grown = False
+            for pid, info in table.items():
+                if info and pid not in tree and info[0] in tree:
+                    tree.add(pid)
+                    grown = True
+        for pid in tree:
+            if table.get(pid):
+                self.seen[pid] = max(self.seen.get(pid, 0.0), table[pid][1])
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return round(sum(self.seen.values()), 1)
+
+
+def postgres_cpu() -> float:
+    """CPU seconds of the bench database's server so far (postmaster, reaped and live backends)."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_backend_pid()")
+        backend = cur.fetchone()[0]
+    postmaster = _cpu(backend)[0]
+    total = _cpu(postmaster)[1]
+    for p in os.listdir("/proc"):
+        info = _cpu(int(p)) if p.isdigit() else None
+        if info and info[0] == postmaster:
+            with open(f"/proc/{p}/stat") as fh:  # a live backend: its own time only
+                total += sum(int(x) for x in fh.read().rsplit(")", 1)[1].split()[11:13]) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def manage(env: dict, *args: str, label: str) -> tuple[float, float, float, str]:
+    """Run ``manage.py`` (a Spark job) as a user would; wall seconds, its CPU, PostgreSQL's, output."""
+    pg = postgres_cpu()
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "manage.py", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    cpu = TreeCpu(proc.pid)
+    output = []
+    for line in proc.stdout:
+        output.append(line)
+        if line.startswith("[pipeline]") or "report:" in line or "archive:" in line:
+            print(f"  {label}: {line.rstrip()}", flush=True)
+    code = proc.wait()
+    seconds = time.monotonic() - started
+    tree = cpu.stop()
+    if code:
+        sys.exit(f"{label} failed ({code}):\n{''.join(output)[-5000:]}")
+    return round(seconds, 1), tree, round(postgres_cpu() - pg, 1), "".join(output)
+
+
+def report_run(env: dict, out: Path, *, since: datetime, until: datetime, label: str, extra=()) -> dict:
+    seconds, cpu, pg, _ = manage(env, "pipeline", "report", "--since", since.isoformat(), "--until",
+                                 until.isoformat(), "--out", str(out), *extra, label=label)
+    figures = json.loads((out / "report.json").read_text())
+    rows = figures["jdbc_rows"]
+    timings = figures["timings_s"]
+    print(f"{label}: {figures['jobs']} jobs in {seconds}s with Spark start-up (report {timings['total']}s, "
+          f"read {timings['read']}s); {rows['total']:,} rows read over JDBC (jobs {rows['jobs']:,}, "
+          f"attempts {rows['attempts']:,}, transitions {rows['transitions']:,}); days: "
+          f"{figures['facts']['days_from_facts']} from facts, {figures['facts']['days_read']} read, "
+          f"{len(figures['facts']['days_written'])} written; CPU: report {cpu}s, PostgreSQL {pg}s", flush=True)
+    return {"seconds": seconds, "report_s": figures["timings_s"], "jobs": figures["jobs"], "jdbc_rows": rows,
+            "cpu_s": cpu, "postgres_cpu_s": pg, "complete": figures["complete"], "figures": figures}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--jobs", type=int, default=1_000_000)
+    parser.add_argument("--jobs", type=int, default=10_000_000)
+    parser.add_argument("--new-jobs", type=int, default=100_000)
+    parser.add_argument("--days", type=int, default=60, help="the days the first jobs are spread over")
     parser.add_argument("--master", default=None, help="Spark master (default SPARK_MASTER or local[*])")
+    parser.add_argument("--equality", action="store_true", help="archive, retention, a third report: equal")
+    parser.add_argument("--rebuild-check", action="store_true", help="and a fourth, --rebuild: equal")
     parser.add_argument("--keep", action="store_true", help="keep the bench database and the output")
-    parser.add_argument("--generate-only", action="store_true", help="only fill the bench database (kept)")
-    args = smoke_args_parse(parser, jobs=2000)
-    args.keep = args.keep or args.generate_only
+    args = smoke_args_parse(parser, jobs=2000, new_jobs=200, days=3)
+    args.equality = args.equality or args.rebuild_check
 
     os.environ.setdefault("BROKER_LOG_LEVEL", "WARNING")
     out = Path(tempfile.mkdtemp(prefix="bench-pipeline-")) if args.smoke else ROOT / "bench" / "out" / "pipeline"
     shutil.rmtree(out, ignore_errors=True)
-    results: dict = {"jobs_requested": args.jobs}
+    out.mkdir(parents=True)
+    results: dict = {"jobs_requested": args.jobs, "new_jobs": args.new_jobs}
     with database_server(smoke=args.smoke) as server_url:
         url, admin = database_prepare(server_url)
         try:
@@ -205,68 +326,77 @@ def main() -> None:
 
 
 def run(args, url: str, out: Path) -> dict:
-    """Generate the rows, then time the report and the archive; returns the figures."""
+    """Fill, then the reports (and the equality check); returns the figures."""
     django_setup(url)
     from django.core.management import call_command
-    from django.db import connection
 
     results: dict = {}
     call_command("migrate", verbosity=0)
-    t = time.monotonic()
     registry_create(channels=CHANNELS, producers=PRODUCERS, consumers=CONSUMERS)
-    with connection.cursor() as cur:
-        for sql in GENERATE_SQL:
-            cur.execute(sql, {"messages": args.jobs // 2})
-    counts = table_counts()
+    now = datetime.now(timezone.utc)
+    t = time.monotonic()
+    messages_fill(messages=args.jobs // 2, span=timedelta(days=args.days), end=now - timedelta(minutes=30), tag="m-")
     results["generate_s"] = round(time.monotonic() - t, 1)
-    results["rows"] = counts
-    print(f"generated {counts} in {results['generate_s']}s", flush=True)
-    if args.generate_only:
-        return results
+    results["rows"] = table_counts()
+    print(f"generated {results['rows']} in {results['generate_s']}s", flush=True)
 
-    from pipeline.archive import messages_archive
-    from pipeline.report import pipeline_report_build
-    from pipeline.session import spark_session_build
-    from pipeline.timeparse import moment_parse
+    env = base_env(url, BROKER_PIPELINE_DIR=out / "pipeline", BROKER_LOG_LEVEL="WARNING",
+                   **({"SPARK_MASTER": args.master} if args.master else {}))
+    since = now - timedelta(days=args.days + 1)
+    first = report_run(env, out / "r1", since=since, until=datetime.now(timezone.utc), label="first report")
+    assert first["jobs"] == results["rows"]["jobs_job"], (first["jobs"], results["rows"])  # all in the window
 
     t = time.monotonic()
-    spark = spark_session_build(master=args.master)
-    results["spark_start_s"] = round(time.monotonic() - t, 1)
-    print(f"Spark {spark.version} on {spark.sparkContext.master} started in {results['spark_start_s']}s", flush=True)
-
-    t, cpu = time.monotonic(), jvm_cpu_seconds()
-    results["load_avg_before_report"] = load_average()
-    report = pipeline_report_build(spark=spark, since=moment_parse("61d"), out_dir=out / "report",
-                                   record_latest=False, progress=lambda m: print("  report:", m, flush=True))
-    results["report_s"] = round(time.monotonic() - t, 1)
-    results["report_jvm_cpu_s"] = round(jvm_cpu_seconds() - cpu, 1)
-    results["report_with_startup_s"] = round(results["report_s"] + results["spark_start_s"], 1)
-    results["report_jobs"] = report.jobs
-    results["report_jobs_per_s"] = round(report.jobs / results["report_with_startup_s"])
-    results["report_phases_s"] = {k: round(v, 1) for k, v in report.timings.items()}
-    print(f"report: {report.jobs} jobs in {results['report_s']}s "
-          f"({results['report_with_startup_s']}s with Spark start-up; JVM CPU {results['report_jvm_cpu_s']}s; "
-          f"load average before {results['load_avg_before_report']})", flush=True)
-    assert report.jobs == counts["jobs_job"], (report.jobs, counts)  # every job is inside the 61 days
-
-    t, cpu = time.monotonic(), jvm_cpu_seconds()
-    archive = messages_archive(spark=spark, out_dir=out / "archive", older_than="30d", dead_older_than="45d",
-                               progress=lambda m: print("  archive:", m, flush=True))
-    results["archive_s"] = round(time.monotonic() - t, 1)
-    results["archive_jvm_cpu_s"] = round(jvm_cpu_seconds() - cpu, 1)
-    exported = sum(archive.exported.values())
-    results["archive_exported"] = archive.exported
-    results["archive_pruned"] = archive.pruned
-    results["archive_phases_s"] = {k: round(v, 1) for k, v in archive.timings.items()}
-    results["archive_rows_per_s"] = round(exported / results["archive_s"]) if results["archive_s"] else 0
-    print(f"archive: {archive.exported} in {results['archive_s']}s ({results['archive_rows_per_s']} rows/s, "
-          f"export + verify + prune; JVM CPU {results['archive_jvm_cpu_s']}s; load average after {load_average()})",
-          flush=True)
-    after = table_counts()
-    assert archive.pruned["messages"] > 0, archive.pruned  # messages are spread over 60 days
-    assert after["broker_message"] == counts["broker_message"] - archive.pruned["messages"]
-    spark.stop()
+    messages_fill(messages=args.new_jobs // 2, span=timedelta(minutes=10), end=datetime.now(timezone.utc),
+                  tag="n-")
+    results["generate_new_s"] = round(time.monotonic() - t, 1)
+    until = datetime.now(timezone.utc)
+    second = report_run(env, out / "r2", since=since, until=until, label="second report")
+    assert second["jobs"] == first["jobs"] + args.new_jobs, (second["jobs"], first["jobs"])
+    results["first"] = {k: v for k, v in first.items() if k != "figures"}
+    results["second"] = {k: v for k, v in second.items() if k != "figures"}
+    if args.equality:
+        results["equality"] = equality_check(args, env, out, since=since, until=until, want=second["figures"])
     return results
+
+
+def equality_check(args, env: dict, out: Path, *, since: datetime, until: datetime, want: dict) -> dict:
+    """Archive, retention, then the second report's window again: equal figure for figure."""
+    from django.conf import settings
+
+    from jobs.sweeps.retention import retention_run
+
+    result = {}
+    archive_h, retention_h = f"{args.days * 22}h", args.days * 20  # 55 and 50 days of 60
+    seconds, cpu, pg, text = manage(env, "pipeline", "archive", "--older-than", archive_h, "--dead-older-than",
+                                    archive_h, label="archive")
+    result["archive"] = {"seconds": seconds, "cpu_s": cpu, "postgres_cpu_s": pg,
+                         "summary": next((line for line in text.splitlines() if line.startswith("archive:")), "")}
+    # retention reaches further back than the archive did: days 50 to 55 lose rows no archive holds
+    settings.BROKER_RETENTION = settings.BROKER_DEAD_RETENTION = timedelta(hours=retention_h)
+    t, removed = time.monotonic(), 0
+    while True:
+        rows = retention_run(budget=10, sweep_every=0).removed.rows
+        removed += rows
+        if not rows:
+            break
+    result["retention"] = {"rows_removed": removed, "seconds": round(time.monotonic() - t, 1)}
+    print(f"{result['archive']['summary']}\nretention: {removed} rows removed in {result['retention']['seconds']}s",
+          flush=True)
+    third = report_run(env, out / "r3", since=since, until=until, label="third report")
+    same = all(third["figures"][k] == want[k] for k in FIGURES) and third["complete"]
+    result["third"] = {k: v for k, v in third.items() if k != "figures"} | {"equal": same}
+    rebuilt = None
+    if args.rebuild_check:
+        fourth = report_run(env, out / "r4", since=since, until=until, label="fourth report (--rebuild)",
+                            extra=("--rebuild",))
+        rebuilt = all(fourth["figures"][k] == want[k] for k in FIGURES) and fourth["complete"]
+        result["fourth"] = {k: v for k, v in fourth.items() if k != "figures"} | {"equal": rebuilt}
+    print(f"equality: third report (facts) equal to the second: {'yes' if same else 'NO'}; rebuilt from the "
+          f"archive: {'yes' if rebuilt else 'not run' if rebuilt is None else 'NO'}", flush=True)
+    if not same or rebuilt is False:
+        sys.exit("the reports differ")
+    return result
 
 
 if __name__ == "__main__":

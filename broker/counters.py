@@ -21,6 +21,10 @@ RETENTION = 24
 RETENTION_CONSUMER = 25
 RETENTION_RUNS = 26
 RETENTION_TABLES = {1: "messages", 2: "jobs", 3: "transitions", 4: "attempts"}
+# Retention's ledger for the Spark reports (issue 30): jobs removed per channel (owner) and UTC day of
+# their message's publication (status: days since 2000-01-01), so a report can tell a day that lost
+# rows no archive holds from a complete one.
+RETENTION_DAYS = 30
 
 # (owner table of the annotated queryset, with a status?) -> the named scalar subquery, its
 # parameters for (scope, status)

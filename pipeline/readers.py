@@ -74,16 +74,30 @@ def table_bounds(*, table: str) -> tuple[int | None, int | None]:
     return low, high
 
 
+def window_bounds(*, ranges: list[tuple[datetime, datetime]]) -> tuple[int | None, int | None]:
+    """min and max id of the messages received in any of ``ranges`` (message_received ranges)."""
+    low = high = None
+    with connection.cursor() as cur:
+        for since, until in ranges:
+            cur.execute(Q.window_message_bounds.sql, {"since": since, "until": until})
+            a, b = cur.fetchone()
+            if a is not None:
+                low, high = (a if low is None else min(low, a)), (b if high is None else max(high, b))
+    return low, high
+
+
 def jdbc_read(*, spark, query, params: dict | None = None, bounds_table: str | None = None,
-              partition_column: str = "id", num_partitions: int | None = None):
+              bounds: tuple[int | None, int | None] | None = None, partition_column: str = "id",
+              num_partitions: int | None = None):
     """Read ``query`` (a registry SELECT exposing ``partition_column``; ``params`` rendered by
-    ``jdbc_sql_render``) as a DataFrame, split into id ranges of ``bounds_table`` when it is big
-    enough (or when ``num_partitions`` is given)."""
+    ``jdbc_sql_render``) as a DataFrame, split into ranges of ``partition_column`` between
+    ``bounds`` (or the id bounds of ``bounds_table``) when they span enough rows (or when
+    ``num_partitions`` is given)."""
     reader = spark.read.format("jdbc").options(**jdbc_options_build())
     reader = (reader.option("dbtable", f"({jdbc_sql_render(query, params)}) AS src")
               .option("fetchsize", str(FETCHSIZE)))
-    if bounds_table:
-        low, high = table_bounds(table=bounds_table)
+    if bounds_table or bounds:
+        low, high = bounds if bounds else table_bounds(table=bounds_table)
         wanted = num_partitions or settings.BROKER_SPARK_JDBC_PARTITIONS or 1
         if num_partitions is None and low is not None:
             wanted = min(wanted, max(1, (high - low + 1) // MIN_ROWS_PER_PARTITION))
@@ -144,15 +158,6 @@ def job_facts_read(*, spark, since: datetime, until: datetime, num_partitions: i
     return _window(frame, "received_at", since, until)
 
 
-def failed_attempts_read(*, spark, since: datetime, until: datetime, num_partitions: int | None = None):
-    """Failed delivery attempts (an error, or a non-2xx status code) of the jobs of the messages
-    received in [since, until), with their job's channel and consumer ids and ``error_reason``
-    (the error's first line, trimmed, at most 200 characters)."""
-    frame = jdbc_read(spark=spark, query=Q.failed_attempts_read, bounds_table="jobs_deliveryattempt",
-                      num_partitions=num_partitions)
-    return _window(frame, "received_at", since, until).drop("received_at")
-
-
 def transitions_read(*, spark, since: datetime | None = None, to_status: int | None = None,
                      num_partitions: int | None = None):
     """Job history rows at or after ``since`` (optionally only moves into ``to_status``)."""
@@ -168,3 +173,27 @@ def attempts_read(*, spark, since: datetime | None = None, columns=None, num_par
                       num_partitions=num_partitions)
     frame = _window(frame, "started_at", since)
     return frame if columns is None else frame.select(*columns)
+
+
+def _in_ranges(frame, column: str, ranges: list[tuple[datetime, datetime]]):
+    """``frame`` where ``column`` falls in any of ``ranges`` (pushed down as one WHERE of ORs)."""
+    from pyspark.sql import functions as F
+
+    test = None
+    for since, until in ranges:
+        one = (F.col(column) >= F.lit(since)) & (F.col(column) < F.lit(until))
+        test = one if test is None else test | one
+    return frame.where(test if test is not None else F.lit(False))
+
+
+def live_read(*, spark, table: str, ranges: list[tuple[datetime, datetime]],
+              bounds: tuple[int | None, int | None]):
+    """The dataset's live rows of ``table`` (jobs, attempts or transitions) for the messages
+    received in ``ranges``, split on the message id between ``bounds`` (``window_bounds``)."""
+    query, params = {
+        "jobs": (Q.job_facts_read, {"delivered": DELIVERED}),
+        "attempts": (Q.dataset_attempts_read, None),
+        "transitions": (Q.dataset_transitions_read, None),
+    }[table]
+    frame = jdbc_read(spark=spark, query=query, params=params, bounds=bounds, partition_column="message_id")
+    return _in_ranges(frame, "received_at", ranges)

@@ -1,13 +1,16 @@
 """Delivery analytics: what happened to the jobs of the messages published in a time window.
 
-Definitions (the tests recompute each with the Django ORM):
+The rows come from the dataset (``pipeline.dataset``): the facts of the days already read, the
+archive and the live database, as one table whatever their age; days that lost rows to retention
+are listed as incomplete. Definitions (the tests recompute each with the Django ORM):
 
 - scope: jobs whose message was received (published) in ``[since, until)``;
 - counts per channel and consumer: jobs, delivered (1003), dead (1004), queued (1001),
   inflight (1002), pending = queued + inflight; rolled up per channel and overall;
 - latency: delivered_at - message.received_at in milliseconds, over delivered jobs, where
   delivered_at is the job's (first) DELIVERED transition, or its ``status_changed_at`` when the
-  history lacks one; p50/p95/p99 are exact, linearly interpolated (PostgreSQL percentile_cont);
+  history lacks one; p50/p95/p99 are exact, linearly interpolated (PostgreSQL percentile_cont;
+  ``pipeline.percentiles``), the mean from the exact sum of the microseconds;
 - attempts histogram: jobs by their number of ``jobs_deliveryattempt`` rows (0 = never tried);
 - top failure reasons, per consumer, top 10 by attempts: status codes (attempts answered with a
   non-2xx code, as "HTTP <code>") and errors (attempts with an error; its first line, trimmed,
@@ -16,9 +19,9 @@ Definitions (the tests recompute each with the Django ORM):
 - partition completion times: from ``jobs_partition`` (created_at to completed_at),
   otherwise the section is skipped and says so.
 
-Outputs under ``out_dir``: ``jobs/day=YYYY-MM-DD/channel=<id>/`` (one row per job, Parquet),
-``summary/``, ``attempts/``, ``failures/``, ``throughput/`` (and ``partitions/``) as Parquet,
-``report.json`` (every figure), ``charts/*.svg`` and ``report.html``.
+Outputs under ``out_dir``: ``summary/``, ``attempts/``, ``failures/``, ``throughput/`` (and
+``partitions/``) as Parquet, ``report.json`` (every figure, the days read and from where, the rows
+read over JDBC), ``charts/*.svg`` and ``report.html``. The rows themselves stay in the facts.
 """
 
 from __future__ import annotations
@@ -38,15 +41,26 @@ from django.utils.safestring import mark_safe
 
 from jobs.models import JobStatus
 from pipeline import charts
+from pipeline.dataset import Dataset, dataset_read
+from pipeline.facts import SCHEMA_VERSION
 from pipeline.latest import pipeline_report_record
+from pipeline.percentiles import exact_percentiles
 from pipeline.queries import Q
-from pipeline.readers import failed_attempts_read, jdbc_read, job_facts_read
+from pipeline.readers import jdbc_read, table_bounds
 
 QUEUED, INFLIGHT, DELIVERED, DEAD = (s.value for s in (JobStatus.QUEUED, JobStatus.INFLIGHT,
                                                        JobStatus.DELIVERED, JobStatus.DEAD))
 TOP_FAILURES = 10
 PARTITION_TABLE = "jobs_partition"
 ALL = "(all)"
+QUANTILES = (0.5, 0.95, 0.99)
+NO_PARTITIONS = {"partitions": 0, "completed": 0, "completion_p50_s": None, "completion_p95_s": None,
+                 "completion_p99_s": None, "completion_max_s": None, "slowest": []}
+COUNTS = ("jobs", "delivered", "dead", "queued", "inflight", "latency_n", "latency_sum_us")  # additive
+SUMMARY_COLUMNS = (("level", "string"), ("channel", "string"), ("consumer", "string"), ("jobs", "long"),
+                   ("delivered", "long"), ("dead", "long"), ("queued", "long"), ("inflight", "long"),
+                   ("pending", "long"), ("latency_p50_ms", "double"), ("latency_p95_ms", "double"),
+                   ("latency_p99_ms", "double"), ("latency_avg_ms", "double"), ("latency_max_ms", "double"))
 
 
 @dataclass
@@ -58,111 +72,92 @@ class Report:
     jobs: int = 0
 
 
-def report_facts_build(*, spark, since: datetime, until: datetime):
-    """One row per job in scope: channel, consumer, status, attempts, publish and delivery times."""
-    from pyspark.sql import functions as F
-
-    jobs = job_facts_read(spark=spark, since=since, until=until)
-    delivered_at = F.when(F.col("status") == DELIVERED,
-                          F.coalesce(F.col("delivered_transition_at"), F.col("status_changed_at")))
-    return jobs.select(
-        F.col("id").alias("job_id"),
-        F.col("message_id").alias("message_pk"),
-        F.col("channel_id").alias("channel_pk"),
-        "channel",
-        F.col("consumer_id").alias("consumer_pk"),
-        "consumer",
-        F.col("status").cast("int").alias("status"),
-        F.col("retry_count").cast("int").alias("retry_count"),
-        F.col("attempts").cast("int").alias("attempts"),
-        "received_at",
-        "created_at",
-        delivered_at.alias("delivered_at"),
-        ((F.unix_micros(delivered_at) - F.unix_micros(F.col("received_at"))) / 1000.0).alias("latency_ms"),
-        F.date_format(F.col("received_at"), "yyyy-MM-dd").alias("day"),
-    )
-
-
-def report_summary_build(facts):
-    """Counts and latency percentiles per consumer, rolled up per channel and overall.
-    Three plain aggregations rather than one ``rollup``: measured ~3x faster at 1M jobs, as
-    the exact percentile then sees each value three times instead of through an Expand."""
+def report_counts_build(jobs):
+    """Jobs per (channel, consumer, number of attempts, hour published, hour delivered): by status,
+    and the count, exact sum and maximum of the latencies in microseconds. The one scan of the jobs
+    the attempts histogram, the summary's counts and the throughput all come from (few groups: a
+    job is mostly delivered within the hour it was published in, or the next)."""
     from pyspark.sql import functions as F
 
     def count_of(status: int):
         return F.sum(F.when(F.col("status") == status, 1).otherwise(0)).cast("long")
 
-    latency = F.col("latency_ms")
-    aggregates = [
-        F.count(F.lit(1)).alias("jobs"),
-        count_of(DELIVERED).alias("delivered"),
-        count_of(DEAD).alias("dead"),
-        count_of(QUEUED).alias("queued"),
-        count_of(INFLIGHT).alias("inflight"),
-        F.percentile(latency, [0.5, 0.95, 0.99]).alias("p"),
-        F.avg(latency).alias("latency_avg_ms"),
-        F.max(latency).alias("latency_max_ms"),
-    ]
-    values = ["jobs", "delivered", "dead", "queued", "inflight", "p", "latency_avg_ms", "latency_max_ms"]
-    none = F.lit(None).cast("string")
-    summary = (
-        facts.groupBy("channel", "consumer").agg(*aggregates)
-        .select(F.lit("consumer").alias("level"), "channel", "consumer", *values)
-        .unionByName(facts.groupBy("channel").agg(*aggregates)
-                     .select(F.lit("channel").alias("level"), "channel", none.alias("consumer"), *values))
-        .unionByName(facts.agg(*aggregates)
-                     .select(F.lit("all").alias("level"), none.alias("channel"), none.alias("consumer"), *values))
-    )
-    return summary.select(
-        "level", "channel", "consumer", "jobs", "delivered", "dead", "queued", "inflight",
-        (F.col("queued") + F.col("inflight")).alias("pending"),
-        F.col("p")[0].alias("latency_p50_ms"), F.col("p")[1].alias("latency_p95_ms"),
-        F.col("p")[2].alias("latency_p99_ms"), "latency_avg_ms", "latency_max_ms",
-    )
+    return jobs.groupBy("channel", "consumer", "attempts", F.date_trunc("hour", "received_at").alias("published"),
+                        F.date_trunc("hour", "delivered_at").alias("delivered_hour")).agg(
+        F.count(F.lit(1)).alias("jobs"), count_of(DELIVERED).alias("delivered"), count_of(DEAD).alias("dead"),
+        count_of(QUEUED).alias("queued"), count_of(INFLIGHT).alias("inflight"),
+        F.count("latency_us").alias("latency_n"), F.sum("latency_us").alias("latency_sum_us"),
+        F.max("latency_us").alias("latency_max_us"))
 
 
-def report_attempts_build(facts):
-    """Jobs per (channel, consumer, number of attempts)."""
+def report_attempts_build(counts):
+    """``report_counts_build``'s groups per (channel, consumer, number of attempts)."""
     from pyspark.sql import functions as F
 
-    return facts.groupBy("channel", "consumer", "attempts").agg(F.count(F.lit(1)).alias("jobs"))
+    return counts.groupBy("channel", "consumer", "attempts").agg(
+        *[F.sum(name).alias(name) for name in ("jobs", *COUNTS[1:])], F.max("latency_max_us").alias("latency_max_us"))
 
 
-def report_failures_build(*, spark, since: datetime, until: datetime, top: int = TOP_FAILURES):
+def report_throughput_build(counts):
+    """Jobs published and delivered per UTC hour, per consumer, from ``report_counts_build``'s
+    groups (a job counts as published in its publish hour and, once delivered, as delivered in its
+    delivery hour)."""
+    from pyspark.sql import functions as F
+
+    published = counts.groupBy("channel", "consumer", F.col("published").alias("hour")).agg(
+        F.sum("jobs").alias("published"), F.lit(0).cast("long").alias("delivered"))
+    delivered = counts.where(F.col("delivered_hour").isNotNull()).groupBy(
+        "channel", "consumer", F.col("delivered_hour").alias("hour")).agg(
+        F.lit(0).cast("long").alias("published"), F.sum("jobs").alias("delivered"))
+    return published.unionByName(delivered).groupBy("channel", "consumer", "hour").agg(
+        F.sum("published").cast("long").alias("published"), F.sum("delivered").cast("long").alias("delivered"))
+
+
+def report_summary_build(counts: list, percentiles: dict) -> list[dict]:
+    """Counts and latency per consumer, per channel and overall, from ``report_counts_build``'s
+    rows and ``pipeline.percentiles.exact_percentiles``; the mean from the summed microseconds,
+    so every figure is the same however the rows were split into files."""
+    groups: dict[tuple, dict] = {("all", None, None): {name: 0 for name in COUNTS} | {"latency_max_us": None}}
+    for r in counts:
+        for key in (("consumer", r["channel"], r["consumer"]), ("channel", r["channel"], None), ("all", None, None)):
+            g = groups.setdefault(key, {name: 0 for name in COUNTS} | {"latency_max_us": None})
+            for name in COUNTS:
+                g[name] += r[name] or 0
+            if r["latency_max_us"] is not None:
+                g["latency_max_us"] = (r["latency_max_us"] if g["latency_max_us"] is None
+                                       else max(g["latency_max_us"], r["latency_max_us"]))
+    summary = []
+    for (level, channel, consumer), g in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or "",
+                                                                                 kv[0][2] or "")):
+        p = percentiles.get((level, channel, consumer), [None] * len(QUANTILES))
+        n = g["latency_n"]
+        summary.append({
+            "level": level, "channel": channel, "consumer": consumer,
+            **{name: g[name] for name in ("jobs", "delivered", "dead", "queued", "inflight")},
+            "pending": g["queued"] + g["inflight"],
+            "latency_p50_ms": p[0], "latency_p95_ms": p[1], "latency_p99_ms": p[2],
+            "latency_avg_ms": g["latency_sum_us"] / n / 1000.0 if n else None,
+            "latency_max_ms": g["latency_max_us"] / 1000.0 if g["latency_max_us"] is not None else None,
+        })
+    return summary
+
+
+def report_failures_build(attempts, *, top: int = TOP_FAILURES):
     """Top failure reasons per consumer: non-2xx status codes and error texts, by attempts."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    tagged = failed_attempts_read(spark=spark, since=since, until=until)
     code = F.col("status_code")
-    codes = tagged.where(code.isNotNull() & ((code < 200) | (code >= 300))).select(
+    codes = attempts.where(code.isNotNull() & ((code < 200) | (code >= 300))).select(
         "channel", "consumer", F.lit("status_code").alias("kind"),
         F.concat(F.lit("HTTP "), code.cast("string")).alias("reason"))
-    errors = tagged.where(F.col("error_reason") != "").select(
+    # the error's first line is cut out only where there is an error (most attempts have none)
+    errors = attempts.where(F.col("error") != "").where(F.col("error_reason") != "").select(
         "channel", "consumer", F.lit("error").alias("kind"), F.col("error_reason").alias("reason"))
     counted = codes.unionByName(errors).groupBy("channel", "consumer", "kind", "reason").agg(
         F.count(F.lit(1)).alias("attempts"))
     window = Window.partitionBy("channel", "consumer", "kind").orderBy(F.desc("attempts"), F.asc("reason"))
     return counted.withColumn("rank", F.row_number().over(window)).where(F.col("rank") <= top)
-
-
-def report_throughput_build(facts):
-    """Jobs published and delivered per UTC hour, per consumer. One scan: each job yields a
-    "published" event in its publish hour and, once delivered, a "delivered" event in its delivery
-    hour, summed per hour; rather than two aggregations and a full outer join (the same rows; at
-    1M jobs 2.4 against 2.6-3.8 JVM CPU-seconds on a warm JVM)."""
-    from pyspark.sql import functions as F
-
-    events = F.explode(F.array(
-        F.struct(F.date_trunc("hour", "received_at").alias("hour"), F.lit(1).alias("published"),
-                 F.lit(0).alias("delivered")),
-        F.struct(F.date_trunc("hour", "delivered_at").alias("hour"), F.lit(0).alias("published"),
-                 F.lit(1).alias("delivered")),
-    )).alias("e")
-    return (facts.select("channel", "consumer", events).where(F.col("e.hour").isNotNull())
-            .groupBy("channel", "consumer", F.col("e.hour").alias("hour"))
-            .agg(F.sum("e.published").cast("long").alias("published"),
-                 F.sum("e.delivered").cast("long").alias("delivered")))
 
 
 def report_partitions_build(*, spark):
@@ -171,6 +166,8 @@ def report_partitions_build(*, spark):
 
     if PARTITION_TABLE not in connection.introspection.table_names():
         return None, f"skipped: table {PARTITION_TABLE} does not exist"
+    if table_bounds(table=PARTITION_TABLE)[0] is None:
+        return None, ""  # no partition at all: nothing for Spark to read
     frame = jdbc_read(spark=spark, query=Q.partitions_read, bounds_table=PARTITION_TABLE)
     frame = frame.withColumn("completion_s", (F.unix_micros("completed_at") - F.unix_micros("started_at")) / 1e6)
     return frame, ""
@@ -254,85 +251,112 @@ def report_charts_build(figures: dict) -> dict[str, str]:
     return out
 
 
-def report_facts_write(*, spark, facts, path: Path):
-    """Stream the facts from JDBC straight into Parquet, then return that Parquet as the facts
-    the aggregates read. One pass over the JDBC rows and no cache: at 1M jobs building the
-    in-memory cache cost more JVM CPU (12 s) than the read itself (4 s), while each aggregate
-    scans only its columns of the Parquet (vectorized). No shuffle either: the facts come in id
-    ranges, which follow publish time, so each day's rows sit in one or two partitions already;
-    a local sort groups them into one file each."""
-    facts.sortWithinPartitions("day", "channel").write.mode("overwrite").partitionBy("day", "channel").parquet(
-        str(path))
-    # The schema as read, so the partition columns stay strings (no inference of day as a date).
-    return spark.read.schema(facts.schema).parquet(str(path)).select(*facts.columns)
+def _literal_frame(spark, rows: list[dict], columns):
+    """A small DataFrame of Python rows built from literals in the JVM (no Python worker)."""
+    from pyspark.sql import functions as F
+
+    def struct(row):
+        return F.struct(*[F.lit(row.get(name)).cast(kind).alias(name) for name, kind in columns])
+
+    if not rows:
+        return spark.range(0).select(*[F.lit(None).cast(kind).alias(name) for name, kind in columns])
+    return spark.range(1).select(F.inline(F.array(*[struct(r) for r in rows])))
 
 
-def report_figures_build(*, spark, since: datetime, until: datetime, out: Path | None = None,
+def report_figures_build(*, spark, dataset: Dataset, out: Path | None = None,
                          say: Callable[[str], None] = lambda _msg: None, timings: dict | None = None) -> dict:
-    """Every figure of the report as plain Python data; with ``out`` the Parquet is written too
-    (the notebook calls this without ``out``)."""
+    """Every figure of the report over ``dataset``'s window as plain Python data; with ``out`` the
+    aggregates are written as Parquet too (the notebook calls this without ``out``)."""
     from pyspark import StorageLevel
 
     timings = {} if timings is None else timings
-    t0 = time.monotonic()
-    facts = report_facts_build(spark=spark, since=since, until=until)
-    if out is None:
-        say(f"reading jobs published in [{since.isoformat()}, {until.isoformat()}) over JDBC")
-        facts = facts.persist(StorageLevel.MEMORY_AND_DISK)
-    else:
-        say(f"reading jobs published in [{since.isoformat()}, {until.isoformat()}) over JDBC into "
-            f"{out / 'jobs'} (Parquet, by day and channel)")
-        facts = report_facts_write(spark=spark, facts=facts, path=out / "jobs")
-    jobs = facts.count()
-    timings["read_write_jobs" if out is not None else "read"] = time.monotonic() - t0
-    say(f"{jobs} jobs in scope")
-
+    since, until = dataset.since, dataset.until
     t = time.monotonic()
-    frames = {
-        "summary": (report_summary_build(facts), ["level", "channel", "consumer"]),
-        "attempts": (report_attempts_build(facts), ["channel", "consumer", "attempts"]),
-        "failures": (report_failures_build(spark=spark, since=since, until=until),
-                     ["channel", "consumer", "kind", "rank"]),
-        "throughput": (report_throughput_build(facts), ["hour", "channel", "consumer"]),
-    }
+    jobs = dataset.in_window(dataset.jobs)
     figures: dict = {
         "generated_at": datetime.now(timezone.utc).isoformat(),
-        "since": since.isoformat(), "until": until.isoformat(), "jobs": jobs,
+        "since": since.isoformat(), "until": until.isoformat(), "jobs": 0,
         "sections_skipped": {},
     }
-    keys = {"attempts": "attempts_histogram"}
+    say("computing summary and attempts")
+    mark = time.monotonic()
+    counts = report_counts_build(jobs).persist(StorageLevel.MEMORY_AND_DISK)
+    per_attempts = report_attempts_build(counts).persist(StorageLevel.MEMORY_AND_DISK)
+    rows = per_attempts.collect()
+    figures["summary"] = report_summary_build(rows, exact_percentiles(
+        jobs, column="latency_us", qs=QUANTILES, scale=1000.0, values=sum(r["latency_n"] for r in rows)))
+    figures["jobs"] = figures["summary"][0]["jobs"]  # level "all" sorts first
+    figures["attempts_histogram"] = sorted(
+        ({"channel": r["channel"], "consumer": r["consumer"], "attempts": r["attempts"], "jobs": r["jobs"]}
+         for r in rows), key=lambda r: (r["channel"], r["consumer"], r["attempts"]))
+    say(f"{figures['jobs']} jobs in scope")
+    timings["summary"] = time.monotonic() - mark
+    if out is not None:
+        _literal_frame(spark, figures["summary"], SUMMARY_COLUMNS).coalesce(1).write.mode("overwrite").parquet(
+            str(out / "summary"))
+        per_attempts.select("channel", "consumer", "attempts", "jobs").coalesce(1).write.mode("overwrite").parquet(
+            str(out / "attempts"))
+    per_attempts.unpersist()
+    frames = {
+        "throughput": (report_throughput_build(counts), ["hour", "channel", "consumer"]),
+        "failures": (report_failures_build(dataset.in_window(dataset.attempts)),
+                     ["channel", "consumer", "kind", "rank"]),
+    }
     for name, (frame, order) in frames.items():
         say(f"computing {name}")
+        mark = time.monotonic()
         frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
         if out is not None:
             frame.coalesce(1).write.mode("overwrite").parquet(str(out / name))
-        figures[keys.get(name, name)] = _rows(frame, order)
+        figures[name] = _rows(frame, order)
         frame.unpersist()
+        timings[name] = time.monotonic() - mark
+    counts.unpersist()
     partitions, why = report_partitions_build(spark=spark)
-    if partitions is None:
+    if why:
         figures["partitions"] = None
         figures["sections_skipped"]["partitions"] = why
         say(f"partition completion times {why}")
+    elif partitions is None:
+        figures["partitions"] = dict(NO_PARTITIONS)
     else:
         if out is not None:
             partitions.coalesce(1).write.mode("overwrite").parquet(str(out / "partitions"))
         figures["partitions"] = report_partitions_figures(partitions)
-    if out is None:
-        facts.unpersist()
+    figures["days"] = [d.as_dict() for d in dataset.days]
+    figures["incomplete_days"] = dataset.incomplete
+    figures["complete"] = not figures["incomplete_days"]
+    figures["jdbc_rows"] = dataset.jdbc_rows
+    figures["facts"] = {
+        "dir": str(dataset.store.root), "schema": SCHEMA_VERSION,
+        "days_from_facts": sum(1 for d in dataset.days if d.source == "facts"),
+        "days_read": sum(1 for d in dataset.days if d.source == "read"),
+        "days_written": [d.day for d in dataset.days if d.written],
+    }
+    figures["archive"] = str(dataset.archive)
+    for d in dataset.incomplete:
+        say(f"INCOMPLETE: {d['day']} channel {d['channel']}: {d['missing_jobs']} jobs removed by retention "
+            "and not in the archive")
     timings["aggregate"] = time.monotonic() - t
     return figures
 
 
 def pipeline_report_build(*, spark, since: datetime, out_dir: str | Path, until: datetime | None = None,
-                          progress: Callable[[str], None] | None = None, record_latest: bool = True) -> Report:
-    """Compute every figure on Spark, write Parquet, JSON, SVG charts and the HTML page."""
+                          archive_dir: str | Path | None = None, facts_dir: str | Path | None = None,
+                          rebuild: bool = False, progress: Callable[[str], None] | None = None,
+                          record_latest: bool = True) -> Report:
+    """Read the dataset (committing the finished days it read as facts), compute every figure on
+    Spark, write Parquet, JSON, SVG charts and the HTML page."""
     say = progress or (lambda _msg: None)
     until = until or datetime.now(timezone.utc)
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
     t0 = time.monotonic()
-    figures = report_figures_build(spark=spark, since=since, until=until, out=out, say=say, timings=timings)
+    with dataset_read(spark=spark, since=since, until=until, archive_dir=archive_dir, facts_dir=facts_dir,
+                      write=True, rebuild=rebuild, say=say, timings=timings) as dataset:
+        timings["read"] = time.monotonic() - t0
+        figures = report_figures_build(spark=spark, dataset=dataset, out=out, say=say, timings=timings)
     t = time.monotonic()
     html_path = report_html_write(out_dir=out, figures=figures)
     timings["html"] = time.monotonic() - t

@@ -117,7 +117,8 @@ SELECT c.id, w.secs, k.tip_at, k.tip_id, k.sweep_at, k.sweep_id, k.sweep_started
 -- messages FOR KEY SHARE (replay_chunk), so it never adds a job to a message being removed. The
 -- deletes write no history (broker.history_reason is cleared: the jobs_job trigger then writes
 -- none) and remove the jobs' history instead; the counter triggers keep the job and message counts
--- right, and the rows removed are added to the retention counters (scopes 24 and 25). Returns the
+-- right, and the rows removed are added to the retention counters (scopes 24 and 25; 30: jobs per
+-- UTC day of publication, the ledger that tells the Spark reports which days lost rows). Returns the
 -- messages examined, the last one's keyset (the cursor), and the four counts removed. Every table
 -- is read through an index, by message or by job; enable_seqscan=off keeps it so for the history
 -- and attempt tables whatever their statistics say (analyzed while small, a plan read them whole),
@@ -164,13 +165,13 @@ WITH r AS (
     DELETE FROM jobs_job j
      WHERE j.id = ANY(ARRAY(SELECT jl.id FROM jl JOIN ok ON ok.id = jl.message_id))
        AND (SELECT why FROM r) IS NOT NULL
-    RETURNING j.id, j.consumer_id
+    RETURNING j.id, j.consumer_id, j.message_id
 ), dt AS (
     DELETE FROM jobs_jobtransition t WHERE t.job_id = ANY(ARRAY(SELECT id FROM dj)) RETURNING t.job_id
 ), da AS (
     DELETE FROM jobs_deliveryattempt a WHERE a.job_id = ANY(ARRAY(SELECT id FROM dj)) RETURNING a.job_id
 ), dm AS (
-    DELETE FROM broker_message m WHERE m.id = ANY(ARRAY(SELECT id FROM ok)) RETURNING m.id
+    DELETE FROM broker_message m WHERE m.id = ANY(ARRAY(SELECT id FROM ok)) RETURNING m.id, m.received_at
 ), n AS (
     SELECT (SELECT count(*) FROM dm) AS messages, (SELECT count(*) FROM dj) AS jobs,
            (SELECT count(*) FROM dt) AS transitions, (SELECT count(*) FROM da) AS attempts
@@ -185,6 +186,10 @@ WITH r AS (
     SELECT 24, %(channel)s::bigint, v.what, v.k FROM n
      CROSS JOIN LATERAL (VALUES (1, n.messages), (2, n.jobs), (3, n.transitions), (4, n.attempts)) v(what, k)
      WHERE v.k > 0
+    UNION ALL
+    -- the ledger of the Spark reports (scope 30): jobs removed per UTC day of publication
+    SELECT 30, %(channel)s::bigint, (dm.received_at AT TIME ZONE 'UTC')::date - DATE '2000-01-01', count(*)
+      FROM dj JOIN dm ON dm.id = dj.message_id GROUP BY 3
     RETURNING 1
 ), last AS (
     SELECT received_at, id FROM cand ORDER BY received_at DESC, id DESC LIMIT 1

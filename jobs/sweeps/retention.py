@@ -24,7 +24,9 @@ no status writer, writes no history (the deleting statement clears ``broker.hist
 jobs_job trigger writes none) and removes the history rows itself. The maintained counters (job and
 message counts) follow through their delete triggers; what retention removed is counted per channel
 and per consumer (``broker.counters`` RETENTION, RETENTION_CONSUMER) and shown with the oldest stored
-message and the last run on the channel and consumer GETs, /metrics and the admin dashboard.
+message and the last run on the channel and consumer GETs, /metrics and the admin dashboard; and its
+jobs per channel and UTC day of publication (RETENTION_DAYS), so a Spark report knows which days
+lost rows that no archive holds (``pipeline.dataset``).
 
 The Spark archive (``manage.py pipeline archive``) is the way to keep a copy: run it with windows
 shorter than these (``--older-than`` < the retention, ``--dead-older-than`` < BROKER_DEAD_RETENTION).

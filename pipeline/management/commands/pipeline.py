@@ -54,14 +54,23 @@ class Command(BaseCommand):
             "report", help="delivery analytics: Parquet + HTML report",
             description="Per channel and consumer: delivered/dead/pending, publish-to-delivery latency "
                         "p50/p95/p99, attempts histogram, top failure reasons, throughput per hour, "
-                        "partition completion times. Writes Parquet (by day and channel), report.json, "
+                        "partition completion times, over any window: the days already read come from "
+                        "their facts (BROKER_PIPELINE_DIR/facts), the others from the archive and the "
+                        "database, and each finished day's facts are written once. Days that lost rows "
+                        "to retention are reported incomplete. Writes Parquet aggregates, report.json, "
                         "charts/*.svg and report.html; the admin dashboard links the latest one.")
         report.add_argument("--since", default="7d",
                             help="jobs of messages published since: a duration ago (7d, 24h) or an ISO "
                                  "date/time (default 7d)")
         report.add_argument("--until", default=None, help="end of the window, ISO date/time (default now)")
         report.add_argument("--out", default=None,
-                            help="output folder (default BROKER_PIPELINE_DIR/reports/<timestamp>)")
+                            help="where the report goes (default BROKER_PIPELINE_DIR/reports/<timestamp>); the "
+                                 "facts stay in BROKER_PIPELINE_DIR/facts whatever this says")
+        report.add_argument("--archive", default=None,
+                            help="the archive to read the days retention removed from (default where "
+                                 "'pipeline archive' writes: BROKER_PIPELINE_DIR/archive)")
+        report.add_argument("--rebuild", action="store_true",
+                            help="read every day of the window again and rewrite its facts")
         report.add_argument("--master", default=None, help="Spark master URL (default SPARK_MASTER)")
 
         archive = sub.add_parser(
@@ -104,7 +113,8 @@ class Command(BaseCommand):
             since = moment_parse(options["since"])
             until = moment_parse(options["until"]) if options["until"] else None
             out = options["out"] or str(Path(settings.BROKER_PIPELINE_DIR) / "reports" / time.strftime("%Y%m%dT%H%M%S"))
-            return {"since": since, "until": until, "out": out}
+            return {"since": since, "until": until, "out": out, "archive": options["archive"],
+                    "rebuild": options["rebuild"]}
         if options["batch_size"] < 1:
             raise ValueError("--batch-size must be at least 1")
         return {
@@ -118,11 +128,18 @@ class Command(BaseCommand):
         self.stdout.write(f"[pipeline] {message}")
         self.stdout.flush()
 
-    def _report(self, spark, *, since, until, out):
-        report = pipeline_report_build(spark=spark, since=since, until=until, out_dir=out, progress=self._say)
+    def _report(self, spark, *, since, until, out, archive, rebuild):
+        report = pipeline_report_build(spark=spark, since=since, until=until, out_dir=out, archive_dir=archive,
+                                       rebuild=rebuild, progress=self._say)
         rate = report.jobs / report.timings["total"] if report.timings["total"] else 0
         self.stdout.write(self.style.SUCCESS(
-            f"report: {report.jobs} jobs in {report.timings['total']:.1f}s ({rate:,.0f} jobs/s) -> {report.html_path}"))
+            f"report: {report.jobs} jobs in {report.timings['total']:.1f}s ({rate:,.0f} jobs/s; "
+            f"{report.figures['jdbc_rows']['total']} rows read over JDBC) -> {report.html_path}"))
+        missing = sum(d["missing_jobs"] for d in report.figures["incomplete_days"])
+        if missing:
+            self.stdout.write(self.style.WARNING(
+                f"incomplete: {len(report.figures['incomplete_days'])} day(s) lack {missing} jobs that retention "
+                "removed and the archive does not hold (see report.json: incomplete_days)"))
 
     def _archive(self, spark, *, older_than, dead_older_than, out, batch_size):
         try:

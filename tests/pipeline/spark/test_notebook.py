@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 NOTEBOOK = ROOT / "notebooks" / "delivery_analytics.ipynb"
 
 
-def test_notebook_runs_top_to_bottom(spark, monkeypatch):
+def test_notebook_runs_top_to_bottom(spark, monkeypatch, pipeline_dir):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     workload_report(now=datetime.now(timezone.utc), messages_per_channel=20)
@@ -26,6 +26,7 @@ def test_notebook_runs_top_to_bottom(spark, monkeypatch):
     monkeypatch.setenv("SPARK_MASTER", "local[1]")
     monkeypatch.setenv("BROKER_SPARK_DRIVER_MEMORY", "1g")
     monkeypatch.setenv("PIPELINE_SINCE", "10d")
+    monkeypatch.setenv("BROKER_PIPELINE_DIR", str(pipeline_dir))
 
     nb = nbformat.read(NOTEBOOK, as_version=4)
     # kernel "python3" is the ipykernel of the interpreter running the tests (jupyter_client
@@ -39,5 +40,7 @@ def test_notebook_runs_top_to_bottom(spark, monkeypatch):
     svgs = [o for o in outputs if o.output_type == "display_data" and "image/svg+xml" in o.get("data", {})]
     assert len(svgs) == 5
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
-    assert "80 jobs in the window" in text
+    assert "80 jobs in the window, 80 of them still in PostgreSQL" in text
+    assert "incomplete days: none" in text and "rows read over JDBC: {'jobs': 80," in text
+    assert not (pipeline_dir / "facts" / "v1" / "days").exists()  # the notebook writes no facts
     assert f"database: {connection.settings_dict['NAME']}" in text

@@ -148,3 +148,23 @@ def workload_report(*, now: datetime, messages_per_channel: int = 40, in_scope_h
         for _ in range(out_of_scope):
             builder.message(channel=channel, received_at=now - timedelta(days=builder.rng.uniform(20, 30)))
     return world
+
+
+def history(*, tag: str, days: float, per_channel: int, now: datetime) -> tuple[Builder, list]:
+    """``per_channel`` messages on each of two channels (two consumers each), spread over the last
+    ``days``; the builder (to add more) and the channels."""
+    world = world_create(tag=tag)
+    builder = Builder(world, seed=5)
+    for channel in world.channels:
+        for _ in range(per_channel):
+            builder.message(channel=channel, received_at=now - timedelta(days=builder.rng.uniform(0.01, days)))
+    return builder, world.channels
+
+
+FIGURES = ("jobs", "summary", "attempts_histogram", "failures", "throughput", "partitions")  # report.json
+
+
+def assert_same_figures(got: dict, want: dict) -> None:
+    """Two reports equal figure for figure (floats included: the report's sums are exact)."""
+    for name in FIGURES:
+        assert got[name] == want[name], name
