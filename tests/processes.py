@@ -16,6 +16,7 @@ from pathlib import Path
 
 
 from bench.common import http_ready
+from bench.common import wait_for as bench_wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -56,14 +57,11 @@ def child_env(**extra) -> dict:
 
 
 def wait_for(predicate, timeout: float = 30.0, interval: float = 0.2):
-    """Poll ``predicate`` until it is true or ``timeout`` passes; its last value."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    return predicate()
+    """Poll ``predicate`` until it is true or ``timeout`` passes; its last value (no error)."""
+    try:
+        return bench_wait_for(predicate, timeout, "a condition", interval=interval)
+    except RuntimeError:
+        return predicate()
 
 
 class Proc:
