@@ -166,13 +166,19 @@ def _stat(pid: str):
     try:
         with open(f"/proc/{pid}/stat") as fh:
             fields = fh.read().rsplit(")", 1)[1].split()
-        return int(fields[1]), int(fields[2]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        tick = os.sysconf("SC_CLK_TCK")
+        return (int(fields[1]), int(fields[2]), (int(fields[11]) + int(fields[12])) / tick,
+                (int(fields[13]) + int(fields[14])) / tick)
     except (OSError, IndexError, ValueError):
-        return None  # ppid, pgrp, cpu seconds
+        return None  # ppid, pgrp, own cpu seconds, cpu seconds of its children that ended (waited for)
 
 
 def cpu_by_group(groups: dict) -> dict:
-    """CPU seconds used so far by each named group: {"name": ("pgrp", pid) or ("children", pid)}."""
+    """CPU seconds used so far by each named group: {"name": ("pgrp", pid) or ("children", pid)}.
+
+    A process's ended children count through its waited-for time (cutime + cstime): a PostgreSQL
+    backend or a gunicorn worker that exits between two readings keeps its CPU in the total, which
+    stays monotonic."""
     stats = {pid: _stat(pid) for pid in os.listdir("/proc") if pid.isdigit()}
     result = {}
     for name, (kind, root) in groups.items():
@@ -180,9 +186,9 @@ def cpu_by_group(groups: dict) -> dict:
         for pid, st in stats.items():
             if st is None:
                 continue
-            ppid, pgrp, cpu = st
+            ppid, pgrp, cpu, waited = st
             if (kind == "pgrp" and pgrp == root) or (kind == "children" and (ppid == root or int(pid) == root)):
-                total += cpu
+                total += cpu + waited
         result[name] = total
     return result
 
