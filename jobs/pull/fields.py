@@ -26,7 +26,9 @@ def limit_parse(raw: str | None, *, default: int = QUEUED_JOBS_DEFAULT, maximum:
     text = raw[1:] if raw.startswith("+") else raw
     if not text.isascii() or not text.isdigit():
         raise InvalidInput("invalid_limit", "limit must be a non-negative integer")
-    return min(int(text), maximum)
+    text = text.lstrip("0") or "0"
+    # more digits than any limit: clipped without int() (which refuses 4,300+ digits: a 500)
+    return maximum if len(text) > 9 else min(int(text), maximum)
 
 
 def timeout_parse(value, name: str = "IncrementalTimeout") -> float | None:

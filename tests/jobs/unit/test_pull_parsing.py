@@ -33,7 +33,8 @@ def _code(exc_info) -> str:
 
 @pytest.mark.parametrize("raw, limit", [(None, QUEUED_JOBS_DEFAULT), ("", QUEUED_JOBS_DEFAULT), ("0", 0),
                                         ("7", 7), ("+7", 7), ("100", 100), ("101", QUEUED_JOBS_MAX),
-                                        ("99999999999999999999", QUEUED_JOBS_MAX)])
+                                        ("99999999999999999999", QUEUED_JOBS_MAX), ("0000000000007", 7),
+                                        ("9" * 5000, QUEUED_JOBS_MAX)])
 def test_limit(raw, limit):
     assert limit_parse(raw) == limit
 
