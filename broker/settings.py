@@ -381,17 +381,17 @@ BROKER_PUSH_POLL = env_float("BROKER_PUSH_POLL", 1.0)  # safety-net poll; wake-u
 BROKER_PUSH_IDLE_POLL = env_float("BROKER_PUSH_IDLE_POLL", 5.0)  # ... once a loop has been idle for 10 s
 # Under load a dispatcher loop records and claims at most once per this many seconds (a batch per
 # transaction); after a quiet spell the first claim runs at once (jobs/push/dispatcher.py).
-BROKER_PUSH_WINDOW = env_float("BROKER_PUSH_WINDOW", 0.03)
+BROKER_PUSH_WINDOW = env_float("BROKER_PUSH_WINDOW", 0.05)
 # A waiting (long-polling) pull claims at most once per this many seconds per consumer and web
 # process: under load it takes the batch that gathered meanwhile (jobs/pull/claim.py).
-BROKER_PULL_WINDOW = env_float("BROKER_PULL_WINDOW", 0.1)
+BROKER_PULL_WINDOW = env_float("BROKER_PULL_WINDOW", 0.2)
 # Waiting (long-polling) pulls of one web process that keep their idle connection while they sleep;
 # the others close it (jobs/pull/wakeups.py connection_parked).
 BROKER_PULL_WAIT_CONNECTIONS = env_int("BROKER_PULL_WAIT_CONNECTIONS", 4)
 # Single publishes that arrive together in one process share one transaction and commit (group
 # commit: jobs/publish/grouped.py); off: each publishes in its request's thread.
 BROKER_PUBLISH_GROUP = env_bool("BROKER_PUBLISH_GROUP", True)
-BROKER_PUBLISH_WINDOW = env_float("BROKER_PUBLISH_WINDOW", 0.01)  # seconds between two batches' starts
+BROKER_PUBLISH_WINDOW = env_float("BROKER_PUBLISH_WINDOW", 0.025)  # seconds between two batches' starts
 # Wake-ups of new jobs are sent after the publishing commit, at most one NOTIFY per this many seconds
 # per process (the first after a quiet spell at once): broker/db/notify.py.
 BROKER_NOTIFY_INTERVAL = env_float("BROKER_NOTIFY_INTERVAL", 0.05)

@@ -5,8 +5,8 @@ Scripts are found by globbing ``bench/*.py``, so a new one is covered at once; e
 convention in ``bench/common.py`` (``--smoke`` through ``smoke_args_parse``, a ``SMOKE_TABLE``
 regular expression for its printed table, ``SMOKE_NEEDS = ("spark",)`` when it starts Spark).
 Each script gets a fresh database on the test session's PostgreSQL (no server start per script).
-The selected scripts run two at a time (``SMOKE_PARALLEL``: they mostly wait on the servers they
-start), started together by a module fixture; each test then checks its own script's run. A script
+The selected scripts run three at a time (``SMOKE_PARALLEL``: they mostly wait on the servers they
+start), the longest first, started together by a module fixture; each test then checks its own script's run. A script
 whose every line a system test already runs (``SMOKE_COVERED_BY``: that test's path, which must
 name the script) is not run again here.
 """
@@ -31,7 +31,9 @@ from tests.processes import ROOT
 
 HELPERS = {"__init__.py", "common.py"}
 TIMEOUT_S = 240  # per script; a smoke run takes seconds (Spark start-up aside)
-SMOKE_PARALLEL = 2
+SMOKE_PARALLEL = 3
+# the longest smoke runs first (they bound the module's wall time; the short ones fill in beside them)
+LONGEST_FIRST = ("growth.py", "capacity.py", "scale.py")
 
 
 def bench_scripts() -> list[Path]:
@@ -142,6 +144,7 @@ def smoke_runs(request, migrated_template):
                 if item.originalname == "test_bench_script_smoke" and hasattr(item, "callspec")]
     runnable = [p for p in selected if not module_constant(p, "SMOKE_COVERED_BY")
                 and ("spark" not in (module_constant(p, "SMOKE_NEEDS") or ()) or _spark_ready())]
+    runnable.sort(key=lambda p: (p.name not in LONGEST_FIRST, LONGEST_FIRST.index(p.name) if p.name in LONGEST_FIRST else 0))
     with ThreadPoolExecutor(SMOKE_PARALLEL) as pool:
         yield {p.name: pool.submit(_smoke, p, migrated_template) for p in runnable}
 
