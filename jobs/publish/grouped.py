@@ -11,6 +11,8 @@ batch back and its items are published again one by one. One backend serves a pr
 publishes (its caches stay warm) and, under load, one commit carries many messages: a batch starts
 at most once per ``BROKER_PUBLISH_WINDOW`` (what arrives meanwhile joins it; after a quiet spell
 the first publish goes at once), as the transaction's cost is nearly the same for one message or ten.
+Only publishes that overlap are held: a producer that publishes one message at a time, waiting for
+each answer, never has two pending and is never held.
 
 Publishes inside a transaction (tests; a caller's own ``atomic``), keyed ones (their partition
 checks refuse a whole statement) and ``BROKER_PUBLISH_GROUP`` off publish in the request's thread.
@@ -44,6 +46,7 @@ BATCH_MAX = 500  # messages per transaction
 WAIT_MAX = 120.0  # seconds a request waits for its commit (the thread's round trips are bounded far below)
 TAKEN_WITHIN = 1.0  # seconds a message may wait in the queue before its request publishes it itself
 IDLE_CHECK = 1.0  # seconds without a batch after which the connection is checked before the next
+CONCURRENT_WITHIN = 1.0  # seconds: the window holds a batch only this soon after two publishes overlapped
 
 
 @dataclass(eq=False)
@@ -70,6 +73,8 @@ class GroupPublisher:
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = threading.Event()
+        self._pending = 0  # publishes handed over and not answered yet
+        self._overlapped = float("-inf")  # when two publishes were last pending at once
         self.batches = 0  # transactions committed (tests, benchmarks)
 
     def take_back(self, item: _Item) -> bool:
@@ -79,11 +84,15 @@ class GroupPublisher:
                 self._queue.remove(item)
             except ValueError:
                 return False
+            self._pending -= 1
             return True
 
     def submit(self, item: _Item) -> None:
         with self._cond:
             self._queue.append(item)
+            self._pending += 1
+            if self._pending > 1:
+                self._overlapped = time.monotonic()
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="broker-publish", daemon=True)
                 self._thread.start()
@@ -106,7 +115,10 @@ class GroupPublisher:
             with self._cond:
                 while not self._queue:
                     self._cond.wait()
-                window = float(settings.BROKER_PUBLISH_WINDOW)
+                # a producer publishing one message at a time (never two pending) is not held: only
+                # concurrent publishers gather (as PostgreSQL's commit_delay waits only with siblings)
+                concurrent = time.monotonic() - self._overlapped < CONCURRENT_WITHIN
+                window = float(settings.BROKER_PUBLISH_WINDOW) if concurrent else 0.0
                 while (hold := last + window - time.monotonic()) > 0 and len(self._queue) < BATCH_MAX:
                     self._cond.wait(hold)
                 batch = [self._queue.popleft() for _ in range(min(BATCH_MAX, len(self._queue)))]
@@ -124,6 +136,8 @@ class GroupPublisher:
                     if item.message_id is None and item.error is None:
                         item.error = exc
             finally:
+                with self._cond:
+                    self._pending -= len(items)
                 for item in items:
                     item.done.set()
                 if len(items) < len(batch):  # close() asked for it

@@ -132,3 +132,16 @@ def test_a_message_queued_behind_a_stuck_batch_is_published_by_its_own_request(w
     assert answers["stuck"].status_code == 201
     assert set(Message.objects.filter(message_id__in=["stuck", "queued"]).values_list("message_id", flat=True)) \
         == {"stuck", "queued"}
+
+
+def test_a_producer_publishing_one_at_a_time_is_not_held_by_the_window(world, settings):
+    """Only publishes that overlap are gathered: one producer waiting for each answer never has two
+    pending, so its next publish goes at once instead of waiting out BROKER_PUBLISH_WINDOW."""
+    settings.BROKER_PUBLISH_WINDOW = 3.0  # held, three publishes would take at least 6 s
+    grouped._publisher._overlapped = float("-inf")  # no overlap left by an earlier test
+    before = grouped._publisher.batches
+    began = time.monotonic()
+    for i in range(3):
+        assert publish_together([{"HTTP_X_BROKER_MESSAGE_ID": f"seq{i}"}])[0].status_code == 201
+    assert time.monotonic() - began < 3.0
+    assert grouped._publisher.batches - before == 3  # each in its own commit, none waited for company
