@@ -31,6 +31,7 @@ class Wakeups:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.connected = threading.Event()
+        self.epoch = 0  # LISTEN connections made or lost so far: a change means the server may have restarted
 
     # --- listener ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -57,6 +58,7 @@ class Wakeups:
                 if ids is None:
                     if self.connected.is_set():
                         self.connected.clear()
+                        self.epoch += 1
                         self.notify_all()
                 elif listener.received != before:
                     self.bump(ids)
@@ -64,6 +66,7 @@ class Wakeups:
             listener.close()
 
     def _connected(self, conn) -> None:
+        self.epoch += 1
         self.connected.set()
         self.notify_all()  # we may have missed notifications while (re)connecting
 
@@ -115,12 +118,17 @@ def connection_parked():
     fewer than ``BROKER_PULL_WAIT_CONNECTIONS`` waiters of this process keep theirs, else closed, so
     many long-polls never hold many connections. A kept one is reused warm when the pull wakes: a
     closed one costs a new backend, which prepares the pull's statements and compiles the job
-    triggers again (measured: ~3 ms of database CPU on the first claim of a new backend)."""
+    triggers again (measured: ~3 ms of database CPU on the first claim of a new backend).
+
+    A kept connection is closed after the sleep when the process's LISTEN connection was lost or
+    made again meanwhile (a restart or a failover, which ended the kept one too): the claim that
+    follows then connects anew instead of failing on a dead socket."""
     global _kept
     keep = False
+    epoch = wakeups.epoch
     if not connection.in_atomic_block:  # (inside a caller's transaction there is nothing to release)
         with _kept_lock:
-            keep = _kept < int(getattr(settings, "BROKER_PULL_WAIT_CONNECTIONS", 4))
+            keep = _kept < settings.BROKER_PULL_WAIT_CONNECTIONS
             _kept += keep
         if not keep:
             connection.close()
@@ -130,3 +138,5 @@ def connection_parked():
         if keep:
             with _kept_lock:
                 _kept -= 1
+            if wakeups.epoch != epoch:
+                connection.close()
