@@ -210,21 +210,24 @@ def message_publish_grouped(*, channel_id: str, channel_token: str | None, produ
     """Authenticate and publish one message, sharing the transaction of the publishes that arrive
     with it (see the module docstring); the same answers and errors as ``publish_authenticate`` then
     ``message_publish``. Returns the message id once its commit is durable."""
-    if (not settings.BROKER_PUBLISH_GROUP or connection.in_atomic_block or message.partition_key is not None):
-        ctx = publish_authenticate(channel_id=channel_id, channel_token=channel_token, producer_id=producer_id,
-                                   producer_token=producer_token)
-        return message_publish(ctx=ctx, message=message)
     item = _Item(channel_id, channel_token, producer_id, producer_token, message)
+    if (not settings.BROKER_PUBLISH_GROUP or connection.in_atomic_block or message.partition_key is not None):
+        return _publish_here(item)
     _publisher.submit(item)
     if not item.done.wait(TAKEN_WITHIN) and _publisher.take_back(item):  # the thread is stuck: do it here
-        ctx = publish_authenticate(channel_id=channel_id, channel_token=channel_token, producer_id=producer_id,
-                                   producer_token=producer_token)
-        return message_publish(ctx=ctx, message=message)
+        return _publish_here(item)
     if not item.done.wait(WAIT_MAX):  # not known whether it was stored: as a lost connection, 503
         raise Unavailable("database_unavailable", "the database is unavailable, retry shortly", retry_after=1)
     if item.error is not None:
         raise item.error
     return item.message_id
+
+
+def _publish_here(item: _Item) -> str:
+    """``item`` published in the request's own thread and transaction (not grouped)."""
+    ctx = publish_authenticate(channel_id=item.channel_id, channel_token=item.channel_token,
+                               producer_id=item.producer_id, producer_token=item.producer_token)
+    return message_publish(ctx=ctx, message=item.message)
 
 
 def grouped_publisher_close() -> None:
