@@ -62,16 +62,19 @@ class Job(models.Model):
             models.UniqueConstraint(fields=["message", "consumer"], name="job_unique_per_consumer"),
         ]
         indexes = [
-            # Claim next jobs of one consumer: priority then age; only QUEUED rows are indexed.
-            models.Index(
-                "consumer", models.F("priority").desc(), "id",
-                name="job_claim", condition=models.Q(status=JobStatus.QUEUED),
-            ),
+            # One consumer's QUEUED jobs, oldest first (listings, the oldest waiting, purges). Claims
+            # walk job_push_fresh (priority, id) and job_push_retry (next attempt) instead (migration
+            # 0003: raw SQL, not here).
+            models.Index(fields=["consumer", "id"], name="job_claim", condition=models.Q(status=JobStatus.QUEUED)),
             # Timeout sweep: only in-flight rows, by deadline.
             models.Index(fields=["deadline"], name="job_inflight_deadline",
                          condition=models.Q(status=JobStatus.INFLIGHT)),
-            # Per-consumer listings by status (DLQ pages, admin filters).
-            models.Index(fields=["consumer", "status", "-id"], name="job_consumer_status"),
+            # Per-consumer listings of finished jobs (DELIVERED, DEAD: DLQ pages, admin filters). Only
+            # those: a QUEUED or in-flight job would add an entry at every move (two more per job), and
+            # a walk of QUEUED jobs by (consumer, status) would step over every job that left the
+            # queue while a long reader holds a snapshot (issue 35; migration 0024).
+            models.Index(fields=["consumer", "status", "-id"], name="job_consumer_status",
+                         condition=models.Q(status__gte=JobStatus.DELIVERED)),
             # Partition settle / counts / ordered claims: per-gate status counts of one partition.
             models.Index(fields=["partition", "gate", "status"], name="job_partition_gate",
                          condition=models.Q(partition__isnull=False)),

@@ -13,10 +13,13 @@
 -- lazy sweep) back to QUEUED (retry + 1), DEAD past the consumer's retry limit; waiting pulls are
 -- notified. No ORDER BY: every call requeues every expired job (in batches), and either in-flight
 -- index finds them without a sort. Run with its values (Django binds them), the consumer test folds
--- away: job_inflight_deadline for all consumers, job_inflight_consumer for one.
+-- away: job_inflight_deadline for all consumers, job_inflight_consumer for one. The walk starts at
+-- %(since)s (jobs.state.floors: the last complete sweep's clock less its lag; NULL: a full walk),
+-- and returns this one's, so a held snapshot's dead entries are not walked at every sweep.
 WITH c AS (
     SELECT j.id FROM jobs_job j
      WHERE j.status = 1002 AND j.deadline < now()
+       AND j.deadline >= COALESCE(%(since)s::timestamptz, '-infinity'::timestamptz)
        AND (%(consumer)s::bigint IS NULL OR j.consumer_id = %(consumer)s::bigint)
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
@@ -39,7 +42,8 @@ WITH c AS (
       FROM u WHERE status = 1001 HAVING count(*) > 0
 )
 SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM n),
-       (SELECT array_agg(DISTINCT partition_id) FROM u WHERE partition_id IS NOT NULL AND status = 1004);
+       (SELECT array_agg(DISTINCT partition_id) FROM u WHERE partition_id IS NOT NULL AND status = 1004),
+       now() - %(lag)s::float8 * interval '1 second';
 
 -- expire_messages --
 -- index: job_queued_expiry
@@ -48,10 +52,13 @@ SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM n),
 -- ``expired`` (history by the trigger). job_queued_expiry is partial (QUEUED rows with an expiry, by
 -- expires_at), so a sweep that finds nothing costs one index probe however large the backlog. Rows
 -- locked SKIP LOCKED (a claim in progress cannot pick an expired row anyway) and moved by primary
--- key (``+ 0`` keeps the status check on the row, as in expire_inflight).
+-- key (``+ 0`` keeps the status check on the row, as in expire_inflight). From %(since)s, as
+-- expire_inflight (a job put back to QUEUED with an older expiry waits for the next full walk: no
+-- claim hands it out meanwhile).
 WITH c AS (
     SELECT j.id FROM jobs_job j
      WHERE j.status = 1001 AND j.expires_at IS NOT NULL AND j.expires_at <= now()
+       AND j.expires_at >= COALESCE(%(since)s::timestamptz, '-infinity'::timestamptz)
      ORDER BY j.expires_at
      LIMIT %(limit)s::int
        FOR UPDATE SKIP LOCKED
@@ -60,7 +67,8 @@ WITH c AS (
      WHERE j.id = ANY(ARRAY(SELECT id FROM c)) AND j.status + 0 = 1001
     RETURNING j.id, j.partition_id
 )
-SELECT count(*), (SELECT array_agg(DISTINCT partition_id) FROM u WHERE partition_id IS NOT NULL) FROM u;
+SELECT count(*), (SELECT array_agg(DISTINCT partition_id) FROM u WHERE partition_id IS NOT NULL),
+       now() - %(lag)s::float8 * interval '1 second' FROM u;
 
 -- expired_status --
 -- index: pk
@@ -239,19 +247,25 @@ SELECT id, at, extract(epoch FROM now() - at)::float8 FROM (
       FROM unnest(%(ids)s::bigint[]) AS c(id)) x;
 
 -- oldest_consumer_messages --
--- index: job_consumer_status
+-- index: job_claim, job_inflight_consumer, job_consumer_status
 -- hot
 -- The message of each consumer's oldest stored job (its lowest id in any status): its received_at
--- and age in seconds. One backward probe of job_consumer_status per status (ranges, not
--- equalities, keep that index's sort keys, as in oldest_queued), then the message by primary key.
+-- and age in seconds. One probe per status, each of its own index: QUEUED job_claim (consumer, id),
+-- in flight the consumer's in-flight jobs (job_inflight_consumer: at most its maxAckPending),
+-- DELIVERED and DEAD a backward probe of job_consumer_status (ranges, not equalities, keep the sort
+-- keys only those indexes provide, as in oldest_queued); then the message by primary key.
 SELECT id, at, extract(epoch FROM now() - at)::float8 FROM (
     SELECT c.id, (SELECT m.received_at FROM jobs_job j JOIN broker_message m ON m.id = j.message_id
-                   WHERE j.id = (SELECT min(f.id) FROM (VALUES (1001), (1002), (1003), (1004)) s(status)
-                                  CROSS JOIN LATERAL (
-                                      SELECT k.id FROM jobs_job k
-                                       WHERE k.consumer_id BETWEEN c.id AND c.id
-                                         AND k.status BETWEEN s.status AND s.status
-                                       ORDER BY k.consumer_id DESC, k.status DESC, k.id LIMIT 1) f)) AS at
+                   WHERE j.id = LEAST(
+                       (SELECT k.id FROM jobs_job k WHERE k.consumer_id BETWEEN c.id AND c.id AND k.status = 1001
+                         ORDER BY k.consumer_id, k.id LIMIT 1),
+                       (SELECT min(k.id) FROM jobs_job k WHERE k.consumer_id = c.id AND k.status = 1002),
+                       (SELECT min(f.id) FROM (VALUES (1003), (1004)) s(status)
+                         CROSS JOIN LATERAL (
+                             SELECT k.id FROM jobs_job k
+                              WHERE k.consumer_id BETWEEN c.id AND c.id
+                                AND k.status BETWEEN s.status AND s.status AND k.status >= 1003
+                              ORDER BY k.consumer_id DESC, k.status DESC, k.id LIMIT 1) f))) AS at
       FROM unnest(%(ids)s::bigint[]) AS c(id)) x;
 
 -- consumer_retention --

@@ -147,8 +147,8 @@ class JobAdmin(ViewOnlyAdmin):
         return max(sum(counts.get(pk, {}).get(s, 0) for pk in pks for s in statuses), 0)
 
     def get_ordering(self, request):
-        """One consumer's jobs in one status are read off job_consumer_status (consumer, status,
-        id DESC) in its order: ordered by id alone, the planner walked the primary key over every
+        """One consumer's jobs in one status are read off the index of that status in its order
+        (job_claim for QUEUED, job_consumer_status (consumer, status, id DESC) for finished jobs): ordered by id alone, the planner walked the primary key over every
         other consumer's jobs to fill a page (ConsumerFilter filters by a range, so the consumer
         stays a sort key the index provides)."""
         if request.GET.get("consumer", "").isdigit() and request.GET.get("status__exact", "").isdigit():
