@@ -149,6 +149,14 @@ def full_every(took: float) -> float:
     return min(FULL_MAX, max(FULL_MIN, took / FULL_SHARE))
 
 
+def consumer_reset(consumer_pk: int) -> None:
+    """Jobs of ``consumer_pk`` went back to QUEUED below the floors (a gate move, a requeue, a
+    replay): this process's next walks of its queue are full ones (other processes find them at
+    their next full walk)."""
+    for kind in (CLAIM_PULL, CLAIM_PUSH, RETRIES_PULL, RETRIES_PUSH):
+        kind.reset(consumer_pk)
+
+
 # One set per kind of walk, in every process that walks.
 CLAIM_PULL = Floors()  # a pull consumer's queue (claim_pull, pull_next): positions
 CLAIM_PUSH = Floors()  # push consumers' fresh jobs (claim_push): positions

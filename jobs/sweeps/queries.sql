@@ -247,7 +247,7 @@ SELECT id, at, extract(epoch FROM now() - at)::float8 FROM (
       FROM unnest(%(ids)s::bigint[]) AS c(id)) x;
 
 -- oldest_consumer_messages --
--- index: job_claim, job_inflight_consumer, job_consumer_status
+-- index: job_claim, job_inflight_consumer|job_inflight_deadline, job_consumer_status
 -- hot
 -- The message of each consumer's oldest stored job (its lowest id in any status): its received_at
 -- and age in seconds. One probe per status, each of its own index: QUEUED job_claim (consumer, id),
@@ -259,7 +259,8 @@ SELECT id, at, extract(epoch FROM now() - at)::float8 FROM (
                    WHERE j.id = LEAST(
                        (SELECT k.id FROM jobs_job k WHERE k.consumer_id BETWEEN c.id AND c.id AND k.status = 1001
                          ORDER BY k.consumer_id, k.id LIMIT 1),
-                       (SELECT min(k.id) FROM jobs_job k WHERE k.consumer_id = c.id AND k.status = 1002),
+                       -- (+ 0: not min() as a walk of the primary key over every other job)
+                       (SELECT min(k.id + 0) FROM jobs_job k WHERE k.consumer_id = c.id AND k.status = 1002),
                        (SELECT min(f.id) FROM (VALUES (1003), (1004)) s(status)
                          CROSS JOIN LATERAL (
                              SELECT k.id FROM jobs_job k
