@@ -200,6 +200,7 @@ INSTALLED_APPS = [
     "consumers",
     "jobs",
     "pipeline",
+    "sources",  # inbound sources (issue 36): provider webhooks verified, deduplicated, published
     "web",
     "web.portal",  # the delivery portal (issue 29): its own app label, tables and migrations
 ]
@@ -309,7 +310,7 @@ BROKER_DOORBELL_TIMEOUT = env_float("BROKER_DOORBELL_TIMEOUT", 2.0)
 BROKER_HMAC_SECRET = env_str("BROKER_HMAC_SECRET")
 BROKER_HMAC_TOLERANCE = env_float("BROKER_HMAC_TOLERANCE", 300.0)
 BROKER_HMAC_EXEMPT_PATHS = [p.strip() for p in env_str(
-    "BROKER_HMAC_EXEMPT_PATHS", "/_status,/metrics,/admin/,/static/,/api/schema/,/api/docs/,/api/redoc/,/portal/"
+    "BROKER_HMAC_EXEMPT_PATHS", "/_status,/metrics,/admin/,/static/,/api/schema/,/api/docs/,/api/redoc/,/portal/,/in/"
 ).split(",") if p.strip()]
 # Who may use the registry (producers, channels, consumers; /dlq-status, /job-status): "token" = the
 # admin token, a staff session, or with BROKER_HMAC_SECRET a validly signed request (webhook-broker's
@@ -410,9 +411,14 @@ INSTALLED_APPS[INSTALLED_APPS.index("django.contrib.admin")] = "web.apps.BrokerA
 BROKER_ADMIN_PAYLOAD_PREVIEW_BYTES = env_int("BROKER_ADMIN_PAYLOAD_PREVIEW_BYTES", 64 * 1024)  # shown per payload
 FORMAT_MODULE_PATH = ["broker.formats"]
 
+# --- the broker's public address ---------------------------------------------------------------
+# The scheme and host (and path prefix) the outside world reaches the broker at, e.g.
+# https://broker.example.com: the delivery portal's links and the inbound sources' URLs
+# (``/in/{id}``) are made on it; empty: the scheme and host of the request that asks for one.
+# BROKER_PORTAL_URL is its earlier name (the portal's links read it).
+BROKER_PUBLIC_URL = env_str("BROKER_PUBLIC_URL", env_str("BROKER_PORTAL_URL")).rstrip("/")
+
 # --- delivery portal (web/portal/: scoped links a consumer's team opens in a browser) -----------
-# Where the links point (e.g. https://broker.example.com); empty: the scheme and host of the request
-# that made the link.
-BROKER_PORTAL_URL = env_str("BROKER_PORTAL_URL").rstrip("/")
+BROKER_PORTAL_URL = BROKER_PUBLIC_URL
 # Link openings allowed per client address and minute (shared by every web process); more: 429.
 BROKER_PORTAL_OPENS_PER_MINUTE = env_int("BROKER_PORTAL_OPENS_PER_MINUTE", 20)  # admin dates as 2026-11-22 19:25:54 (broker/formats/en/formats.py)

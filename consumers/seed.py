@@ -21,6 +21,10 @@
                               circuitBreakerFailures=, circuitBreakerProbeSeconds=,
                               circuitBreakerOpenAfterSeconds= (as the consumer PUT takes them)
 
+Apps above this one keep their part of the registry in the same file through ``SEED_SECTIONS``
+(``seed_section_register`` from their ``AppConfig.ready()``): the inbound sources'
+``[source:<channel>/<name>]`` sections (sources/seed.py).
+
 ``manage.py broker_export`` (consumers.export) writes this format back from a database, every
 setting included, so a registry is kept as code and restored with ``seed``.
 
@@ -34,6 +38,7 @@ import configparser
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from urllib.parse import urlsplit
@@ -74,22 +79,51 @@ def seed_applied() -> AppliedSeed | None:
     return _applied
 
 
+@dataclass(frozen=True)
+class SeedSection:
+    """A part of the registry an app above this one keeps in the seed file: ``parse(ini, errors)``
+    reads it (problems appended to ``errors``, never raised), ``apply(items)`` writes it inside the
+    seed's transaction (returns how many were created), ``public(items)`` is it without secrets
+    (/_status), ``export(with_secrets)`` its INI sections [(name, [(key, value)])] for broker_export."""
+
+    key: str
+    parse: Callable
+    apply: Callable
+    public: Callable
+    export: Callable
+
+
+SEED_SECTIONS: list[SeedSection] = []
+
+
+def seed_section_register(section: SeedSection) -> None:
+    """Add an app's part of the seed file (from its ``AppConfig.ready()``; once per key)."""
+    if all(s.key != section.key for s in SEED_SECTIONS):
+        SEED_SECTIONS.append(section)
+
+
 @dataclass
 class SeedPlan:
     channels: dict = field(default_factory=dict)  # id -> {"name", "token"}
     producers: dict = field(default_factory=dict)
     consumers: dict = field(default_factory=dict)  # id -> {"channel", "name", "token", "callback_url", "type", ...}
     errors: list = field(default_factory=list)
+    sections: dict = field(default_factory=dict)  # SeedSection key -> what its parse returned
 
     def digest(self) -> str:
-        return hashlib.sha256(json.dumps(
-            {"channels": self.channels, "producers": self.producers, "consumers": self.consumers},
-            sort_keys=True).encode()).hexdigest()
+        data = {"channels": self.channels, "producers": self.producers, "consumers": self.consumers}
+        data.update({key: items for key, items in self.sections.items() if items})
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
     def public(self) -> dict:
         """The plan without tokens or secrets (for /_status)."""
         strip = lambda d: {k: {f: v for f, v in o.items() if f not in ("token", "signing_secret")} for k, o in d.items()}  # noqa: E731
-        return {"channels": strip(self.channels), "producers": strip(self.producers), "consumers": strip(self.consumers)}
+        public = {"channels": strip(self.channels), "producers": strip(self.producers),
+                  "consumers": strip(self.consumers)}
+        for section in SEED_SECTIONS:
+            if self.sections.get(section.key):
+                public[section.key] = section.public(self.sections[section.key])
+        return public
 
 
 def _section(ini, name: str) -> dict:
@@ -198,6 +232,8 @@ def seed_parse(text: str) -> SeedPlan:
             plan.errors.append(f"consumer {cid}: no token, skipped")
             continue
         plan.consumers[cid] = consumer
+    for section in SEED_SECTIONS:
+        plan.sections[section.key] = section.parse(ini, plan.errors)
     return plan
 
 
@@ -297,6 +333,8 @@ def seed_apply(plan: SeedPlan) -> dict:
                 values["signing_secret"] = signing_secret_generate()
             _, new = _apply_row(Consumer, {"channel": channel, "consumer_id": cid}, values)
             created["consumers"] += new
+        for section in SEED_SECTIONS:
+            created[section.key] = section.apply(plan.sections.get(section.key) or {})
         applied = AppliedSeed(digest=plan.digest(), data=plan.public(), applied_at=timezone.now())
         SeedState.objects.update_or_create(
             pk=1, defaults={"data_hash": applied.digest, "data": applied.data, "applied_at": applied.applied_at})

@@ -5,7 +5,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
-from web.api import consumers, dlq, messages, metrics, partitions, publishing, registry, sample, status
+from web.api import consumers, dlq, messages, metrics, partitions, publishing, registry, sample, sources, status
 from web.api.pull import views as pull
 from web.portal import api as portal
 from web.reports import report_latest_view
@@ -63,6 +63,10 @@ urlpatterns = [
     path("job-status", dlq.JobStatusView.as_view()),
     path("channel/<str:channel_id>/scheduled-messages", dlq.ScheduledMessagesView.as_view()),
     path("channel/<str:channel_id>/scheduled-message/<str:message_id>", dlq.ScheduledMessageView.as_view()),
+    # inbound sources (issue 36): the registry, and the address providers post to
+    path("channel/<str:channel_id>/sources", sources.SourceListView.as_view()),
+    path("channel/<str:channel_id>/source/<str:source_name>", sources.SourceView.as_view()),
+    path("in/<str:source_id>", sources.SourceReceiveView.as_view()),
     # the Spark pipeline's latest report (staff only)
     path("pipeline/reports/latest/", report_latest_view, name="pipeline-report-latest"),
 ]

@@ -36,6 +36,7 @@ from jobs.state.transitions import DEAD, INFLIGHT, QUEUED
 from web.admin.helpers import (ChannelFilter, ReadOnlyAdmin, ServiceFormAdmin, ViewOnlyAdmin, admin_url,
                                changelist_url, json_block, mask, payload_preview, table, url_id_validator)
 from web.admin.jobs import job_admin_url, status_badge
+from web.admin.sources import sources_of_channel_table
 
 logger = logging.getLogger("web.admin.channels")
 
@@ -146,7 +147,7 @@ class ChannelAdmin(RegistryAdmin):
     form = ChannelForm
     key_field = "channel_id"
     upsert = staticmethod(channel_upsert)
-    extra_fields = ("footprint", "consumers_table")
+    extra_fields = ("footprint", "consumers_table", "sources_table")
     list_display = ("channel_id", "name", "token_col", "consumers_col", "messages_col", "scheduled_col", "created_at")
     search_fields = ("channel_id", "name")
     ordering = ("channel_id",)
@@ -207,6 +208,10 @@ class ChannelAdmin(RegistryAdmin):
                             f"{n.get(DEAD, 0):,}"),
             ])
         return table(["consumer", "type", "queued", "in flight", "dead"], rows, empty="No consumers.")
+
+    @admin.display(description="inbound sources")
+    def sources_table(self, obj):
+        return sources_of_channel_table(obj)
 
 
 @admin.register(Producer)

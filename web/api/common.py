@@ -6,6 +6,7 @@ Views translate HTTP to service calls and back; they hold no business logic.
 
 from __future__ import annotations
 
+from django.conf import settings
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework.response import Response
@@ -116,6 +117,13 @@ def channel_rows_by_status(request, channel_id: str, model):
     if statuses:
         qs = qs.filter(status__in=statuses)
     return qs
+
+
+def public_url(request, path: str) -> str:
+    """``path`` on the broker's public address (BROKER_PUBLIC_URL, shared with the portal's links),
+    else on the scheme and host this request came to."""
+    base = settings.BROKER_PUBLIC_URL
+    return f"{base}{path}" if base else request.build_absolute_uri(path)
 
 
 def with_last_modified(body: dict, obj, status: int = 200) -> Response:
