@@ -334,7 +334,8 @@ def seed_apply(plan: SeedPlan) -> dict:
             _, new = _apply_row(Consumer, {"channel": channel, "consumer_id": cid}, values)
             created["consumers"] += new
         for section in SEED_SECTIONS:
-            created[section.key] = section.apply(plan.sections.get(section.key) or {})
+            if plan.sections.get(section.key):
+                created[section.key] = section.apply(plan.sections[section.key])
         applied = AppliedSeed(digest=plan.digest(), data=plan.public(), applied_at=timezone.now())
         SeedState.objects.update_or_create(
             pk=1, defaults={"data_hash": applied.digest, "data": applied.data, "applied_at": applied.applied_at})

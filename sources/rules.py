@@ -106,6 +106,13 @@ def _boolean(raw: str) -> bool:
     return _TRUE[value]
 
 
+def _response_body(raw: str) -> str:
+    """As given (blanks kept: it is what the provider reads back)."""
+    if len(raw) > RESPONSE_BODY_MAX or "\x00" in raw:
+        raise InvalidInput("invalid_responseBody", f"responseBody must be at most {RESPONSE_BODY_MAX} characters, no NUL")
+    return raw
+
+
 def _spec(name: str, kinds: tuple[str, ...]) -> Callable[[str], str | None]:
     """A ``kind:argument`` spec (``none``, ``body``: no argument); empty: back to the preset's (None)."""
     def parse(raw: str) -> str | None:
@@ -131,7 +138,7 @@ _PARSERS: dict[str, Callable[[str], object]] = {
     "dedupeWindow": _window,
     "messageType": _spec("messageType", TYPE_KINDS),
     "responseStatus": _status,
-    "responseBody": _text("responseBody", RESPONSE_BODY_MAX, None, f"at most {RESPONSE_BODY_MAX} characters, no NUL"),
+    "responseBody": _response_body,
     "responseContentType": _text("responseContentType", 255, _PRINTABLE, "at most 255 printable ASCII characters"),
     "enabled": _boolean,
 }

@@ -9,7 +9,9 @@
                                    gets a random one; broker_export writes it only with --with-secrets)
     signatureHeader=, algorithm=, encoding=, signaturePrefix=, apiKeyHeader=, dedupe=,
     dedupeWindow=, messageType=, responseStatus=, responseBody=, responseContentType=, enabled=
-                                  (as the PUT takes them; a key left out keeps the value)
+                                  (as the PUT takes them; a key left out keeps the value; a
+                                   responseBody written as a JSON string, "...", is decoded: how
+                                   broker_export writes one with line breaks)
 
 The keys are the PUT's and are validated by the same rules (``sources.rules``); a section with a
 bad value, or naming a channel that neither the file nor the database has, is skipped with a
@@ -18,6 +20,7 @@ logged error. Registered with ``consumers.seed`` by ``sources.apps``.
 
 from __future__ import annotations
 
+import json
 import logging
 
 from broker.durations import duration_format
@@ -48,6 +51,8 @@ def sources_seed_parse(ini, errors: list) -> dict:
         if unknown:
             errors.append(f"source {channel}/{name}: unknown keys {', '.join(unknown)}, skipped")
             continue
+        if options.get("responseBody", "").startswith('"'):
+            options["responseBody"] = _body_read(options["responseBody"])
         try:
             fields = settings_parse({key: value for key, value in options.items() if key in FIELDS})
         except DomainError as exc:
@@ -56,6 +61,22 @@ def sources_seed_parse(ini, errors: list) -> dict:
         found[f"{channel}/{name}"] = {"channel": channel, "name": name, "id": options.get("id", "").strip() or None,
                                       "fields": fields}
     return found
+
+
+def _body_written(body: str) -> str:
+    """A responseBody as one INI value: as it is, or as a JSON string when INI would not keep it
+    (a line break, a blank at either end, a leading quote)."""
+    if "\n" in body or "\r" in body or body != body.strip() or body.startswith('"'):
+        return json.dumps(body)
+    return body
+
+
+def _body_read(value: str) -> str:
+    try:
+        text = json.loads(value)
+    except ValueError:
+        return value
+    return text if isinstance(text, str) else value
 
 
 def sources_seed_apply(items: dict) -> int:
@@ -98,8 +119,8 @@ def sources_export(with_secrets: bool) -> list[tuple[str, list[tuple[str, str]]]
                       ("encoding", s.encoding), ("signaturePrefix", s.signature_prefix)]
         if s.verify == "api-key" and s.api_key_header:
             items.append(("apiKeyHeader", s.api_key_header))
-        if s.response_body:  # a line break continues on an indented line (configparser's rule)
-            items.append(("responseBody", s.response_body.replace("\n", "\n ")))
+        if s.response_body:
+            items.append(("responseBody", _body_written(s.response_body)))
         if s.response_content_type:
             items.append(("responseContentType", s.response_content_type))
         sections.append((f"{PREFIX}{s.channel.channel_id}/{s.name}", items))

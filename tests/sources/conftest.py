@@ -13,8 +13,19 @@ import pytest
 from rest_framework.test import APIClient
 
 from sources.lookup import sources_cache_clear
+from sources.tallies import source_tallies_close
+from tests.jobs.conftest import dispatcher, push_settings, push_world, receiver  # noqa: F401  (push fixtures)
+from tests.jobs.pull.conftest import _stop_wakeup_listener  # noqa: F401
 
 GITHUB_SECRET = "It's a Secret to Everybody"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _close_source_tally(django_db_setup, django_db_blocker):
+    """Requests outside a test transaction start this process's tally thread (sources.tallies):
+    stop it, and close its connection, before the test database is dropped."""
+    yield
+    source_tallies_close()
 
 
 @pytest.fixture(autouse=True)

@@ -23,7 +23,7 @@ from broker.errors import DomainError, PreconditionFailed
 from broker.registry import Precondition
 from sources.models import Source
 from sources.registry import source_delete, source_enable, source_rotate, source_upsert
-from sources.rules import VERIFY, settings_parse
+from sources.rules import VERIFY, SourceState, settings_check, settings_parse
 from sources.tallies import ACCEPTED, CHALLENGE, DUPLICATE, source_counts, source_refusals_recent
 from web.admin.helpers import ChannelFilter, ServiceFormAdmin, admin_url, mask, table
 
@@ -97,10 +97,22 @@ class SourceForm(forms.ModelForm):
         except DomainError as exc:
             raise forms.ValidationError(exc.detail) from None
         fields["enabled"] = bool(data.get("enabled"))
-        if self.instance.pk:  # unchanged values are not written again (a changed verify needs a new secret)
-            fields = {k: v for k, v in fields.items() if k == "secret" or getattr(self.instance, k) != v}
+        source = self.instance if self.instance.pk else None
+        if source is not None:  # unchanged values are not written again (a changed verify needs a new secret)
+            fields = {k: v for k, v in fields.items() if k == "secret" or getattr(source, k) != v}
+        try:  # the rules across fields, here so that the form shows them (the service checks them again)
+            settings_check(new=_state(source, fields), old=_state(source, {}) if source else None, fields=fields)
+        except DomainError as exc:
+            raise forms.ValidationError(exc.detail) from None
         self.source_fields = fields
         return data
+
+
+def _state(source: Source | None, fields: dict) -> SourceState:
+    def value(name: str) -> str:
+        return fields[name] if name in fields else (getattr(source, name) if source is not None else "")
+    return SourceState(verify=value("verify"), secret=value("secret"), signature_header=value("signature_header"),
+                       api_key_header=value("api_key_header"))
 
 
 @admin.register(Source)
@@ -212,9 +224,11 @@ class SourceAdmin(ServiceFormAdmin):
         shown = getattr(request, "source_secrets_shown", None)
         if not shown:
             return None
-        return TemplateResponse(request, "broker/source_secret.html", {
+        response = TemplateResponse(request, "broker/source_secret.html", {
             **self.admin_site.each_context(request), "title": "Source saved", "opts": self.model._meta,
             "shown": [{"source": s, "secret": secret, "url": self.url_col(s)} for s, secret in shown]})
+        response["Cache-Control"] = "no-store"  # the secret is on this page only
+        return response
 
     def save_related(self, request, form, formsets, change):
         """No related objects are edited here."""
