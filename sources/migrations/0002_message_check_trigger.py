@@ -16,8 +16,10 @@ group commit puts it in):
 
 For anybody else's message, ``X-Broker-Source`` and ``X-Broker-Source-Delivery`` (any case) are
 dropped: those headers tell consumers a verified source sent it, and only a source may say so.
-The trigger's WHEN is evaluated without calling the function, so messages without headers (or
-with other headers only) pay a jsonb probe and nothing else.
+The trigger's WHEN is evaluated without calling the function, so messages without such headers
+pay a key probe and a search of their headers' text (measured: 0.1 us a row with no headers, about
+2 us with three; a JSON-path test of the keys cost 9 us); a value that merely contains the text
+calls the function, which looks at the keys.
 
 ``CREATE TRIGGER`` takes SHARE ROW EXCLUSIVE on broker_message for a catalog change only (instant).
 """
@@ -61,8 +63,7 @@ $$;
 
 TRIGGER = r"""
 CREATE TRIGGER sources_message_check BEFORE INSERT ON broker_message FOR EACH ROW
-WHEN (NEW.headers ? 'broker:source'
-      OR NEW.headers @? '$.keyvalue() ? (@.key like_regex "^x-broker-source(-delivery)?$" flag "i")')
+WHEN (NEW.headers ? 'broker:source' OR strpos(lower(NEW.headers::text), '"x-broker-source') > 0)
 EXECUTE FUNCTION sources_message_check();
 """
 

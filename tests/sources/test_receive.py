@@ -63,6 +63,15 @@ def source_pk(source: dict) -> int:
     return Source.objects.get(source_id=source["ID"]).pk
 
 
+def test_any_accept_header(sources):
+    source = sources.make("gh")
+    body = b"{}"
+    headers = {**github_headers(body), "Accept": "*/*; q=0.5, application/xml"}
+    assert sources.post(source, body, headers).status_code == 200
+    r = sources.post(source, body, {"Accept": "application/xml"})
+    assert r.status_code == 401 and r.json()["error"] == "signature_missing"
+
+
 def test_the_window_expires(sources):
     source = sources.make("gh", dedupeWindow="1s")
     assert sources.github(source, delivery="d-1").status_code == 200

@@ -34,6 +34,7 @@ from web.api.common import (ADMIN_PARAM, ERROR, LIST, OBJ, PAGE_PARAMS, PRECONDI
                             public_url, read_body, with_last_modified)
 from web.api.errors import status_for
 from web.api.pagination import paginate
+from web.api.pull.views import JsonOnly
 from web.api.put_schemas import put_request
 from web.api.representations import changed_at
 from web.auth import require_registry
@@ -259,6 +260,7 @@ class SourceReceiveView(APIView):
     parser_classes = []  # the body is verified and stored raw, whatever its content type
     authentication_classes = []
     permission_classes = []
+    content_negotiation_class = JsonOnly  # whatever a provider's Accept says (Stripe's names application/xml)
 
     @extend_schema(
         summary="Receive a provider's webhook (inbound source)",
