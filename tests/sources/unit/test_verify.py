@@ -71,7 +71,7 @@ def _stripe_header(body: bytes, secret: str, timestamp: int) -> str:
 
 
 def _stripe_cases():
-    now = int(NOW)
+    now = int(time.time())  # construct_event reads the clock: the cases are made when the test runs
     good = _stripe_header(STRIPE_EVENT, STRIPE_SECRET, now)
     other = _stripe_header(STRIPE_EVENT, "whsec_other", now)
     return {
@@ -121,8 +121,9 @@ def test_stripe_refusal_codes():
 WH_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
 
-def _standard_headers(body: bytes, secret: str = WH_SECRET, *, at: float | None = None, msg_id: str = "msg_1") -> dict:
-    stamp = datetime.fromtimestamp(NOW if at is None else at, tz=timezone.utc)
+def _standard_headers(body: bytes, secret: str = WH_SECRET, *, ahead: float = 0.0, msg_id: str = "msg_1") -> dict:
+    """Signed now (the package checks the time on its own clock), or ``ahead`` seconds off."""
+    stamp = datetime.fromtimestamp(time.time() + ahead, tz=timezone.utc)
     signature = Webhook(secret).sign(msg_id, stamp, body.decode())
     return {"webhook-id": msg_id, "webhook-timestamp": str(int(stamp.timestamp())), "webhook-signature": signature}
 
@@ -145,9 +146,9 @@ def test_standard_webhooks_refusals():
     assert refused("standard-webhooks", ["whsec_" + base64.b64encode(b"x" * 24).decode()], headers, body) == "signature_invalid"
     missing = {k: v for k, v in headers.items() if k != "webhook-timestamp"}
     assert refused("standard-webhooks", [WH_SECRET], missing, body) == "signature_missing"
-    stale = _standard_headers(body, at=NOW - 600)
+    stale = _standard_headers(body, ahead=-600)
     assert refused("standard-webhooks", [WH_SECRET], stale, body) == "timestamp_out_of_tolerance"
-    ahead = _standard_headers(body, at=NOW + 600)
+    ahead = _standard_headers(body, ahead=600)
     assert refused("standard-webhooks", [WH_SECRET], ahead, body) == "timestamp_out_of_tolerance"
     assert refused("standard-webhooks", [WH_SECRET], {**headers, "webhook-signature": "garbage"}, body) == "signature_invalid"
     assert refused("standard-webhooks", [WH_SECRET], headers, b"\xff\xfe") == "signature_invalid"
