@@ -16,8 +16,10 @@ keep-alive connections, and each delivery takes two slots in a row (the same bod
 delivery id: a redelivery, as providers make them); a slot waits when every connection is busy, and
 its time to answer counts from the slot (no coordinated omission). ``--rate`` counts requests, so
 half as many messages are expected. Printed: the achieved request rate, the time to answer p50/p99,
-the answers by status, then per consumer the deliveries lost (a delivery answered 2xx that never
-arrived) and duplicated (a delivery that arrived twice), and provider-to-consumer latency p50/p99.
+the answers by status, the CPU milliseconds per request of web (gunicorn), workers (qcluster),
+PostgreSQL (embedded), the provider and the receiver (from /proc), then per consumer the deliveries
+lost (a delivery answered 2xx that never arrived) and duplicated (a delivery that arrived twice),
+and provider-to-consumer latency p50/p99.
 """
 
 from __future__ import annotations
@@ -40,10 +42,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import _read_response, build_request, percentile, smoke_args_parse, smoke_problems_exit  # noqa: E402
-from bench.push import Broker  # noqa: E402
+from bench.push import Broker, cpu_by_group  # noqa: E402
 
 SMOKE_TABLE = (r"^rate +\d+ requests/s: achieved [\d.]+/s .* answer p50/p99 [\d.]+/[\d.]+ ms .*\n"
-               r" +push: lost \d+ dup \d+ .*\n +pull: lost \d+ dup \d+ ")
+               r" +CPU ms/request: web [\d.]+, .*\n +push: lost \d+ dup \d+ .*\n +pull: lost \d+ dup \d+ ")
 CHANNEL, SOURCE, PUSHER, PULLER = "sources-bench", "github", "pusher", "puller"
 CHANNEL_TOKEN, PULL_TOKEN = "bench-c", "pull-token"
 SECRET = "bench-github-secret"
@@ -257,10 +259,25 @@ def setup(broker: Broker, receiver_port: int, max_in_flight: int) -> str:
     return r.json()["ID"]
 
 
+def cpu_groups(broker: Broker, receiver: Child, provider: Child) -> dict:
+    """The processes whose CPU is counted (bench.push.cpu_by_group): PostgreSQL when embedded here."""
+    groups = {"web": ("pgrp", broker.web.pid), "workers": ("pgrp", broker.workers.pid),
+              "provider": ("children", provider.proc.pid), "receiver": ("children", receiver.proc.pid)}
+    if broker.server_dir is not None:
+        try:
+            groups["postgres"] = ("children", int((broker.server_dir / "pgdata" / "postmaster.pid").read_text().split()[0]))
+        except (OSError, ValueError, IndexError):
+            pass
+    return groups
+
+
 def run(broker: Broker, receiver: Child, provider: Child, *, rate: float, seconds: float, first: int,
         drain: float) -> dict:
     receiver.ask("reset")
+    groups = cpu_groups(broker, receiver, provider)
+    cpu0 = cpu_by_group(groups)
     result = provider.ask("provide", rate, seconds, first)
+    cpu1 = cpu_by_group(groups)
     ok = set(result["ok"])
     deadline = time.monotonic() + drain
     while True:
@@ -284,6 +301,9 @@ def run(broker: Broker, receiver: Child, provider: Child, *, rate: float, second
     print(f"rate {rate:5.0f} requests/s: achieved {out['achieved']:.1f}/s ({result['sent']} requests, "
           f"{out['deliveries']} deliveries each sent twice) | answer p50/p99 {out['answer'][0]:.1f}/"
           f"{out['answer'][1]:.1f} ms | statuses {out['statuses']}", flush=True)
+    per = max(1, result["sent"])
+    print("          CPU ms/request: " + ", ".join(f"{name} {1000 * (cpu1[name] - cpu0[name]) / per:.2f}"
+                                                 for name in groups), flush=True)
     for name in ("push", "pull"):
         c = out[name]
         print(f"          {name}: lost {c['lost']} dup {c['dup']} (unexpected {c['extra']}) | provider to consumer "
