@@ -65,7 +65,8 @@ class SourceDelivery(models.Model):
 class SourceRefusal(models.Model):
     """One of a source's last refused requests (the newest ``REFUSALS_KEPT`` are kept)."""
 
-    source = models.ForeignKey(Source, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+")
+    source = models.ForeignKey(Source, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False,
+                               related_name="+")  # served by source_refusal_recent
     at = models.DateTimeField()
     reason = models.CharField(max_length=64)
     detail = models.CharField(max_length=255, blank=True, default="")

@@ -63,7 +63,7 @@ class Migration(migrations.Migration):
                 ('reason', models.CharField(max_length=64)),
                 ('detail', models.CharField(blank=True, default='', max_length=255)),
                 ('remote', models.CharField(blank=True, default='', max_length=64)),
-                ('source', models.ForeignKey(db_constraint=False, on_delete=django.db.models.deletion.DO_NOTHING, related_name='+', to='sources.source')),
+                ('source', models.ForeignKey(db_constraint=False, db_index=False, on_delete=django.db.models.deletion.DO_NOTHING, related_name='+', to='sources.source')),
             ],
         ),
         migrations.AddIndex(

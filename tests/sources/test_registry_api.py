@@ -56,6 +56,8 @@ def test_url_on_the_public_base_url(sources, settings):
     settings.BROKER_PUBLIC_URL = "https://hooks.example.com/broker"
     body = sources.make("gh")
     assert body["URL"] == f"https://hooks.example.com/broker/in/{body['ID']}"
+    settings.BROKER_PUBLIC_URL, settings.BROKER_PORTAL_URL = "", "https://old.example.com"  # its earlier name
+    assert sources.api.get("/channel/ch1/source/gh").json()["URL"] == f"https://old.example.com/in/{body['ID']}"
 
 
 def test_form_fields_like_the_other_registry_puts(api, world):

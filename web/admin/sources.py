@@ -152,7 +152,7 @@ class SourceAdmin(ServiceFormAdmin):
     @admin.display(description="address (give it to the provider)")
     def url_col(self, obj):
         path = f"/in/{obj.source_id}"
-        base = settings.BROKER_PUBLIC_URL
+        base = settings.BROKER_PUBLIC_URL or settings.BROKER_PORTAL_URL
         return format_html("<code>{}</code>", f"{base}{path}" if base else path)
 
     @admin.display(description="secret")

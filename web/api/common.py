@@ -120,9 +120,10 @@ def channel_rows_by_status(request, channel_id: str, model):
 
 
 def public_url(request, path: str) -> str:
-    """``path`` on the broker's public address (BROKER_PUBLIC_URL, shared with the portal's links),
-    else on the scheme and host this request came to."""
-    base = settings.BROKER_PUBLIC_URL
+    """``path`` on the broker's public address (BROKER_PUBLIC_URL, or its earlier name
+    BROKER_PORTAL_URL: the portal's links and the inbound sources' addresses), else on the scheme
+    and host this request came to."""
+    base = settings.BROKER_PUBLIC_URL or settings.BROKER_PORTAL_URL
     return f"{base}{path}" if base else request.build_absolute_uri(path)
 
 
