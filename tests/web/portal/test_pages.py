@@ -273,7 +273,9 @@ def test_a_session_left_idle_ends_and_sign_out_ends_it_at_once(world, api, setti
     assert reader.get(HOME).status_code == 403
 
 
-def test_test_events_are_rate_limited_per_consumer_and_a_private_answer_shows_no_body(world, api, receiver):
+def test_test_events_are_rate_limited_per_consumer_and_a_private_answer_shows_no_body(world, api, receiver,
+                                                                                       monkeypatch):
+    monkeypatch.setattr("web.portal.links.rate_minute", lambda now: 30_000_000)  # one minute's window throughout
     receiver.behave("/cb", lambda n, r: Reply(200, body=b"internal secret"))
     Consumer.objects.filter(consumer_id="c1").update(callback_url=receiver.url("/cb"))
     client, _ = opened(api)
@@ -366,7 +368,7 @@ def test_times_read_as_people_read_them(world, api):
     shown = re.findall(r'<time datetime="([^"]+)" title="([^"]+)">(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) UTC '
                        r'<span class="ago">\(([^)]+)\)</span></time>', html)
     assert shown, html
-    assert any(ago in ("just now", "1 s ago", "2 s ago") for _, _, _, ago in shown)
+    assert any(ago == "just now" or ago.endswith(" s ago") for _, _, _, ago in shown)  # asked a moment ago
     assert any(ago.endswith("years ago") or "days ago" in ago for _, _, _, ago in shown)  # since 2020
     full, title, text, _ = shown[0]
     assert full == title and full.startswith(text.replace(" ", "T"))
