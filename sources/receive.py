@@ -63,30 +63,25 @@ def source_request_receive(*, source_id: str, headers: Mapping[str, str], body: 
     answer once the message is committed (or known to be a redelivery); raises a DomainError for
     a refusal, counted in the source's tally with its reason (``remote``: the client's address,
     kept with the last refusals)."""
+    source = None
     try:
         source = source_lookup(source_id=source_id) if SOURCE_ID.fullmatch(source_id or "") else None
-    except DB_ERRORS as exc:
-        raise _unavailable(exc) from exc
-    if source is None:
-        raise NotFound("source_not_found", "no source has this address")
-    try:
+        if source is None:
+            raise NotFound("source_not_found", "no source has this address")
         try:
             answer, outcome = _receive(source, headers, body)
-        except DB_ERRORS as exc:
-            raise _unavailable(exc) from exc
-    except DomainError as exc:
-        source_request_count(source_pk=source.pk, outcome=exc.code, detail=exc.detail, remote=remote)
-        raise
+        except DomainError as exc:
+            source_request_count(source_pk=source.pk, outcome=exc.code, detail=exc.detail, remote=remote)
+            raise
+    except DB_ERRORS as exc:  # a database that cannot serve now: 503 with Retry-After (the provider retries)
+        if not database_unavailable(exc):
+            raise  # any other database error is a bug
+        if source is not None:
+            source_request_count(source_pk=source.pk, outcome="database_unavailable", remote=remote)
+        raise Unavailable("database_unavailable", "the database is unavailable, retry shortly",
+                          retry_after=1) from exc
     source_request_count(source_pk=source.pk, outcome=outcome)
     return answer
-
-
-def _unavailable(exc: BaseException) -> Unavailable:
-    """A database that cannot serve now is a 503 with Retry-After (the provider retries); any other
-    database error is a bug and goes on as it is."""
-    if not database_unavailable(exc):
-        raise exc
-    return Unavailable("database_unavailable", "the database is unavailable, retry shortly", retry_after=1)
 
 
 def source_request_too_large(*, source_id: str, remote: str = "") -> TooLarge:

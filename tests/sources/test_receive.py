@@ -221,3 +221,19 @@ def test_metrics(sources):
     assert 'broker_source_requests_total{channel="ch1",outcome="accepted",source="gh"} 1.0' in text
     assert 'broker_source_requests_total{channel="ch1",outcome="duplicate",source="gh"} 1.0' in text
     assert 'broker_source_requests_total{channel="ch1",outcome="signature_missing",source="gh"} 1.0' in text
+
+
+def test_a_database_that_cannot_serve_is_503_with_retry_after(sources, monkeypatch):
+    from django.db import OperationalError
+
+    from sources import receive
+
+    source = sources.make("gh")
+
+    def down(**kwargs):
+        raise OperationalError("connection refused")
+
+    monkeypatch.setattr(receive, "message_publish_grouped", down)
+    r = sources.github(source)
+    assert (r.status_code, r.json()["error"], r["Retry-After"]) == (503, "database_unavailable", "1")
+    assert not Message.objects.exists()
