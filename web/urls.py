@@ -63,12 +63,12 @@ urlpatterns = [
     path("job-status", dlq.JobStatusView.as_view()),
     path("channel/<str:channel_id>/scheduled-messages", dlq.ScheduledMessagesView.as_view()),
     path("channel/<str:channel_id>/scheduled-message/<str:message_id>", dlq.ScheduledMessageView.as_view()),
+    # the Spark pipeline's latest report (staff only)
+    path("pipeline/reports/latest/", report_latest_view, name="pipeline-report-latest"),
     # inbound sources (issue 36): the registry, and the address providers post to
     path("channel/<str:channel_id>/sources", sources.SourceListView.as_view()),
     path("channel/<str:channel_id>/source/<str:source_name>", sources.SourceView.as_view()),
     path("in/<str:source_id>", sources.SourceReceiveView.as_view()),
-    # the Spark pipeline's latest report (staff only)
-    path("pipeline/reports/latest/", report_latest_view, name="pipeline-report-latest"),
 ]
 
 handler400 = "web.api.errors.bad_request_view"
