@@ -176,6 +176,7 @@ def _component(document: dict, ref: str):
 def _bundle(document: dict, schema, legacy: bool, name: str) -> dict:
     """``schema`` with its component references under ``$defs`` (3.0 schemas converted)."""
     schema = copy.deepcopy(schema)
+    root_component = None
     defs: dict = {}
     pending = []
 
@@ -188,10 +189,13 @@ def _bundle(document: dict, schema, legacy: bool, name: str) -> dict:
         for key, value in node.items():
             if key == "$ref" and isinstance(value, str):
                 if value.startswith(_COMPONENT_SCHEMA):
-                    component = value[len(_COMPONENT_SCHEMA):]
+                    component, slash, rest = value[len(_COMPONENT_SCHEMA):].partition("/")
+                    if component == root_component:  # the root itself (a recursive schema)
+                        out[key] = "#" + slash + rest
+                        continue
                     if component not in defs and component not in pending:
                         pending.append(component)
-                    out[key] = "#/$defs/" + component
+                    out[key] = "#/$defs/" + component + slash + rest
                 elif value.startswith("#/$defs/") or value == "#":
                     out[key] = value
                 else:
@@ -208,6 +212,13 @@ def _bundle(document: dict, schema, legacy: bool, name: str) -> dict:
 
     if not isinstance(schema, dict):
         raise InvalidInput("invalid_schema", f"webhook {name}: the request body's schema is not an object")
+    ref = schema.get("$ref")
+    if set(schema) == {"$ref"} and isinstance(ref, str) and ref.startswith(_COMPONENT_SCHEMA) \
+            and "/" not in ref[len(_COMPONENT_SCHEMA):]:
+        root_component = ref[len(_COMPONENT_SCHEMA):]
+        schema = copy.deepcopy(_component(document, ref))  # the body is a component: it becomes the root
+        if not isinstance(schema, dict):
+            raise InvalidInput("invalid_schema", f"webhook {name}: {ref[:100]} is not a schema object")
     root = walk(schema)
     while pending:
         component = pending.pop(0)
