@@ -284,13 +284,14 @@ def seed_apply(plan: SeedPlan) -> dict:
     """Upsert everything in the plan in one transaction and record it. Returns counts."""
     for error in plan.errors:
         logger.error("seed: %s", error)
-    created = {"channels": 0, "producers": 0, "consumers": 0, "event_types": 0}
+    created = {"channels": 0, "producers": 0, "consumers": 0}
     with transaction.atomic():
         channels = {}
         for cid, values in plan.channels.items():
             channels[cid], new = _apply_row(Channel, {"channel_id": cid}, values)
             created["channels"] += new
-        created["event_types"] = event_types_seed_apply(channels, plan.event_types)
+        if plan.event_types or any("event_types" in values for values in plan.channels.values()):
+            created["event_types"] = event_types_seed_apply(channels, plan.event_types)
         for pid, values in plan.producers.items():
             _, new = _apply_row(Producer, {"producer_id": pid}, values)
             created["producers"] += new

@@ -165,8 +165,8 @@ class ChannelAdmin(RegistryAdmin):
         return tuple(fields)
 
     def upsert_extra(self, data) -> dict:
-        return {"settings": {"retention": data.get("retention_text"),
-                             "event_types": mode_parse(data.get("event_types_mode")) or "open"}}
+        mode = mode_parse(data.get("event_types_mode"))
+        return {"settings": {"retention": data.get("retention_text"), **({"event_types": mode} if mode else {})}}
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
