@@ -72,10 +72,22 @@ def form_number(request, name: str, cast, in_range, *, range_text: str = "is out
     try:
         value = cast(raw)
     except ValueError:
-        raise InvalidInput(f"invalid_{name}", f"{name} must be {'an integer' if cast is int else 'a number'}") from None
+        value = _integral(raw) if cast is int else None
+        if value is None:
+            raise InvalidInput(f"invalid_{name}", f"{name} must be {'an integer' if cast is int else 'a number'}") from None
     if not in_range(value):
         raise InvalidInput(f"invalid_{name}", f"{name} {range_text}")
     return value
+
+
+def _integral(raw: str) -> int | None:
+    """A number with no fraction (``3.0``, as JSON may carry an integer: JSON Schema 2020-12, which
+    the OpenAPI 3.1 schema speaks, counts it as one) as an int; None for anything else."""
+    try:
+        number = float(raw)
+    except ValueError:
+        return None
+    return int(number) if number.is_integer() else None
 
 
 def statuses_param_schema(choices, description: str = "") -> OpenApiParameter:
