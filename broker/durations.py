@@ -9,6 +9,7 @@ import re
 from datetime import timedelta
 
 from broker.errors import InvalidInput
+from broker.numbers import whole
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"\s*(\d{1,12})\s*([smhdw]?)\s*", re.IGNORECASE)
@@ -23,6 +24,7 @@ def duration_parse(text: str | int | timedelta) -> int:
         return int(text.total_seconds())
     if isinstance(text, bool):
         raise ValueError(f"not a duration: {text!r}")
+    text = whole(text)  # 2.0 is an integer (JSON Schema 2020-12)
     if isinstance(text, int):
         return text
     match = _DURATION.fullmatch(str(text))

@@ -12,9 +12,9 @@ SELECT value FROM eventtypes_generation WHERE id = 1;
 -- A channel's validation rules in one round trip, with the generation of the same snapshot: whether
 -- it is closed, each event type's current version and its schema (text: the process compiles it once
 -- per event type and version). One row with a null mode: no such channel.
-SELECT g.value, c.event_types, t.id, t.name, t.version, v.schema::text
-  FROM eventtypes_generation g
+SELECT (SELECT g.value FROM eventtypes_generation g WHERE g.id = 1), c.event_types, t.id, t.name, t.version,
+       v.schema::text
+  FROM (VALUES (1)) AS one (n)
   LEFT JOIN broker_channel c ON c.channel_id = %s
   LEFT JOIN eventtypes_eventtype t ON t.channel_id = c.id
-  LEFT JOIN eventtypes_eventtypeversion v ON v.event_type_id = t.id AND v.version = t.version
- WHERE g.id = 1;
+  LEFT JOIN eventtypes_eventtypeversion v ON v.event_type_id = t.id AND v.version = t.version;

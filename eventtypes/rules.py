@@ -39,12 +39,13 @@ def event_type_name_parse(raw) -> str:
 def json_text_load(text, *, code: str, label: str):
     """A JSON value from text (str or bytes). NaN and Infinity are not JSON; 400 ``code`` otherwise."""
     try:
-        return json.loads(text, parse_constant=_not_json)
+        return json.loads(text, parse_constant=not_json)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise InvalidInput(code, f"{label} is not JSON: {str(exc)[:200]}") from None
 
 
-def _not_json(name: str):
+def not_json(name: str):
+    """``json.loads``'s ``parse_constant``: NaN, Infinity and -Infinity are Python's, not JSON."""
     raise ValueError(f"{name} is not JSON")
 
 

@@ -26,7 +26,7 @@ from django.db import transaction
 from broker.db.run import query_fetchall, query_fetchone
 from broker.errors import InvalidInput, Unprocessable
 from eventtypes.queries import Q
-from eventtypes.rules import payload_fault, schema_compile
+from eventtypes.rules import not_json, payload_fault, schema_compile
 
 logger = logging.getLogger("eventtypes.validation")
 CHECK_INTERVAL = 0.5  # seconds between two reads of the generation: a change is seen within a second
@@ -104,7 +104,7 @@ def channel_rules(channel_id: str) -> ChannelRules:
 def _load(channel_id: str) -> ChannelRules:
     """One query: the channel's mode and event types, with the generation of the same snapshot."""
     rows = query_fetchall(Q.channel_event_types, [channel_id])
-    generation = rows[0][0] if rows else 0
+    generation = (rows[0][0] if rows else None) or 0
     types = {name: (pk, version, schema) for _, _, pk, name, version, schema in rows if pk is not None}
     rules = ChannelRules(generation=generation, closed=bool(rows) and rows[0][1] == "closed", types=types)
     if generation > _cache.generation:  # committed and newer than the last check: every other channel reloads
@@ -136,10 +136,6 @@ def _validator(pk: int, version: int, schema_text: str):
     return validator
 
 
-def _not_json(name: str):
-    raise ValueError(f"{name} is not JSON")
-
-
 def _payload_json(payload: bytes, content_type: str, message_type: str):
     """The payload as JSON; 422 when its content type names another format or it does not parse."""
     media = (content_type or "").split(";", 1)[0].strip().lower()
@@ -147,7 +143,7 @@ def _payload_json(payload: bytes, content_type: str, message_type: str):
         raise Unprocessable("schema_validation_failed", f"event type {message_type} has a schema: its payload must "
                             f"be JSON, not {media}", path="")
     try:
-        return json.loads(payload, parse_constant=_not_json)
+        return json.loads(payload, parse_constant=not_json)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise Unprocessable("schema_validation_failed", f"event type {message_type} has a schema: its payload must "
                             f"be JSON ({str(exc)[:200]})", path="") from None

@@ -18,6 +18,7 @@ from rest_framework.views import APIView
 
 from broker.errors import DomainError, InvalidInput, TooLarge
 from broker.message_types import message_type_parse, ttl_parse
+from broker.numbers import whole
 from broker.tracing import trace_context_parse
 from eventtypes.validation import message_validate
 from jobs.publish.auth import PublishContext, publish_authenticate
@@ -226,13 +227,13 @@ def batch_parse(raw: bytes) -> list[NewMessage]:
             raise TooLarge("payload_too_large", f"message {i} is larger than {settings.BROKER_MAX_PAYLOAD_BYTES} bytes")
         if content_type is not None and not isinstance(content_type, str):
             raise InvalidInput("invalid_batch", f"message {i}: ContentType must be a string")
-        priority = item.get("Priority", 0)
+        priority = whole(item.get("Priority", 0))  # 2.0 is an integer (JSON Schema 2020-12, OpenAPI 3.1)
         if isinstance(priority, bool) or not isinstance(priority, int) or not -(2**31) <= priority < 2**31:
             raise InvalidInput("invalid_priority", f"message {i}: Priority must be an integer")
         mid = item.get("MessageID")
         if mid is not None and not isinstance(mid, str):
             raise InvalidInput("invalid_message_id", f"message {i}: MessageID must be a string")
-        key, gate = item.get("PartitionKey"), item.get("Gate")  # partitions, per message
+        key, gate = item.get("PartitionKey"), whole(item.get("Gate"))  # partitions, per message
         if key is not None or gate is not None:
             key, gate = partition_parse(
                 key if isinstance(key, str) or key is None else "",
