@@ -12,6 +12,7 @@ from rest_framework.response import Response
 
 from broker.errors import InvalidInput, NotFound, TooLarge
 from broker.models import Channel
+from broker.numbers import whole
 from broker.tokens import token_require
 from web.api.errors import ERROR_RESPONSE
 from web.api.pagination import CURSOR_MAX_LENGTH, CURSOR_PATTERN
@@ -60,7 +61,7 @@ def form_value(request, name: str) -> str | None:
         return None
     if isinstance(value, (dict, list)):
         raise InvalidInput("invalid_field", f"{name} must be a string")
-    return str(value)
+    return str(whole(value))  # a JSON 2.0 reads as "2": an integer (JSON Schema 2020-12, OpenAPI 3.1)
 
 
 def form_number(request, name: str, cast, in_range, *, range_text: str = "is out of range"):
@@ -72,22 +73,10 @@ def form_number(request, name: str, cast, in_range, *, range_text: str = "is out
     try:
         value = cast(raw)
     except ValueError:
-        value = _integral(raw) if cast is int else None
-        if value is None:
-            raise InvalidInput(f"invalid_{name}", f"{name} must be {'an integer' if cast is int else 'a number'}") from None
+        raise InvalidInput(f"invalid_{name}", f"{name} must be {'an integer' if cast is int else 'a number'}") from None
     if not in_range(value):
         raise InvalidInput(f"invalid_{name}", f"{name} {range_text}")
     return value
-
-
-def _integral(raw: str) -> int | None:
-    """A number with no fraction (``3.0``, as JSON may carry an integer: JSON Schema 2020-12, which
-    the OpenAPI 3.1 schema speaks, counts it as one) as an int; None for anything else."""
-    try:
-        number = float(raw)
-    except ValueError:
-        return None
-    return int(number) if number.is_integer() else None
 
 
 def statuses_param_schema(choices, description: str = "") -> OpenApiParameter:
