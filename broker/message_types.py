@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 from broker.errors import InvalidInput
-from broker.numbers import whole
+from broker.numbers import whole, whole_text
 
 MESSAGE_TYPE_MAX = 128
 _TYPE = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
@@ -93,7 +93,7 @@ def ttl_parse(raw, *, field: str = "X-Broker-Message-TTL") -> int | None:
     if isinstance(raw, int):
         value = raw
     elif isinstance(raw, str):
-        text = raw.strip()
+        text = whole_text(raw.strip())
         if text == "":
             return None
         if not (text.isascii() and text.isdigit()):

@@ -32,6 +32,7 @@ def test_a_team_reads_its_channels_event_catalog(page, live_server, make, api, a
             format="json")
 
     page.goto(live_server.url + link_path(link_make(api)))
+    page.get_by_role("button", name="Open the portal").click()
     page.get_by_role("navigation", name="Portal pages").get_by_role("link", name="Event catalog", exact=True).click()
     expect(page.locator("h1")).to_have_text("Event catalog")
     assert page.locator("#message-types").inner_text() == "order.*"
@@ -55,6 +56,7 @@ def test_a_team_reads_its_channels_event_catalog(page, live_server, make, api, a
     # another team's page of the same channel: everything selected (no messageTypes)
     make.consumer("c3", token="c3-token")
     page.goto(live_server.url + link_path(link_make(api, "/channel/ch1/consumer/c3")))
+    page.get_by_role("button", name="Open the portal").click()
     page.goto(live_server.url + "/portal/channel/ch1/consumer/c3/event-catalog")
     assert page.locator("#message-types").inner_text() == "all types"
     assert page.locator("#selected-count").inner_text() == "2"
