@@ -119,3 +119,13 @@ def pytest_collection_modifyitems(config, items):
         wanted = DB_FIXTURES.intersection(getattr(item, "fixturenames", ()))
         if wanted or item.get_closest_marker("django_db"):
             raise pytest.UsageError(f"{item.nodeid}: a unit test may not use the database ({sorted(wanted)})")
+
+
+@pytest.fixture(autouse=True)
+def _event_types_rules():
+    """Each process caches its channels' event types (eventtypes.validation) by a generation number
+    that a test's rolled-back transaction takes back: forget them after every test."""
+    yield
+    from eventtypes.validation import cache_clear
+
+    cache_clear()
