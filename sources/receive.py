@@ -5,7 +5,8 @@ body), never a Django request, so any HTTP front end can serve ``POST /in/{id}``
 Django view in ``web.api.sources`` is a thin adapter). It returns the answer for the provider
 (``SourceAnswer``) or raises a domain error (the web layer maps it: 404 unknown id, 401
 signature_missing / signature_invalid / timestamp_out_of_tolerance, 403 source_disabled, 413,
-and the publish's own refusals: 429 backlog_full, 503 database_unavailable).
+and the publish's own refusals: 422 when the event breaks the channel's event types, 429
+backlog_full, 503 database_unavailable).
 
 A verified request becomes one message of the source's channel: the body byte for byte, its
 Content-Type, the type the source's ``messageType`` reads, the headers ``X-Broker-Source`` (the
@@ -32,6 +33,7 @@ from broker.db.errors import DB_ERRORS, database_unavailable, sqlstate_of
 from broker.errors import DomainError, Forbidden, InvalidInput, NotFound, TooLarge, Unavailable
 from broker.message_types import message_type_parse
 from broker.tracing import trace_context_parse
+from eventtypes.validation import message_validate
 from jobs.publish.grouped import message_publish_grouped
 from jobs.publish.messages import NewMessage
 from sources.lookup import SOURCES_PRODUCER, SourceSnapshot, source_lookup
@@ -161,7 +163,10 @@ def _verify(source: SourceSnapshot, headers: Mapping[str, str], body: bytes) -> 
 def _publish(source: SourceSnapshot, message: NewMessage) -> bool:
     """Publish through the group commit; True when stored, False for a redelivery (the trigger
     skipped it). A cached token that no longer matches (a channel token changed) is read again
-    once; a source deleted or disabled since it was cached answers 404 / 403."""
+    once; a source deleted or disabled since it was cached answers 404 / 403. Held to the channel's
+    event types first, as every publish is (422 ``schema_validation_failed`` / ``unknown_event_type``)."""
+    message_validate(channel_id=source.channel_id, message_type=message.type, payload=message.payload,
+                     content_type=message.content_type)
     for attempt in (1, 2):
         try:
             # inside a caller's transaction (tests) a refusal of the trigger must not abort it

@@ -37,6 +37,7 @@ OUTCOMES = {
     "signature_missing": 101, "signature_invalid": 102, "timestamp_out_of_tolerance": 103,
     "payload_too_large": 104, "source_disabled": 105, "invalid_message_type": 106, "invalid_content_type": 107,
     "backlog_full": 108, "rate_limited": 109, "database_unavailable": 110, "source_not_found": 111,
+    "schema_validation_failed": 112, "unknown_event_type": 113,  # the channel's event types (eventtypes)
     "other": 199,
 }
 OUTCOME_NAMES = {code: name for name, code in OUTCOMES.items()}

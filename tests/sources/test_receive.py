@@ -237,3 +237,31 @@ def test_a_database_that_cannot_serve_is_503_with_retry_after(sources, monkeypat
     r = sources.github(source)
     assert (r.status_code, r.json()["error"], r["Retry-After"]) == (503, "database_unavailable", "1")
     assert not Message.objects.exists()
+
+
+def test_a_providers_event_is_held_to_the_channels_event_types(sources, api):
+    schema = {"type": "object", "required": ["ref"], "properties": {"ref": {"type": "string"}}}
+    r = api.put("/channel/ch1/event-type/push", {"schema": schema}, format="json")
+    assert r.status_code in (200, 201), r.content
+    source = sources.make("gh")
+    good, bad = b'{"ref": "refs/heads/main"}', b'{"ref": 7}'
+    assert sources.post(source, good, github_headers(good, delivery="a")).status_code == 200
+    r = sources.post(source, bad, github_headers(bad, delivery="b"))
+    assert (r.status_code, r.json()["error"], r.json()["path"]) == (422, "schema_validation_failed", "/ref")
+    assert Message.objects.count() == 1
+    assert sources.api.get("/channel/ch1/source/gh").json()["Counts"]["refused"] == {"schema_validation_failed": 1}
+
+
+def test_the_adapter_without_django_answers_the_same(sources):
+    from web.api.sources import source_receive_answer
+
+    source = sources.make("gh", responseStatus=202, responseBody="ok")
+    body = b"{}"
+    headers = {k.lower(): v for k, v in github_headers(body).items()}
+    assert source_receive_answer(source_id=source["ID"], headers=headers, body=body) == (
+        202, "text/plain; charset=utf-8", b"ok", {})
+    status, content_type, answer, extra = source_receive_answer(source_id=source["ID"], headers={}, body=body)
+    assert (status, content_type, json.loads(answer)["error"], extra) == (401, "application/json",
+                                                                         "signature_missing", {})
+    assert source_receive_answer(source_id="nope", headers={}, body=body)[0] == 404
+    assert Message.objects.count() == 1

@@ -248,8 +248,10 @@ def source_receive_answer(*, source_id: str, headers: dict[str, str], body: byte
         extra = dict(exc.headers)
         if getattr(exc, "retry_after", None) is not None:
             extra["Retry-After"] = str(exc.retry_after)
-        return (status_for(exc), "application/json",
-                json.dumps({"error": exc.code, "detail": exc.detail}).encode(), extra)
+        body = {"error": exc.code, "detail": exc.detail}
+        if getattr(exc, "path", None) is not None:  # schema_validation_failed: where in the payload
+            body["path"] = exc.path
+        return status_for(exc), "application/json", json.dumps(body).encode(), extra
     return answer.status, answer.content_type, answer.body, dict(answer.headers)
 
 
@@ -273,7 +275,8 @@ class SourceReceiveView(APIView):
                     "dedupe window answers the same and publishes nothing; a verified Slack url_verification "
                     'answers {"challenge": ...}. 401 signature_missing, signature_invalid or '
                     "timestamp_out_of_tolerance; 403 source_disabled; 404 unknown id; 413 over "
-                    "BROKER_MAX_PAYLOAD_BYTES; nothing is stored for any of them.",
+                    "BROKER_MAX_PAYLOAD_BYTES; 422 when the event breaks the channel's event types (as a "
+                    "publish); nothing is stored for any of them.",
         parameters=[OpenApiParameter("source_id", ID_SCHEMA, OpenApiParameter.PATH,
                                      description="the source's URL id"),
                     OpenApiParameter("traceparent", OpenApiTypes.STR, OpenApiParameter.HEADER,
@@ -282,7 +285,7 @@ class SourceReceiveView(APIView):
                  "*/*": {"type": "string", "format": "binary"}},
         responses={(200, "*/*"): OpenApiResponse(description="accepted (or a redelivery): the source's "
                                                              "responseStatus (200-299) and responseBody"),
-                   400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 413: ERROR, 429: ERROR},
+                   400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 413: ERROR, 422: ERROR, 429: ERROR},
     )
     def post(self, request, source_id: str):
         remote = request.META.get("REMOTE_ADDR", "")
