@@ -46,7 +46,7 @@ def secret_generate(verify: str) -> str:
 def _name_check(name: str) -> None:
     text_check(name, label="the source name", code="invalid_name", max_length=NAME_MAX)
     if not SOURCE_NAME.fullmatch(name):
-        raise InvalidInput("invalid_name", "a source name is 1-255 characters, no slash, no blank")
+        raise InvalidInput("invalid_name", "a source name is 1-255 characters, no slash, blank or control character")
 
 
 def source_of(*, channel: Channel, name: str) -> Source:

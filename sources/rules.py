@@ -33,7 +33,7 @@ NAME_MAX = 255
 DELIVERY_MAX = 255  # longer delivery ids (or ones holding control characters) are shown as their hash
 HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,255}")  # an HTTP field name (RFC 9110 token)
 JSON_PATH = re.compile(r"[^.\x00]{1,255}(\.[^.\x00]{1,255}){0,31}")
-SOURCE_NAME = re.compile(r"[^/\s\x00]{1,255}")  # a path segment of the registry's URLs
+SOURCE_NAME = re.compile(r"[^/\x00-\x20\x7f]{1,255}")  # a path segment of the registry's URLs: no slash, blank or control
 SOURCE_ID = re.compile(r"[A-Za-z0-9_-]{22,64}")  # token_urlsafe: at least 132 bits
 _BASE64 = re.compile(r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}(?:==)?|[A-Za-z0-9+/]{3}=?)?")
 _PRINTABLE = re.compile(r"[\x20-\x7e]*")
@@ -75,7 +75,8 @@ def _choice(name: str, choices) -> Callable[[str], str]:
 
 
 def _secret(raw: str) -> str:
-    value = raw.strip()
+    """As given (a provider's secret is compared byte for byte)."""
+    value = raw
     if len(value) > SECRET_MAX or "\x00" in value:
         raise InvalidInput("invalid_secret", f"secret must be at most {SECRET_MAX} characters, no NUL")
     return value
@@ -116,11 +117,10 @@ def _response_body(raw: str) -> str:
 def _spec(name: str, kinds: tuple[str, ...]) -> Callable[[str], str | None]:
     """A ``kind:argument`` spec (``none``, ``body``: no argument); empty: back to the preset's (None)."""
     def parse(raw: str) -> str | None:
-        value = raw.strip()
-        if value == "":
+        if raw.strip() == "":
             return None
-        spec_parse(value, kinds=kinds, field=name)
-        return value
+        spec_parse(raw, kinds=kinds, field=name)
+        return raw
     return parse
 
 
@@ -147,9 +147,8 @@ _PARSERS: dict[str, Callable[[str], object]] = {
 def spec_parse(value: str, *, kinds: tuple[str, ...], field: str) -> tuple[str, str]:
     """``header:NAME``, ``json:dotted.path``, ``value:TYPE``, ``body`` or ``none`` -> (kind,
     argument); 400 ``invalid_<field>`` for anything else."""
-    kind, _, argument = value.partition(":")
-    kind = kind.strip().lower()
-    argument = argument.strip()
+    kind, _, argument = value.partition(":")  # as written: a JSON key may hold blanks
+    kind = kind.lower()
     ok = kind in kinds and (
         (kind in ("body", "none") and argument == "")
         or (kind == "header" and HEADER_NAME.fullmatch(argument) is not None)
@@ -178,7 +177,7 @@ def settings_parse(raw: Mapping[str, str | None]) -> dict:
             continue
         if not isinstance(value, str):
             raise InvalidInput(f"invalid_{name}", f"{name} must be a string")
-        if name == "secret" and value.strip() == "":
+        if name == "secret" and value == "":
             continue  # empty: unchanged (as a token)
         fields[FIELDS[name]] = _PARSERS[name](value)
     return fields

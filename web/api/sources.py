@@ -39,7 +39,7 @@ from web.api.put_schemas import put_request
 from web.api.representations import changed_at
 from web.auth import require_registry
 
-NAME_SCHEMA = {"type": "string", "minLength": 1, "maxLength": 255, "pattern": r"^[^/\s\u0000]+$"}
+NAME_SCHEMA = {"type": "string", "minLength": 1, "maxLength": 255, "pattern": r"^[^/\u0000-\u0020\u007f]+$"}
 ID_SCHEMA = {"type": "string", "minLength": 1, "maxLength": 64, "pattern": r"^[A-Za-z0-9_-]+$"}
 CHANNEL = OpenApiParameter("channel_id", {"type": "string", "minLength": 1, "maxLength": 255,
                                           "pattern": r"^[^/\u0000]+$"}, OpenApiParameter.PATH)
@@ -120,7 +120,7 @@ _COMMON = {
     "responseContentType": {"type": "string", "maxLength": 255, "pattern": r"^[ -~]*$"},
     "enabled": {"type": "boolean", "description": "false: every request is refused (403 source_disabled)"},
 }
-_SECRET = {"type": "string", "minLength": 1, "maxLength": SECRET_MAX, "pattern": r"^[^\s\u0000]([^\u0000]*[^\s\u0000])?$"}
+_SECRET = {"type": "string", "minLength": 1, "maxLength": SECRET_MAX, "pattern": r"^[^\u0000]+$"}
 
 
 def _variant(verify: list[str], secret: dict | None, **extra) -> dict:

@@ -75,6 +75,7 @@ def test_presets_and_specs():
     assert dedupe_spec(None, "github") == "header:X-GitHub-Delivery" and dedupe_spec(None, "hmac") == "none"
     assert type_spec(None, "slack") == "json:event.type" and type_spec("value:x", "slack") == "value:x"
     assert spec_parse("Header:X-Id", kinds=DEDUPE_KINDS, field="dedupe") == ("header", "X-Id")
+    assert spec_parse("json:a b.c", kinds=DEDUPE_KINDS, field="dedupe") == ("json", "a b.c")
     assert spec_parse("body", kinds=DEDUPE_KINDS, field="dedupe") == ("body", "")
     assert code_of(spec_parse, "body", kinds=TYPE_KINDS, field="messageType") == "invalid_messageType"
 
