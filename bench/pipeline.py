@@ -254,10 +254,11 @@ class SnapshotWatch:
     each time), with the session's application_name (``broker-pipeline``: Spark's JDBC reads).
     With ``tick`` (not on a replica) each sample spends one transaction id, as a live broker's
     writes would, so an xmin's age grows with the time it is held even on an idle database.
-    ``applications`` holds every application seen connected; ``stop()`` returns the maxima."""
+    ``applications`` holds every application seen connected, ``transactions`` the distinct
+    transactions seen open per application; ``stop()`` returns the maxima."""
 
     SAMPLE = """SELECT application_name, extract(epoch FROM clock_timestamp() - xact_start)::float8,
-                       age(backend_xmin), pg_snapshot_xmax(pg_current_snapshot())::text::bigint
+                       age(backend_xmin), pg_snapshot_xmax(pg_current_snapshot())::text::bigint, pid, xact_start
                   FROM pg_stat_activity
                  WHERE datname = current_database() AND backend_type = 'client backend'
                    AND pid <> pg_backend_pid()"""
@@ -275,6 +276,7 @@ class SnapshotWatch:
         self.longest_s, self.longest_app = 0.0, ""
         self.oldest_xmin_age, self.oldest_xmin_s, self.xmin_app = 0, 0.0, ""
         self.applications: set[str] = set()
+        self.transactions: dict[str, set] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -301,8 +303,10 @@ class SnapshotWatch:
                 self.conn.execute(self.TICK)
             now = time.monotonic()
             rows = self.conn.execute(self.SAMPLE).fetchall()
-            for app, seconds, xmin_age, next_xid in rows:
+            for app, seconds, xmin_age, next_xid, pid, xact_start in rows:
                 self.applications.add(app)
+                if xact_start is not None:
+                    self.transactions.setdefault(app, set()).add((pid, xact_start))
                 if seconds is not None and seconds > self.longest_s:
                     self.longest_s, self.longest_app = seconds, app
                 if xmin_age is not None:

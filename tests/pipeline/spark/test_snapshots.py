@@ -94,13 +94,13 @@ def test_a_report_holds_no_snapshot_longer_than_a_chunk(spark, tmp_path, setting
         publisher.join()
     print(f"\nreport over {first['jobs']} jobs, {first['jdbc_rows']['total']} rows over JDBC in chunks of "
           f"{CHUNK_ROWS} rows: read {first['timings_s']['read_live']}s; {publisher.published} messages published "
-          f"meanwhile; snapshots: {seen}")
+          f"meanwhile; snapshots: {seen}; pipeline transactions seen: {len(watch.transactions['broker-pipeline'])}")
 
     assert seen["samples"] > 20 and "broker-pipeline" in watch.applications  # it watched the JDBC reads
     assert seen["longest_transaction_s"] <= LONGEST_S and seen["oldest_xmin_s"] <= LONGEST_S, seen
-    # each chunk is its own transaction: the longest is a fraction of the read (one transaction per
-    # read, as before the chunks, lasts most of it)
-    assert seen["longest_transaction_s"] < first["timings_s"]["read_live"] / 4, (seen, first["timings_s"])
+    # each chunk is its own transaction (about 200 chunks; one read, one transaction, as before the
+    # chunks, would show a handful)
+    assert len(watch.transactions["broker-pipeline"]) >= 40, len(watch.transactions["broker-pipeline"])
 
     # while rows arrived and moved, each job was counted once: between the jobs there were before
     # and after, with every job in exactly one status
