@@ -431,4 +431,6 @@ FORMAT_MODULE_PATH = ["broker.formats"]
 # that made the link.
 BROKER_PORTAL_URL = env_str("BROKER_PORTAL_URL").rstrip("/")
 # Link openings allowed per client address and minute (shared by every web process); more: 429.
-BROKER_PORTAL_OPENS_PER_MINUTE = env_int("BROKER_PORTAL_OPENS_PER_MINUTE", 20)  # admin dates as 2026-11-22 19:25:54 (broker/formats/en/formats.py)
+BROKER_PORTAL_OPENS_PER_MINUTE = env_int("BROKER_PORTAL_OPENS_PER_MINUTE", 20)
+# A portal session without a request for this long ends (its page says so; the link opens a new one).
+BROKER_PORTAL_IDLE = env_duration("BROKER_PORTAL_IDLE", "30m")  # admin dates as 2026-11-22 19:25:54 (broker/formats/en/formats.py)
