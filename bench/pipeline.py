@@ -24,8 +24,10 @@ BROKER_PIPELINE_DIR:
    (``--rebuild-check``: and a fourth, ``--rebuild``, every day read again from the archive and the
    database, the days retention took from keeping their facts: equal too).
 
-Prints each run's wall time, the rows read over JDBC, and the CPU seconds of the report's process
-tree (the Spark JVM) and of PostgreSQL, then drops the database and the output (unless ``--keep``).
+Prints each run's wall time, the rows read over JDBC, the CPU seconds of the report's process
+tree (the Spark JVM) and of PostgreSQL, and what the run cost vacuum: the longest transaction open
+on the database meanwhile and the oldest snapshot's age (``SnapshotWatch``: ``pg_stat_activity``
+every 100 ms), then drops the database and the output (unless ``--keep``).
 ``--smoke``: 2,000 jobs over 3 days then 200 (the test suite runs it; ``--smoke --equality
 --rebuild-check`` runs the whole check small).
 ``--master spark://...``: the same on a standalone cluster (whose workers see this machine's disk).
@@ -48,6 +50,19 @@ local[*], driver 4g, embedded PostgreSQL 18 with fsync on), the command
              (PostgreSQL busy vacuuming retention's deletes meanwhile: 21 s of its CPU)
     fourth:  --rebuild, equal to the second too: 345.3 s; 37,323,854 rows over JDBC and 26.4 s reading the
              archive; 55 days rewritten, the 6 days retention took rows from kept their facts
+
+Chunked reads (issue 35, item 2), recorded 2026-11-28: the code before the chunks and after them,
+run at the same time on the same 2-core machine (shared, load average 13 to 20 throughout, so every
+time is several times the quiet machine's), ``bench/pipeline.py --jobs 1000000 --new-jobs 100000
+--days 20`` each:
+
+    before:  first report: longest transaction 71.6 s (oldest snapshot 71.7 s); read 970.9 s
+             (JDBC jobs 290.0 s, attempts 334.5 s, transitions 281.0 s); CPU: report 129.2 s, PostgreSQL 34.1 s
+             second report: longest transaction 4.6 s; read 38.8 s
+    after:   first report: longest transaction 8.4 s (oldest snapshot 8.4 s), in chunks of 20,000 rows; read
+             996.3 s (JDBC jobs 283.6 s, attempts 342.3 s, transitions 305.3 s); CPU: report 133.6 s,
+             PostgreSQL 28.9 s
+             second report: longest transaction 1.4 s; read 33.3 s
 """
 
 from __future__ import annotations
