@@ -292,6 +292,7 @@ class SnapshotWatch:
         self.oldest_xmin_age, self.oldest_xmin_s, self.xmin_app = 0, 0.0, ""
         self.applications: set[str] = set()
         self.transactions: dict[str, set] = {}
+        self.error = ""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -313,6 +314,14 @@ class SnapshotWatch:
         return now - (self.times[i - 1] if i else self.started)
 
     def _run(self) -> None:
+        import psycopg
+
+        try:
+            self._sample_until_stopped()
+        except psycopg.Error as exc:  # the database went away (a run interrupted, the bench's clean-up)
+            self.error = str(exc)
+
+    def _sample_until_stopped(self) -> None:
         while not self._stop.wait(self.interval):
             if self.tick:
                 self.conn.execute(self.TICK)
@@ -339,7 +348,7 @@ class SnapshotWatch:
         self.conn.close()
         return {"longest_transaction_s": round(self.longest_s, 2), "longest_transaction_of": self.longest_app,
                 "oldest_xmin_age": self.oldest_xmin_age, "oldest_xmin_s": round(self.oldest_xmin_s, 2),
-                "oldest_xmin_of": self.xmin_app, "samples": self.samples}
+                "oldest_xmin_of": self.xmin_app, "samples": self.samples, **({"error": self.error} if self.error else {})}
 
 
 def postgres_cpu() -> float:
