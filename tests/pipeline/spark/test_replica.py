@@ -67,9 +67,11 @@ class Standby:
             return conn.execute(statement, params).fetchall()
 
     def catch_up(self) -> None:
-        """Wait until the standby replayed everything the primary has written so far."""
+        """Wait until the standby replayed everything the primary has written so far (the insert
+        position: the test server commits without waiting for the WAL flush, so the last commits may
+        not have reached the write position yet)."""
         with connection.cursor() as cur:
-            cur.execute("SELECT pg_current_wal_lsn()::text")
+            cur.execute("SELECT pg_current_wal_insert_lsn()::text")
             target = cur.fetchone()[0]
         assert wait_for(lambda: self.sql("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", [target])[0][0], 60)
 
