@@ -187,6 +187,7 @@ def page_context(access: PortalAccess, current: str, **extra) -> dict:
              ("replay", "Replay")]
     if not consumer.is_pull:
         pages.append(("endpoint", "Endpoint"))
+    pages.append(("event_catalog", "Event catalog"))  # issue 37: web.portal.catalog
     return {"access": access, "consumer": consumer, "ids": ids, "can_manage": access.can_manage,
             "nav": [{"url": reverse(f"portal:{name}", kwargs=ids), "text": text, "current": name == current}
                     for name, text in pages], **extra}

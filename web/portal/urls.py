@@ -4,7 +4,7 @@ under its channel and consumer ids; anything else under /portal/ is the portal's
 
 from django.urls import path, re_path
 
-from web.portal import access, endpoint, pages
+from web.portal import access, catalog, endpoint, pages
 
 app_name = "portal"
 _K = "channel/<str:channel_id>/consumer/<str:consumer_id>/"
@@ -20,6 +20,7 @@ urlpatterns = [
     path(f"{_K}dead-letters/requeue", pages.requeue_view, name="requeue"),
     path(f"{_K}dead-letters/requeue-all", pages.requeue_all_view, name="requeue_all"),
     path(f"{_K}replay", pages.replay_view, name="replay"),
+    path(f"{_K}event-catalog", catalog.event_catalog_view, name="event_catalog"),
     path(f"{_K}endpoint", endpoint.endpoint_view, name="endpoint"),
     path(f"{_K}endpoint/rotate-secret", endpoint.rotate_secret_view, name="rotate_secret"),
     path(f"{_K}endpoint/test-event", endpoint.test_event_view, name="test_event"),

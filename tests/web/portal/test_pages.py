@@ -83,8 +83,9 @@ def test_opening_a_link_sets_a_portal_cookie_and_leaves_the_token_behind(world, 
     assert page.status_code == 200
     html = page.content.decode()
     nav = re.search(r'<nav class="portal-nav".*?</nav>', html, re.S).group(0)
-    assert re.findall(r">([^<]+)</a>", nav) == ["Overview", "Deliveries", "Dead letters", "Replay", "Endpoint"]
-    for path in ("deliveries", "dead-letters", "replay", "endpoint"):
+    assert re.findall(r">([^<]+)</a>", nav) == ["Overview", "Deliveries", "Dead letters", "Replay", "Endpoint",
+                                                "Event catalog"]
+    for path in ("deliveries", "dead-letters", "replay", "endpoint", "event-catalog"):
         r = client.get(f"{HOME}{path}")
         assert r.status_code == 200, path
         assert token not in r.content.decode() and all(token not in v for v in r.headers.values())

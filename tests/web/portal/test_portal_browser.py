@@ -31,7 +31,7 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),  # the live server's and the dispatcher's threads see committed rows
     pytest.mark.skipif(chromium_missing(), reason="Debian's chromium is not installed (apt-get install chromium)"),
 ]
-PAGES = ("Overview", "Deliveries", "Dead letters", "Replay", "Endpoint")
+PAGES = ("Overview", "Deliveries", "Dead letters", "Replay", "Endpoint", "Event catalog")
 
 
 def jobs_in(status: int, consumer: str = "c1") -> int:
