@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from broker.db.run import bound_cursor, transition_errors
+from broker.db.run import array_literal, bound_cursor, transition_errors
 from broker.xid import job_xid
 from jobs.partitions.gates import GateMove, jobs_move_gate
 from jobs.partitions.settle import settle_on_commit
@@ -55,22 +55,23 @@ def jobs_push_record(*, outcomes: Sequence[PushOutcome], circuits: Sequence[Circ
     if not outcomes:
         return []
     transitions_check((INFLIGHT, o.to_status) for o in outcomes)
-    params = {
-        "ids": [o.job_id for o in outcomes],
-        "to_s": [o.to_status for o in outcomes],
-        "delay": [o.delay for o in outcomes],
-        "max_retry": [o.max_retry for o in outcomes],
-        "attempts": [o.attempt for o in outcomes],
-        "ages": [o.age for o in outcomes],
-        "durations": [o.duration_ms for o in outcomes],
-        "codes": [o.status_code for o in outcomes],
-        "excerpts": [o.excerpt for o in outcomes],
-        "errors": [o.error for o in outcomes],
-        "request_ids": [o.request_id for o in outcomes],
-        "outcomes": [o.outcome for o in outcomes],
-        "cb_consumers": [t.consumer_pk for t in circuits],
-        "cb_ok": [t.ok for t in circuits],
-        "cb_fails": [t.fails for t in circuits],
+    params = {  # array literals, not lists: psycopg would dump each element in Python (broker.db.run)
+        "ids": array_literal([o.job_id for o in outcomes]),
+        "to_s": array_literal([o.to_status for o in outcomes]),
+        "delay": array_literal([o.delay for o in outcomes]),
+        "max_retry": array_literal([o.max_retry for o in outcomes]),
+        "attempts": array_literal([o.attempt for o in outcomes]),
+        "ages": array_literal([o.age for o in outcomes]),
+        "durations": array_literal([o.duration_ms for o in outcomes]),
+        "codes": array_literal([o.status_code for o in outcomes]),
+        "excerpts": array_literal([o.excerpt for o in outcomes], text=True),
+        "errors": array_literal([o.error for o in outcomes], text=True),
+        "request_ids": array_literal([o.request_id for o in outcomes], text=True),
+        "outcomes": array_literal([o.outcome for o in outcomes], text=True),
+        "cb_consumers": array_literal([t.consumer_pk for t in circuits]),
+        "cb_ok": array_literal([t.ok for t in circuits]),
+        "cb_fails": array_literal([t.fails for t in circuits]),
+        "cb_since": array_literal([t.since for t in circuits]),
     }
     with transition_errors(), bound_cursor() as cur:
         cur.execute(Q.push_record.sql, params, prepare=True)
@@ -125,7 +126,7 @@ def outcomes_record(items: list[tuple], *, now: float | None = None) -> list[flo
     jobs_move_gate(moves=gate_moves)  # before the record, which then leaves them alone
     tallies = circuit_tallies(
         (job.consumer_pk, attempt_failed(outcome=result.outcome, status_code=result.status_code),
-         job.circuit_dirty) for job, _target, result in items)
+         job.circuit_dirty, record.age) for (job, _target, result), record in zip(items, outcomes))
     circuit_changes_advise(changes=jobs_push_record(outcomes=outcomes, circuits=tallies))
     attempts_log(items)
     return [o.delay for o in outcomes if o.delay is not None and o.outcome != "gate"]
