@@ -113,15 +113,29 @@ def saturation_update(saturated: set[int], jobs: list[PushJob]) -> None:
             saturated.discard(pk)
 
 
-def window_hold(*, last: float, window: float, now: float, saturated: set[int], delivered: list[int]) -> float:
+SATURATED_RECHECK = 0.005  # seconds: how soon a held loop looks again at a saturated consumer's outcomes
+
+
+def window_hold(*, last: float, window: float, now: float, saturated: set[int], delivered: dict[int, int],
+                inflight: dict[int, int]) -> float:
     """Seconds a dispatcher loop holds its next record-and-claim transaction: the rest of the window
-    since its last one, or none when an attempt to record is a saturated consumer's delivery (its
-    room is what it waits for). ``delivered``: the consumers of the delivered attempts to record. A
-    failed attempt never cuts the window short: an endpoint that fails at once, held to one call at a
-    time by its circuit breaker, would otherwise have the loop record and claim after every call."""
-    if any(pk in saturated for pk in delivered):
+    since its last one, or none when a saturated consumer (its room is what it waits for) has at
+    least as many deliveries to record as callbacks still in flight in the loop (half of its room or
+    more is back: one transaction for them, not one per callback as they come back); a saturated
+    consumer with fewer is looked at again within ``SATURATED_RECHECK``. ``delivered``: deliveries
+    to record per consumer; ``inflight``: callbacks in flight in the loop per consumer. A failed
+    attempt never cuts the window short: an endpoint that fails at once, held to one call at a time
+    by its circuit breaker, would otherwise have the loop record and claim after every call."""
+    rest = max(0.0, last + window - now)
+    if rest <= 0.0:
         return 0.0
-    return max(0.0, last + window - now)
+    waiting = False
+    for pk, n in delivered.items():
+        if pk in saturated:
+            if n >= inflight.get(pk, 0):
+                return 0.0
+            waiting = True
+    return min(rest, SATURATED_RECHECK) if waiting else rest
 
 
 @dataclass

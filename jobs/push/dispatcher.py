@@ -378,9 +378,12 @@ class Engine:
         want_claim = capacity > 0 and (loop.kicked or now >= loop.next_poll)
         if not (loop.pending or want_claim):
             return True
+        delivered: dict[int, int] = {}
+        for job, _, result in loop.pending:
+            if result.status_code is not None and 200 <= result.status_code < 300:
+                delivered[job.consumer_pk] = delivered.get(job.consumer_pk, 0) + 1
         hold = window_hold(last=loop.last_tx, window=loop.window, now=now, saturated=self.saturated,
-                           delivered=[job.consumer_pk for job, _, result in loop.pending
-                                      if result.outcome == "delivered"])
+                           delivered=delivered, inflight=self.inflight)
         if hold > 0:
             time.sleep(hold)
             return False

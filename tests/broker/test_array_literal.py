@@ -9,9 +9,10 @@ import pytest
 from django.db import connection
 
 from broker.db.run import array_literal
+from jobs.models import JobStatus
 
 TEXTS = ['plain', 'a "quoted" word', 'back\\slash\\', '{braces}', 'a,b', 'NULL', '', 'é ✓ 漢', ' spaced ', None]
-NUMBERS = [0, -1, 2**62, None]
+NUMBERS = [0, -1, 2**62, JobStatus.DELIVERED, None]  # an int enum goes as its value
 FLOATS = [0.1, 1e-05, -2.5, 1e300, 3.0, None]
 
 

@@ -25,13 +25,19 @@ def test_a_claim_that_took_all_of_a_consumers_room_saturates_it_and_a_partial_on
     assert saturated == set()
 
 
-def test_the_window_holds_unless_a_saturated_consumers_delivery_is_waiting():
-    assert window_hold(last=10.0, window=0.02, now=10.005, saturated=set(), delivered=[1]) == pytest.approx(0.015)
-    assert window_hold(last=10.0, window=0.02, now=10.005, saturated={1}, delivered=[2, 1]) == 0.0
-    assert window_hold(last=10.0, window=0.02, now=10.05, saturated=set(), delivered=[]) == 0.0  # window over
-    assert window_hold(last=float("-inf"), window=0.02, now=10.0, saturated=set(), delivered=[]) == 0.0  # quiet
-    # a saturated consumer's failed attempt (not in ``delivered``) waits for the window like any other
-    assert window_hold(last=10.0, window=0.02, now=10.005, saturated={1}, delivered=[]) == pytest.approx(0.015)
+def test_the_window_holds_unless_half_of_a_saturated_consumers_room_is_back():
+    def hold(**kw):
+        return window_hold(**{"last": 10.0, "window": 0.02, "now": 10.005, "saturated": set(), "delivered": {},
+                              "inflight": {}, **kw})
+
+    assert hold(delivered={1: 1}) == pytest.approx(0.015)  # not saturated: the rest of the window
+    assert hold(saturated={1}, delivered={2: 1, 1: 1}) == 0.0  # its only callback is back: at once
+    assert hold(saturated={1}, delivered={1: 5}, inflight={1: 5}) == 0.0  # half of them back: at once
+    assert hold(saturated={1}, delivered={1: 2}, inflight={1: 8}) == pytest.approx(0.005)  # look again soon
+    assert hold(now=10.05) == 0.0  # window over
+    assert hold(last=float("-inf")) == 0.0  # quiet
+    # a saturated consumer's failed attempts (not in ``delivered``) wait for the window like any other
+    assert hold(saturated={1}) == pytest.approx(0.015)
 
 
 def test_a_fair_share_leaves_room_for_one_more_consumer_or_half_of_what_is_free():
