@@ -197,6 +197,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_q",
     "broker",
+    "eventtypes",  # event types with schemas (issue 37): between consumers and broker
     "consumers",
     "jobs",
     "pipeline",
@@ -283,7 +284,10 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
                              "web.api.errors.schema_common_responses",
                              "web.api.put_schemas.schema_links",  # issue 25: PUT links, ConsumerFilter  # 503 (and HMAC 401/403) everywhere
-                             "web.api.request_bodies.schema_bodies_required"],  # issue 29: bodies a route needs
+                             "web.api.request_bodies.schema_bodies_required",  # issue 29: bodies a route needs
+                             "web.api.event_types.schema_webhooks"],  # issue 37: the event types as webhooks
+    # OpenAPI 3.1 (issue 37): JSON Schema 2020-12 (propertyNames, type lists for null) and webhooks
+    "OAS_VERSION": "3.1.0",
 }
 
 # --- broker settings ---------------------------------------------------------------------------
@@ -418,4 +422,6 @@ FORMAT_MODULE_PATH = ["broker.formats"]
 # that made the link.
 BROKER_PORTAL_URL = env_str("BROKER_PORTAL_URL").rstrip("/")
 # Link openings allowed per client address and minute (shared by every web process); more: 429.
-BROKER_PORTAL_OPENS_PER_MINUTE = env_int("BROKER_PORTAL_OPENS_PER_MINUTE", 20)  # admin dates as 2026-11-22 19:25:54 (broker/formats/en/formats.py)
+BROKER_PORTAL_OPENS_PER_MINUTE = env_int("BROKER_PORTAL_OPENS_PER_MINUTE", 20)
+# A portal session without a request for this long ends (its page says so; the link opens a new one).
+BROKER_PORTAL_IDLE = env_duration("BROKER_PORTAL_IDLE", "30m")  # admin dates as 2026-11-22 19:25:54 (broker/formats/en/formats.py)

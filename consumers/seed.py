@@ -8,6 +8,8 @@
     [initial-producer-rate-limits] id=rateLimitPerSecond[,burst]   (flow control)
     [initial-channel-retention] id=retention  (90s, 15m, 12h, 7d or seconds; empty: BROKER_RETENTION)
     [initial-channel-message-ttl] id=seconds  (the channel's messageTTL)
+    [initial-channel-event-types] id=open|closed  (the channel's eventTypes; issue 37)
+    [event-type:<channelId>/<type>] description=, schema=, example=, deprecated=  (eventtypes.seed)
     [prune]                   message-retention-days=N (webhook-broker's key: BROKER_RETENTION in days,
                               read at start-up by broker.settings; a bad value is reported here)
     [<consumerId>]            token=, channel=, type=push|pull (empty = push), name=,
@@ -51,6 +53,7 @@ from consumers.filters import filter_parse
 from consumers.models import Consumer
 from consumers.priority import priority_config_parse
 from consumers.services import retry_backoff_parse, signing_secret_generate, signing_secret_validate
+from eventtypes.seed import event_types_seed_apply, event_types_seed_parse
 
 logger = logging.getLogger("broker.services.seed")  # its name before the move: what operators filter on
 
@@ -79,17 +82,23 @@ class SeedPlan:
     channels: dict = field(default_factory=dict)  # id -> {"name", "token"}
     producers: dict = field(default_factory=dict)
     consumers: dict = field(default_factory=dict)  # id -> {"channel", "name", "token", "callback_url", "type", ...}
+    event_types: dict = field(default_factory=dict)  # (channel id, type) -> fields (eventtypes.seed)
     errors: list = field(default_factory=list)
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(
-            {"channels": self.channels, "producers": self.producers, "consumers": self.consumers},
+            {"channels": self.channels, "producers": self.producers, "consumers": self.consumers,
+             **({"event_types": self._event_types()} if self.event_types else {})},
             sort_keys=True).encode()).hexdigest()
+
+    def _event_types(self) -> dict:
+        return {f"{cid}/{name}": fields for (cid, name), fields in self.event_types.items()}
 
     def public(self) -> dict:
         """The plan without tokens or secrets (for /_status)."""
         strip = lambda d: {k: {f: v for f, v in o.items() if f not in ("token", "signing_secret")} for k, o in d.items()}  # noqa: E731
-        return {"channels": strip(self.channels), "producers": strip(self.producers), "consumers": strip(self.consumers)}
+        return {"channels": strip(self.channels), "producers": strip(self.producers), "consumers": strip(self.consumers),
+                **({"event_types": self._event_types()} if self.event_types else {})}
 
 
 def _section(ini, name: str) -> dict:
@@ -122,6 +131,7 @@ def seed_parse(text: str) -> SeedPlan:
         return plan
     plan.channels = _registered(ini, "channel", plan.errors)
     _retention_parse(ini, plan)
+    plan.event_types = event_types_seed_parse(ini, plan.channels, plan.errors)
     plan.producers = _registered(ini, "producer", plan.errors)
     for pid in plan.producers:
         limit = _section(ini, "initial-producer-rate-limits").get(pid, "").strip()
@@ -280,6 +290,8 @@ def seed_apply(plan: SeedPlan) -> dict:
         for cid, values in plan.channels.items():
             channels[cid], new = _apply_row(Channel, {"channel_id": cid}, values)
             created["channels"] += new
+        if plan.event_types or any("event_types" in values for values in plan.channels.values()):
+            created["event_types"] = event_types_seed_apply(channels, plan.event_types)
         for pid, values in plan.producers.items():
             _, new = _apply_row(Producer, {"producer_id": pid}, values)
             created["producers"] += new

@@ -5,7 +5,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
-from web.api import consumers, dlq, messages, metrics, partitions, publishing, registry, sample, status
+from web.api import consumers, dlq, event_types, messages, metrics, partitions, publishing, registry, sample, status
 from web.api.pull import views as pull
 from web.portal import api as portal
 from web.reports import report_latest_view
@@ -26,6 +26,11 @@ urlpatterns = [
     path("channel/<str:channel_id>/messages", messages.MessagesView.as_view()),
     path("channel/<str:channel_id>/message/<str:message_id>", messages.MessageView.as_view()),
     path("channel/<str:channel_id>/messages-status", messages.MessagesStatusView.as_view()),
+    # event types with schemas (issue 37): a type may hold "/", so its route takes a path
+    path("channel/<str:channel_id>/event-types", event_types.EventTypeListView.as_view()),
+    path("channel/<str:channel_id>/event-types/import", event_types.EventTypeImportView.as_view()),
+    path("channel/<str:channel_id>/event-type/<path:event_type>", event_types.EventTypeView.as_view()),
+    path("channel/<str:channel_id>/asyncapi.json", event_types.AsyncApiView.as_view()),
     path("_status", status.StatusView.as_view()),
     path("metrics", metrics.MetricsView.as_view()),
     path("_sample-receiver", sample.SampleReceiverView.as_view()),

@@ -60,12 +60,13 @@ class _Stop(Exception):
 
 
 class Answer:
-    __slots__ = ("status", "headers", "body")
+    __slots__ = ("status", "headers", "body", "peer")
 
-    def __init__(self, status: int, headers: dict, body: bytes):
+    def __init__(self, status: int, headers: dict, body: bytes, peer: str = ""):
         self.status = status
         self.headers = headers  # lower-case str names -> str values
         self.body = body
+        self.peer = peer  # the IP address that answered ("" when unknown)
 
 
 def _chunked(transfer_encoding: str) -> bool:
@@ -88,10 +89,13 @@ class Connection(asyncio.Protocol):
         self.received = False
         self.waiter: asyncio.Future | None = None
         self.complete = True
+        self.peer = ""  # the address connected to (connection_made)
 
     # --- asyncio callbacks ---------------------------------------------------------------------
     def connection_made(self, transport) -> None:
         self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = str(peer[0]) if peer else ""
 
     def connection_lost(self, exc) -> None:
         self.closed = True
@@ -192,7 +196,7 @@ class Connection(asyncio.Protocol):
 
     def _finish(self, *, keep: bool) -> None:
         self.reusable = keep and not self.closed
-        self.waiter.set_result(Answer(self.status, self.headers, bytes(self.body)))
+        self.waiter.set_result(Answer(self.status, self.headers, bytes(self.body), self.peer))
         if not self.reusable:
             self.close()
 

@@ -33,8 +33,8 @@ from jobs.sweeps.retention import END, RETENTION_BATCH, START
 
 logger = logging.getLogger(__name__)
 # every named-query registry (``<package>/queries.sql``): jobs has one per package
-REGISTRIES = ("broker", "consumers", "jobs.advisories", "jobs.partitions", "jobs.publish", "jobs.sweeps", "jobs.ops",
-              "jobs.pull", "jobs.push")
+REGISTRIES = ("broker", "eventtypes", "consumers", "jobs.advisories", "jobs.partitions", "jobs.publish", "jobs.sweeps",
+              "jobs.ops", "jobs.pull", "jobs.push")
 
 
 @dataclass

@@ -12,6 +12,7 @@ from rest_framework.response import Response
 
 from broker.errors import InvalidInput, NotFound, TooLarge
 from broker.models import Channel
+from broker.numbers import whole, whole_text
 from broker.tokens import token_require
 from web.api.errors import ERROR_RESPONSE
 from web.api.pagination import CURSOR_MAX_LENGTH, CURSOR_PATTERN
@@ -60,7 +61,7 @@ def form_value(request, name: str) -> str | None:
         return None
     if isinstance(value, (dict, list)):
         raise InvalidInput("invalid_field", f"{name} must be a string")
-    return str(value)
+    return str(whole(value))  # a JSON 2.0 reads as "2": an integer (JSON Schema 2020-12, OpenAPI 3.1)
 
 
 def form_number(request, name: str, cast, in_range, *, range_text: str = "is out of range"):
@@ -70,7 +71,7 @@ def form_number(request, name: str, cast, in_range, *, range_text: str = "is out
     if raw is None or raw.strip() == "":
         return None
     try:
-        value = cast(raw)
+        value = cast(whole_text(raw) if cast is int else raw)  # "5.0": the integer 5 (JSON Schema 2020-12)
     except ValueError:
         raise InvalidInput(f"invalid_{name}", f"{name} must be {'an integer' if cast is int else 'a number'}") from None
     if not in_range(value):

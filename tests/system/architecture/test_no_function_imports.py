@@ -12,7 +12,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
-APPS = ("broker", "consumers", "jobs", "pipeline", "web")
+APPS = ("broker", "eventtypes", "consumers", "jobs", "pipeline", "web")
 
 ALLOWED_MODULES = {
     "pyspark": "the [spark] extra, optional; ~1 s to import; only the pipeline command and its jobs use it",
