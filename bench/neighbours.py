@@ -1,6 +1,6 @@
 """Good neighbours: what a long reader, dead endpoints and the Spark report cost everyone else.
 
-    .venv/bin/python bench/neighbours.py                              # every case, the issue's lengths (~30 min)
+    .venv/bin/python bench/neighbours.py                              # every case, the issue's lengths (~40 min)
     .venv/bin/python bench/neighbours.py --cases hold --hold 600      # a REPEATABLE READ snapshot held 10 min
     .venv/bin/python bench/neighbours.py --cases dead --dead-seconds 120
     .venv/bin/python bench/neighbours.py --cases report               # the Spark report against the live database
@@ -10,7 +10,10 @@ The broker as a user runs it (bench/capacity.py's pieces: PostgreSQL, gunicorn, 
 receiver answering 204 and the open-loop load generator, each in its own process) gets
 ``--rate`` single publishes a second (300) on one channel with one push consumer (``maxInFlight``
 50) and one pull consumer (batches of 500, acked with their ``Receipt``): the *healthy* traffic.
-After a warm-up, a baseline phase, then each case in turn, each with its own phases:
+After a warm-up, a baseline phase, then each case in turn (by default the dead endpoints, the report,
+then the hold, whose backlog takes longest to drain), each with its own phases; between two cases
+the broker gets up to ``--settle`` seconds to be back at its baseline (10-second slices, not
+measured, until one's callbacks and pulls are within 1.5x of the baseline's p99):
 
 - ``hold``: a connection BEGINs ISOLATION LEVEL REPEATABLE READ, reads from jobs_job and
   broker_message and sits idle in transaction for ``--hold`` seconds (as a long report or an
@@ -307,6 +310,23 @@ class Run:
                 return missing
             time.sleep(0.5)
 
+    def settle(self, base: Phase, limit: float) -> str:
+        """Publish the healthy traffic in 10-second slices (not measured) until a slice's callbacks
+        and pulls all arrive within 1.5x of the baseline's p99 (the broker is back where it was), for
+        at most ``limit`` seconds, so one case's after-effects (a backlog) do not count against the
+        next; says how long it took."""
+        started = time.monotonic()
+        while time.monotonic() - started < limit:
+            p = self.phase("settle", min(SLICE, limit), keep=False)
+            time.sleep(1.0)
+            self.collect()
+            seqs = range(p.first, p.first + p.sent)
+            if all(q in self.pushed and q in self.pulled for q in seqs):
+                self.latencies(p)
+                if p.callback[1] <= LIMIT * base.callback[1] and p.pull[1] <= LIMIT * base.pull[1]:
+                    return f"settled after {time.monotonic() - started:.0f} s"
+        return f"not settled within {limit:.0f} s"
+
     def latencies(self, p: Phase) -> None:
         """p50, p99 and the worst 10-second slice of the phase's messages (by publish time)."""
         for kind, seen in (("callback", self.pushed), ("pull", self.pulled)):
@@ -432,7 +452,10 @@ def phase_merge(name: str, parts: list[Phase]) -> Phase:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", default="hold,dead,report", help="which cases, in order: hold, dead, report")
+    parser.add_argument("--cases", default="dead,report,hold",
+                        help="which cases, in order: hold, dead, report (the hold last: its backlog takes longest)")
+    parser.add_argument("--settle", type=float, default=600.0,
+                        help="at most this many seconds between two cases for the broker to be back at its baseline")
     parser.add_argument("--rate", type=float, default=300.0, help="the healthy single publishes per second")
     parser.add_argument("--warmup", type=float, default=30.0, help="seconds of traffic before the baseline (not measured)")
     parser.add_argument("--baseline", type=float, default=150.0, help="seconds of the baseline phase")
@@ -452,7 +475,7 @@ def main() -> None:
     parser.add_argument("--web-workers", type=int, default=2)
     parser.add_argument("--no-fsync", action="store_true", help="embedded server with fsync off")
     args = smoke_args_parse(parser, cases="hold,dead", rate=20.0, warmup=1.0, baseline=3.0, hold=3.0, after=2.0,
-                            dead_seconds=3.0, dead_rate=60.0, dead_batch=10, connections=4, drain=20.0)
+                            dead_seconds=3.0, dead_rate=60.0, dead_batch=10, connections=4, drain=20.0, settle=10.0)
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = set(cases) - {"hold", "dead", "report"}
     if unknown:
@@ -473,7 +496,11 @@ def main() -> None:
         time.sleep(3.0)  # dispatcher loops start, the puller's first long poll
         run.phase("warm-up", args.warmup, keep=False)
         base = run.phase("baseline", args.baseline)
-        for case in cases:
+        run.collect()
+        run.latencies(base)
+        for n, case in enumerate(cases):
+            if n:  # the previous case's after-effects gone first (a backlog drained)
+                print(f"before case {case}: {run.settle(base, args.settle)}", flush=True)
             if case == "hold":
                 snapshot = Snapshot(broker.env["DATABASE_URL"])
                 snapshot.begin()
