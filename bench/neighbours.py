@@ -238,6 +238,7 @@ class Phase:
     growth: float = 0.0  # MB/s
     callback: list = field(default_factory=list)  # [p50, p99, worst slice, its start s into the phase]
     pull: list = field(default_factory=list)
+    slices: dict = field(default_factory=dict)  # {"callback"|"pull": [the highest latency of each 10 s, ms]}
     notes: list = field(default_factory=list)
     # the figures the issue bounds in this phase (PASS/FAIL); the others are shown as ratios only
     criteria: tuple = ("PostgreSQL CPU/msg", "callback p99", "pull p99", "growth/s")
@@ -337,11 +338,12 @@ class Run:
                     at = int((seq - p.first) / self.args.rate // SLICE)
                     slices[at] = max(slices.get(at, 0.0), seen[seq])
             worst = max(slices.items(), key=lambda kv: kv[1]) if slices else (0, float("nan"))
+            p.slices[kind] = [1000 * slices[k] for k in sorted(slices)]
             setattr(p, kind, [1000 * percentile(values, 50), 1000 * percentile(values, 99), 1000 * worst[1],
                               worst[0] * SLICE])
 
 
-def phase_print(p: Phase, base: Phase | None) -> None:
+def phase_print(p: Phase, base: Phase | None, *, show_slices: bool = False) -> None:
     cpu = ", ".join(f"{name} {ms:.2f}" for name, ms in p.cpu.items() if name != "postgres")
     print(f"phase {p.name:<18} {p.seconds:5.0f} s: {p.rate:6.1f}/s healthy"
           + (f" + {p.other / p.seconds:.0f}/s dead channel" if p.other else "")
@@ -352,6 +354,9 @@ def phase_print(p: Phase, base: Phase | None) -> None:
           + f" | dead tuples {p.dead_tuples / 1000:.1f}k | growth {p.growth:.2f} MB/s", flush=True)
     if base is not None and base is not p:
         print("    vs baseline: " + ", ".join(ratios(p, base)), flush=True)
+    if show_slices:
+        for kind, values in p.slices.items():
+            print(f"    {kind} worst per 10 s, ms: " + " ".join(f"{v:.0f}" for v in values), flush=True)
     for note in p.notes:
         print(f"    {note}", flush=True)
 
@@ -474,6 +479,7 @@ def main() -> None:
     parser.add_argument("--drain", type=float, default=60.0, help="seconds to wait for the last deliveries")
     parser.add_argument("--web-workers", type=int, default=2)
     parser.add_argument("--no-fsync", action="store_true", help="embedded server with fsync off")
+    parser.add_argument("--slices", action="store_true", help="print every 10-second slice's worst latencies")
     args = smoke_args_parse(parser, cases="hold,dead", rate=20.0, warmup=1.0, baseline=3.0, hold=3.0, after=2.0,
                             dead_seconds=3.0, dead_rate=60.0, dead_batch=10, connections=4, drain=20.0, settle=10.0)
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
@@ -519,7 +525,7 @@ def main() -> None:
               f"{run.pull_errors} pull/ack errors", flush=True)
         for p in run.phases:
             run.latencies(p)
-            phase_print(p, base)
+            phase_print(p, base, show_slices=args.slices)
         problems += [f"{n} {what}" for n, what in (
             (sum(p.failed for p in run.phases), "failed publishes"), (missing, "healthy deliveries missing"),
             (run.pull_errors, "pull/ack errors")) if n]
