@@ -394,6 +394,9 @@ if BROKER_PIPELINE_DATABASE_URL:
 BROKER_PUSH_DISPATCHERS = env_int("BROKER_PUSH_DISPATCHERS", max(1, Q_CLUSTER["workers"] - 1))
 BROKER_PUSH_CONCURRENCY = env_int("BROKER_PUSH_CONCURRENCY", 256)  # callbacks in flight per dispatcher
 BROKER_PUSH_BATCH = env_int("BROKER_PUSH_BATCH", 200)  # most jobs claimed by one statement
+# New connections a dispatcher loop opens to one endpoint (scheme, host, port) per second, as many at
+# once: an endpoint that hangs gets connections at this pace, never hundreds in one go (jobs/callbacks/http.py).
+BROKER_PUSH_CONNECT_RATE = env_float("BROKER_PUSH_CONNECT_RATE", 20.0)
 # Trace context (issue 25): spans are exported when the standard OTEL_* variables ask for traces
 # (an OTLP endpoint, or OTEL_TRACES_EXPORTER); otherwise the OpenTelemetry SDK is never imported.
 OTEL_TRACING = otel_configured(os.environ)
