@@ -372,6 +372,22 @@ BROKER_SPARK_DRIVER_MEMORY = env_str("BROKER_SPARK_DRIVER_MEMORY", "4g")
 BROKER_JDBC_JAR = env_str("BROKER_JDBC_JAR", "/usr/share/java/postgresql.jar")  # Debian libpostgresql-jdbc-java
 BROKER_SPARK_JDBC_PARTITIONS = env_int("BROKER_SPARK_JDBC_PARTITIONS", 4)  # parallel JDBC reads per table
 BROKER_PIPELINE_DIR = Path(env_str("BROKER_PIPELINE_DIR", str(BROKER_DATA_DIR / "pipeline")))
+# Every pipeline read is cut into chunks of about this many rows, each its own short transaction
+# (pipeline.readers): no read holds a snapshot, and so vacuum, for longer than a chunk takes.
+BROKER_PIPELINE_CHUNK_ROWS = env_int("BROKER_PIPELINE_CHUNK_ROWS", 20_000)
+# A replica for the pipeline's reads (docs/high-availability.md): when set, every read of the report,
+# the archive and the notebook goes there (the Django alias "pipeline" and the JDBC URL); the
+# archive's bookkeeping and its prune still write to DATABASE_URL.
+BROKER_PIPELINE_DATABASE_URL = env_str("BROKER_PIPELINE_DATABASE_URL")
+if BROKER_PIPELINE_DATABASE_URL:
+    try:
+        DATABASES["pipeline"] = django_database(BROKER_PIPELINE_DATABASE_URL)
+    except DatabaseUrlError as exc:
+        raise ImproperlyConfigured(f"BROKER_PIPELINE_DATABASE_URL: {exc}") from None
+    DATABASES["pipeline"]["OPTIONS"].setdefault("application_name", "broker-pipeline")
+    DATABASES["pipeline"]["OPTIONS"]["options"] = " ".join(
+        x for x in (DATABASES["pipeline"]["OPTIONS"].get("options", ""), SESSION_OPTIONS) if x)
+    DATABASES["pipeline"]["TEST"] = {"MIRROR": "default"}  # a test run reads its own test database
 
 # --- push delivery (jobs/push/, see jobs/push/dispatcher.py) -----------------------------------
 # Dispatcher loops per qcluster (by cluster name); each occupies one django-q2 worker, so the
@@ -379,6 +395,9 @@ BROKER_PIPELINE_DIR = Path(env_str("BROKER_PIPELINE_DIR", str(BROKER_DATA_DIR / 
 BROKER_PUSH_DISPATCHERS = env_int("BROKER_PUSH_DISPATCHERS", max(1, Q_CLUSTER["workers"] - 1))
 BROKER_PUSH_CONCURRENCY = env_int("BROKER_PUSH_CONCURRENCY", 256)  # callbacks in flight per dispatcher
 BROKER_PUSH_BATCH = env_int("BROKER_PUSH_BATCH", 200)  # most jobs claimed by one statement
+# New connections a dispatcher loop opens to one endpoint (scheme, host, port) per second, as many at
+# once: an endpoint that hangs gets connections at this pace, never hundreds in one go (jobs/callbacks/http.py).
+BROKER_PUSH_CONNECT_RATE = env_float("BROKER_PUSH_CONNECT_RATE", 20.0)
 # Trace context (issue 25): spans are exported when the standard OTEL_* variables ask for traces
 # (an OTLP endpoint, or OTEL_TRACES_EXPORTER); otherwise the OpenTelemetry SDK is never imported.
 OTEL_TRACING = otel_configured(os.environ)

@@ -195,6 +195,24 @@ def query_execute(q: Query | str, params=None, *, prepare: bool = False) -> int:
     return _run(q, params, prepare, lambda cur: cur.rowcount)
 
 
+def array_literal(values, *, text: bool = False) -> str:
+    """A PostgreSQL array literal (``{1,2,NULL}``; ``text``: every element double-quoted and escaped)
+    for a bound parameter the statement casts (``%(ids)s::bigint[]``). psycopg dumps a Python list
+    element by element in Python (~1 us each: a push record's 13 arrays of a 50-attempt batch cost
+    more CPU than the rest of its transaction); this is one join. Numbers go as their ``str`` (an
+    int enum's is its value)."""
+    if None not in values:
+        if not text:
+            return "{" + ",".join(map(str, values)) + "}"
+        joined = "".join(values)
+        if '"' not in joined and "\\" not in joined:
+            return '{"' + '","'.join(values) + '"}' if values else "{}"
+    if text:
+        return "{" + ",".join("NULL" if v is None else
+                              '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
+    return "{" + ",".join("NULL" if v is None else str(v) for v in values) + "}"
+
+
 def bound_cursor() -> psycopg.Cursor:
     """A psycopg cursor with server-side parameter binding on Django's connection (and in its
     transaction), for the push hot path: Django's default client-side binding quotes every array
