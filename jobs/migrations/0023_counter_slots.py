@@ -102,7 +102,7 @@ DROP FUNCTION IF EXISTS broker_counter_slot();
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("broker", "0008_counter_slots"),
+        ("broker", "0009_counter_slots"),
         ("jobs", "0022_merge_0021_job_receipt_0021_retention"),
     ]
 

@@ -7,7 +7,7 @@ from django.db import migrations
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("broker", "0007_merge_0006_channel_retention_0006_trace_context"),
+        ("broker", "0008_channel_event_types"),
     ]
 
     operations = [
