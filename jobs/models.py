@@ -56,6 +56,11 @@ class Job(models.Model):
     # job (a replay resets the retry count, not this). An ack or progress carrying another receipt
     # is a late one from an earlier holder: it changes nothing (jobs.pull.ack). NULL until claimed.
     receipt = models.BigIntegerField(null=True, blank=True)
+    # The push dispatcher holding the current push claim (a PushOwner id; jobs.push.owners), so the
+    # claims of a dispatcher that is gone go back to QUEUED at once (jobs.sweeps.orphans) instead of
+    # holding their consumer's maxInFlight room until their deadline. NULL: a pull claim, or a push
+    # claim made before this column (the previous release's) or without a LISTEN connection.
+    claimed_by = models.BigIntegerField(null=True, blank=True, editable=False)
 
     class Meta:
         constraints = [
@@ -85,6 +90,18 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"job {job_xid(self.pk)}" if self.pk else "job"
+
+
+class PushOwner(models.Model):
+    """A push dispatcher's engine while it lives: its LISTEN connection's backend (``pid`` and
+    ``backend_start``: a reused pid is another backend). When that backend is gone from
+    ``pg_stat_activity`` the process is gone (killed, stopped any way, its host lost), and its push
+    claims are orphans (jobs.sweeps.orphans)."""
+
+    id = models.BigIntegerField(primary_key=True)  # random (jobs.push.owners): no sequence to share
+    pid = models.IntegerField()
+    backend_start = models.DateTimeField(null=True)
+    registered_at = models.DateTimeField(db_default=models.functions.Now())
 
 
 class JobTransition(models.Model):

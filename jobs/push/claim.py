@@ -56,7 +56,8 @@ class PushJob:
     room: int | None = None  # its consumer's room at this claim (all of it taken: the consumer is saturated)
 
 
-def jobs_claim_push(*, limit: int, reason: str = "push", worker: str = "", caps: FairCaps | None = None) -> list[PushJob]:
+def jobs_claim_push(*, limit: int, reason: str = "push", worker: str = "", caps: FairCaps | None = None,
+                    owner: int | None = None) -> list[PushJob]:
     """Claim up to ``limit`` due QUEUED jobs across every push consumer: priority DESC, then
     oldest first, never past a consumer's ``maxInFlight`` (counted over all processes) or its
     ``maxDeliveriesPerSecond`` pacing. Moves them to INFLIGHT with a deadline of the consumer's
@@ -88,6 +89,7 @@ def jobs_claim_push(*, limit: int, reason: str = "push", worker: str = "", caps:
         "reason": reason[:32],
         "worker": worker or "",
         "lag": floors.LAG,
+        "owner": owner,  # the claiming engine (jobs.push.owners); None: the claims outlive nobody's check
         "ids": array_literal([] if caps is None else caps.consumers),
         "caps": array_literal([] if caps is None else caps.caps),
     }

@@ -15,6 +15,15 @@
 -- subplan that reads every AVAILABLE partition per claim). The same predicate is written out in
 -- claim_pull and both branches of claim_push.
 
+-- push_owner_register --
+-- index: pk
+-- A push dispatcher engine registers (or, reconnected, moves) its LISTEN connection's backend
+-- (jobs.push.owners): run on that connection, so the row names the backend whose end means the
+-- process is gone.
+INSERT INTO jobs_pushowner (id, pid, backend_start, registered_at)
+SELECT %(owner)s::bigint, a.pid, a.backend_start, now() FROM pg_stat_activity a WHERE a.pid = pg_backend_pid()
+ON CONFLICT (id) DO UPDATE SET pid = EXCLUDED.pid, backend_start = EXCLUDED.backend_start;
+
 -- claim_push --
 -- index: job_push_fresh, job_push_retry
 -- hot
@@ -144,7 +153,8 @@ WITH k AS MATERIALIZED (
     -- queued job here).
     UPDATE jobs_job j SET status = 1002, status_changed_at = now(),
                           deadline = now() + r.ttl * interval '1 second', last_reason = %(reason)s::text,
-                          receipt = nextval('jobs_job_receipt_seq')  -- every claim's own (jobs.pull.ack)
+                          receipt = nextval('jobs_job_receipt_seq'),  -- every claim's own (jobs.pull.ack)
+                          claimed_by = %(owner)s::bigint  -- the claiming dispatcher (jobs.sweeps.orphans)
       FROM (SELECT p.id, p.consumer_id FROM jobs_job p
              WHERE p.id = ANY(ARRAY(SELECT id FROM cand)) AND p.status = 1001
                FOR UPDATE SKIP LOCKED) pick
