@@ -276,12 +276,13 @@ SELECT j.id, j.priority, j.incremental_timeout, m.message_id, m.payload, m.conte
         (SELECT id, priority, incremental_timeout, message_id FROM jobs_job
           WHERE consumer_id = %(consumer)s::bigint AND status = 1001 AND retry_count = 0 AND next_attempt_at <= now()
             AND (expires_at IS NULL OR expires_at > now())  -- expiry: never listed once expired
-          ORDER BY priority DESC, id LIMIT 100)  -- bound: jobs.pull.fields.QUEUED_JOBS_MAX
-        UNION ALL
-        (SELECT id, priority, incremental_timeout, message_id FROM jobs_job
+          ORDER BY priority DESC, id LIMIT 100  -- bound: jobs.pull.fields.QUEUED_JOBS_MAX
+        ) UNION ALL (
+        SELECT id, priority, incremental_timeout, message_id FROM jobs_job
           WHERE consumer_id = %(consumer)s::bigint AND status = 1001 AND retry_count > 0
             AND next_attempt_at <= now() AND (expires_at IS NULL OR expires_at > now())
-          ORDER BY next_attempt_at LIMIT 100)
+          ORDER BY next_attempt_at LIMIT 100  -- bound: jobs.pull.fields.QUEUED_JOBS_MAX
+        )
         ) b ORDER BY b.priority DESC, b.id LIMIT %(limit)s::int) j
   CROSS JOIN LATERAL (SELECT message_id, payload, content_type, headers, type, traceparent, tracestate FROM broker_message
                        WHERE id = j.message_id LIMIT 1) m
