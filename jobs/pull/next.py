@@ -18,7 +18,8 @@ def pull_next_in(*, consumer_pk: int) -> tuple[float | None, float | None]:
     rsince, rfull = floors.RETRIES_PULL.time(consumer_pk, began)
     dsince, dfull = floors.DEADLINES.time(consumer_pk, began)
     due_in, deadline_in, rfloor, dfloor = query_fetchone(Q.pull_next, {
-        "consumer": consumer_pk, "fp": fp, "fi": fi, "rsince": rsince, "dsince": dsince, "lag": floors.LAG})
+        "consumer": consumer_pk, "fp": fp, "fi": fi, "rsince": rsince, "dsince": dsince, "lag": floors.LAG},
+        prepare=True)  # a waiting pull asks at every wake-up: planned each time it cost more than it ran
     floors.RETRIES_PULL.walked(consumer_pk, began=began, full=rfull, value=rfloor)
     floors.DEADLINES.walked(consumer_pk, began=began, full=dfull, value=dfloor)
     return due_in, deadline_in
