@@ -127,10 +127,10 @@ CASES: list[Case] = [
     Case("jobs.pull:claim_pull", lambda s: _claim(s, fp=0, fi=500_000, rsince="2000-01-01T00:00:00Z"),
          id="claim-floor"),
     Case("jobs.push:claim_push", lambda s: {"limit": 200, "conn_timeout": 30.0, "rational": 2.0, "reason": "push",
-                                       "worker": "w1", "floors": "[]", "lag": 5.0,
+                                       "worker": "w1", "floors": "[]", "lag": 5.0, "owner": 1,
                                        "ids": "{%d}" % s.push, "caps": "{10}"}),
     Case("jobs.push:claim_push", lambda s: {"limit": 200, "conn_timeout": 30.0, "rational": 2.0, "reason": "push",
-                                       "worker": "w1", "lag": 5.0, "ids": "{}", "caps": "{}", "floors": json.dumps([
+                                       "worker": "w1", "lag": 5.0, "owner": 1, "ids": "{}", "caps": "{}", "floors": json.dumps([
                                            {"consumer_id": s.push, "fp": 0, "fi": 500_000,
                                             "ft": "2000-01-01T00:00:00Z"}])}, id="claim-push-floor"),
     Case("jobs.pull:queued_jobs", lambda s: {"consumer": s.pull, "queued": QUEUED, "limit": 25}),
