@@ -20,12 +20,9 @@ def jobs_requeue_orphans() -> int:
     with no dispatcher of an older release connected, the push claims without an owner (made by
     that release: a rolling upgrade's old cluster). Returns how many jobs moved."""
     transition_check(INFLIGHT, QUEUED, "orphaned")
-    moved, _, consumers = query_fetchone(Q.orphans_requeue)
-    if not _legacy["done"]:
-        legacy, _, more = query_fetchone(Q.orphans_legacy_requeue)
-        if legacy >= 0:
-            _legacy["done"] = True
-            moved, consumers = moved + legacy, [*consumers, *more]
+    moved, waiting, consumers = query_fetchone(Q.orphans_requeue, {"legacy": not _legacy["done"]})
+    if not _legacy["done"] and waiting == 0:
+        _legacy["done"] = True
     for consumer in set(consumers):  # back to QUEUED below this process's claim floors
         floors.consumer_reset(consumer)
     return int(moved)

@@ -281,52 +281,39 @@ SELECT COALESCE(ch.retention, %(retention)s::int) FROM consumers_consumer c
 -- backend is no longer in pg_stat_activity (the same pid and start; another role's sessions show
 -- no start) is removed, and the push jobs it held INFLIGHT go back to QUEUED at once, without
 -- spending a retry (the attempt's outcome is unknown: at-least-once delivers it again), reason
--- ``orphaned``; waiting loops are notified. Returns (jobs moved, owners removed, their consumers). The walk of the in-flight jobs runs only when an owner
--- is gone (one-time filter), and is bounded by what is in flight.
+-- ``orphaned``; waiting loops are notified. With %(legacy)s also the push claims without an owner
+-- (made by a release before jobs_job.claimed_by, e.g. during a rolling upgrade), once no push
+-- dispatcher without an owner row is connected (no ``broker-push-listen`` backend of this
+-- database that is not registered); only push consumers' jobs (a pull claim has no owner either).
+-- Each walk of the in-flight jobs runs only when it can find something (one-time filters), and is
+-- bounded by what is in flight. Returns (jobs moved, -1 while an ownerless dispatcher is still
+-- connected else 0, their consumers).
 WITH gone AS (
     DELETE FROM jobs_pushowner o
      WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a
                         WHERE a.pid = o.pid AND (a.backend_start IS NULL OR a.backend_start = o.backend_start))
     RETURNING o.id
-), c AS (
+), alive AS (
+    SELECT count(*) AS n FROM pg_stat_activity a
+     WHERE %(legacy)s::boolean AND a.application_name = 'broker-push-listen' AND a.datname = current_database()
+       AND NOT EXISTS (SELECT 1 FROM jobs_pushowner o WHERE o.pid = a.pid)
+), owned AS (
     SELECT j.id FROM jobs_job j
      WHERE (SELECT count(*) FROM gone) > 0
        AND j.status = 1002 AND j.claimed_by = ANY(ARRAY(SELECT id FROM gone))
        FOR UPDATE SKIP LOCKED
-), u AS (
-    UPDATE jobs_job j SET status = 1001, status_changed_at = now(), next_attempt_at = now(), deadline = NULL,
-                          last_reason = 'orphaned'
-     WHERE j.id = ANY(ARRAY(SELECT id FROM c)) AND j.status + 0 = 1002
-    RETURNING j.id, j.consumer_id
-), n AS (
-    SELECT pg_notify('broker_jobs', string_agg(DISTINCT consumer_id::text, ',')) FROM u HAVING count(*) > 0
-)
-SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM gone) + (SELECT count(*) FROM n) * 0,
-       COALESCE((SELECT array_agg(DISTINCT consumer_id) FROM u), '{}'::bigint[]);
-
--- orphans_legacy_requeue --
--- index: job_inflight_deadline
--- Push claims without an owner (made by a release before jobs_job.claimed_by, e.g. during a
--- rolling upgrade): once no push dispatcher without an owner row is connected (no
--- ``broker-push-listen`` backend that is not registered), nobody holds them: back to QUEUED as
--- above. Only push consumers' jobs (a pull claim has no owner either). Returns (jobs moved, 0, their
--- consumers), or (-1, ...) while such a dispatcher is still connected.
-WITH alive AS (
-    SELECT count(*) AS n FROM pg_stat_activity a
-     WHERE a.application_name = 'broker-push-listen' AND a.datname = current_database()
-       AND NOT EXISTS (SELECT 1 FROM jobs_pushowner o WHERE o.pid = a.pid)
-), c AS (
+), ownerless AS (
     SELECT j.id FROM jobs_job j JOIN consumers_consumer k ON k.id = j.consumer_id AND k.type = 'push'
-     WHERE (SELECT n FROM alive) = 0
+     WHERE %(legacy)s::boolean AND (SELECT n FROM alive) = 0
        AND j.status = 1002 AND j.claimed_by IS NULL
        FOR UPDATE OF j SKIP LOCKED
 ), u AS (
     UPDATE jobs_job j SET status = 1001, status_changed_at = now(), next_attempt_at = now(), deadline = NULL,
                           last_reason = 'orphaned'
-     WHERE j.id = ANY(ARRAY(SELECT id FROM c)) AND j.status + 0 = 1002
+     WHERE j.id = ANY(ARRAY(SELECT id FROM owned UNION ALL SELECT id FROM ownerless)) AND j.status + 0 = 1002
     RETURNING j.id, j.consumer_id
 ), n AS (
     SELECT pg_notify('broker_jobs', string_agg(DISTINCT consumer_id::text, ',')) FROM u HAVING count(*) > 0
 )
-SELECT CASE WHEN (SELECT n FROM alive) > 0 THEN -1 ELSE (SELECT count(*) FROM u) END, (SELECT count(*) FROM n) * 0,
+SELECT (SELECT count(*) FROM u), CASE WHEN (SELECT n FROM alive) > 0 THEN -1 ELSE 0 END + (SELECT count(*) FROM n) * 0,
        COALESCE((SELECT array_agg(DISTINCT consumer_id) FROM u), '{}'::bigint[]);
