@@ -180,10 +180,10 @@ class GroupPublisher:
             try:
                 # (only while BROKER_DB_TIMEOUT is 0: then this thread bounds its own round trips)
                 with round_trip_bound(PUBLISH_BOUND + float(settings.DB_TIMEOUT_GRACE)):
-                    connection.close_if_unusable_or_obsolete()
-                    if idle > IDLE_CHECK and connection.connection is not None and not connection.is_usable():
-                        connection.close()  # broken while idle (a restart, a failover): the batch reconnects
                     if items:
+                        connection.close_if_unusable_or_obsolete()
+                        if idle > IDLE_CHECK and connection.connection is not None and not connection.is_usable():
+                            connection.close()  # broken while idle (a restart, a failover): the batch reconnects
                         connection.ensure_connection()
                         if connection.connection is not session:
                             session = connection.connection

@@ -2,7 +2,8 @@
 the batch body parser (the batch endpoint shares its path with the message list, web.api.messages).
 
 ``broadcast_post`` is the handler; ``BroadcastView`` documents it and serves what the fast lane
-(``web.api.fast_lane``) leaves to the full stack. It reads headers from ``request.META`` (what
+(``web.api.fast_lane``) and the web server's native route (``web.server.native``, which parses with
+``broadcast_message`` too) leave to the full stack. It reads headers from ``request.META`` (what
 ``request.headers`` is built from, without building it)."""
 
 from __future__ import annotations
@@ -86,17 +87,29 @@ def parse_message_id(raw: str | None) -> str | None:
 
 
 def metadata_headers(request) -> dict:
-    """Headers named in X-Broker-Metadata-Headers (comma-separated) that are present."""
+    """Headers named in X-Broker-Metadata-Headers (comma-separated) that are present, looked up in
+    ``request.META`` as ``request.headers`` would find them (without building it: a hot path)."""
     names = request.META.get("HTTP_X_BROKER_METADATA_HEADERS")
     if not names:
         return {}
-    headers = request.headers
+    meta = request.META
     result = {}
     for name in names.split(","):
         name = name.strip()
-        if name and name in headers:
-            result[name] = headers[name]
+        if not name or "_" in name:  # (HttpHeaders has no name with "_": META cannot tell it from "-")
+            continue
+        if not name.isascii():  # (case rules beyond ASCII: as HttpHeaders finds it)
+            if name in request.headers:
+                result[name] = request.headers[name]
+            continue
+        key = name.upper().replace("-", "_")
+        value = meta.get(key if key in _UNPREFIXED else "HTTP_" + key)
+        if value is not None:
+            result[name] = value
     return result
+
+
+_UNPREFIXED = frozenset({"CONTENT_TYPE", "CONTENT_LENGTH"})  # HttpHeaders.UNPREFIXED_HEADERS
 
 
 def publish_context(request, channel_id: str) -> PublishContext:
@@ -116,8 +129,8 @@ def broadcast_post(request, channel_id: str) -> HttpResponse:
     credentials = {"channel_id": channel_id, "channel_token": meta.get("HTTP_X_BROKER_CHANNEL_TOKEN"),
                    "producer_id": meta.get("HTTP_X_BROKER_PRODUCER_ID"),
                    "producer_token": meta.get("HTTP_X_BROKER_PRODUCER_TOKEN")}
-    try:
-        message, scheduled_for = _broadcast_message(request)
+    try:  # a large body is read only once the credentials passed (read_body)
+        message, scheduled_for = broadcast_message(request, credentials_check=lambda: publish_authenticate(**credentials))
     except DomainError:
         publish_authenticate(**credentials)  # refusals of the credentials come first
         raise
@@ -133,10 +146,11 @@ def broadcast_post(request, channel_id: str) -> HttpResponse:
     return response
 
 
-def _broadcast_message(request) -> tuple[NewMessage, str]:
-    """The message of a broadcast request and its X-Broker-Scheduled-For (empty: now); 400 / 413 refusals."""
+def broadcast_message(request, *, credentials_check=None) -> tuple[NewMessage, str]:
+    """The message of a broadcast request and its X-Broker-Scheduled-For (empty: now); 400 / 413
+    refusals. A body larger than ``BODY_PREREAD`` is read only after ``credentials_check`` passed."""
     meta = request.META
-    body = read_body(request, settings.BROKER_MAX_PAYLOAD_BYTES)
+    body = read_body(request, settings.BROKER_MAX_PAYLOAD_BYTES, credentials_check=credentials_check)
     if not body:
         raise InvalidInput("empty_body", "message body must not be empty")
     partitioned = "HTTP_X_BROKER_PARTITION_KEY" in meta or "HTTP_X_BROKER_GATE" in meta
