@@ -40,9 +40,10 @@ def json_response(body, status: int = 200) -> HttpResponse:
                         status=status, content_type="application/json")
 
 
-def json_body(request, *, empty=None):
-    """The body as JSON; malformed JSON or bytes that are not UTF-8 are a 400, never a 500."""
-    raw = read_body(request, JSON_BODY_LIMIT)
+def json_body(request, *, empty=None, credentials_check=None):
+    """The body as JSON; malformed JSON or bytes that are not UTF-8 are a 400, never a 500. A large
+    body is read only after ``credentials_check`` passed (``read_body``)."""
+    raw = read_body(request, JSON_BODY_LIMIT, credentials_check=credentials_check)
     if not raw.strip():
         if empty is None:
             raise InvalidInput("malformed_request", "a JSON body is required")
@@ -79,7 +80,7 @@ def job_state_post(request, channel_id: str, consumer_id: str, job_id: str) -> H
     """The spec's state change: one statement authenticates and moves (``pull.job_transition``)."""
     meta = request.META
     try:
-        data = json_body(request)
+        data = json_body(request, credentials_check=lambda: authenticate(request, channel_id, consumer_id, job_id=job_id))
         if not isinstance(data, dict):
             raise InvalidInput("malformed_request", "body must be a JSON object")
         fields = {str(k).lower(): v for k, v in data.items()}
