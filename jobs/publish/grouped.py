@@ -92,11 +92,14 @@ class GroupPublisher:
 
     def __init__(self) -> None:
         self._queue: deque[PublishItem] = deque()
-        self._cond = threading.Condition()
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)  # the publishing thread waits here for publishes
+        self._watched = threading.Condition(lock)  # the watch waits here for a batch
         self._thread: threading.Thread | None = None
         self._watch: threading.Thread | None = None
         self._closed = threading.Event()
         self._pending = 0  # publishes handed over and not answered yet
+        self._idle = 0  # threads waiting for a publish (submit wakes them; not one that holds a batch open)
         self._overlapped = float("-inf")  # when two publishes were last pending at once
         self.batches = 0  # transactions committed (tests, benchmarks)
         self.generation = 0  # bumped when a stuck thread is replaced
@@ -117,7 +120,8 @@ class GroupPublisher:
                 self._overlapped = item.submitted
             if self._thread is None or not self._thread.is_alive():
                 self._start()
-            self._cond.notify()
+            if self._idle or len(self._queue) >= BATCH_MAX:  # (not while it holds a batch open: it comes back)
+                self._cond.notify()
 
     def _start(self) -> None:
         """A publishing thread (the lock held), and the watch of its progress."""
@@ -162,8 +166,10 @@ class GroupPublisher:
         session = None
         while True:
             with self._cond:
+                self._idle += 1
                 while not self._queue and self.generation == generation:
                     self._cond.wait()
+                self._idle -= 1
                 if self.generation != generation:  # replaced while stuck: the new thread has the queue
                     break
                 # a producer publishing one message at a time (never two pending) is not held: only
@@ -175,7 +181,7 @@ class GroupPublisher:
                 batch = [self._queue.popleft() for _ in range(min(BATCH_MAX, len(self._queue)))]
                 idle, last = time.monotonic() - last, time.monotonic()
                 self.batch_since = last
-                self._cond.notify_all()  # the watch: a batch began
+                self._watched.notify()  # the watch: a batch began
             items = [item for item in batch if item is not None]
             try:
                 # (only while BROKER_DB_TIMEOUT is 0: then this thread bounds its own round trips)
@@ -301,7 +307,7 @@ class GroupPublisher:
         while True:
             with self._cond:
                 while self.batch_since is None:
-                    self._cond.wait()
+                    self._watched.wait()
                 since, generation, pid = self.batch_since, self.generation, self.backend_pid
             time.sleep(max(0.0, since + SLOW_AFTER - time.monotonic()))
             with self._cond:

@@ -38,6 +38,7 @@ from django.core import signals
 from django.core.handlers.wsgi import WSGIRequest
 from django.core.signals import setting_changed
 from django.http import HttpResponse
+from django.http.request import HttpHeaders
 
 from broker.errors import DomainError, Unavailable
 from jobs.publish.grouped import WAIT_MAX, PublishItem, publish_admission, publish_submit
@@ -48,6 +49,7 @@ from web.server.http import Request, Server
 
 logger = logging.getLogger("broker.web.native")
 ERRORS_CACHED = 512  # rendered refusals kept (their text is the same for every request of a kind)
+HOSTS_KEPT = 256  # the checks' verdicts kept, by host
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,45 @@ class NativeRoute:
     on_loop: bool = False
 
 
-def broadcast_native(native: Native, req: Request, request: WSGIRequest, channel_id: str) -> bool:
+class NativeRequest:
+    """A request as a loop handler reads it: ``META`` (its environ), ``body``, ``headers`` (Django's
+    ``HttpHeaders``, made on first use), ``is_secure()`` (Django's rule); ``django()`` makes the
+    ``WSGIRequest`` that Django's own code needs (the checks of a host not seen before, the answer of
+    a refusal), which a publish answered 201 never does."""
+
+    __slots__ = ("META", "body", "_headers", "_request")
+
+    def __init__(self, environ: dict, body: bytes) -> None:
+        self.META = environ
+        self.body = body
+        self._headers = None
+        self._request = None
+
+    @property
+    def headers(self) -> HttpHeaders:
+        if self._headers is None:
+            self._headers = HttpHeaders(self.META)
+        return self._headers
+
+    def is_secure(self) -> bool:
+        """``HttpRequest.is_secure``: SECURE_PROXY_SSL_HEADER's first value when the header is there,
+        else the server's scheme."""
+        proxy = settings.SECURE_PROXY_SSL_HEADER
+        if proxy:
+            header, secure_value = proxy
+            value = self.META.get(header)
+            if value is not None:
+                return value.split(",", 1)[0].strip() == secure_value
+        return self.META.get("wsgi.url_scheme") == "https"
+
+    def django(self) -> WSGIRequest:
+        if self._request is None:
+            self.META["wsgi.input"] = io.BytesIO(self.body)
+            self._request = WSGIRequest(self.META)
+        return self._request
+
+
+def broadcast_native(native: Native, req: Request, request: NativeRequest, channel_id: str) -> bool:
     """``POST /channel/{id}/broadcast`` on the event loop: ``broadcast_post``'s plain publish, handed
     to the publishing thread; False (the full way) for anything else."""
     try:
@@ -71,7 +111,7 @@ def broadcast_native(native: Native, req: Request, request: WSGIRequest, channel
     meta = request.META
     refusal = publish_admission() or native.loop_refusal()
     if refusal is not None:
-        native.refuse(req, request, refusal, publishing.BroadcastView)
+        native.refuse(req, request.django(), refusal, publishing.BroadcastView)
         return True
     item = PublishItem(channel_id, meta.get("HTTP_X_BROKER_CHANNEL_TOKEN"), meta.get("HTTP_X_BROKER_PRODUCER_ID"),
                        meta.get("HTTP_X_BROKER_PRODUCER_TOKEN"), message, reply=native.reply)
@@ -94,7 +134,9 @@ class Native:
         self.lane = FastLane()
         self.server: Server | None = None
         self.loop = None
-        self.pending: dict[int, tuple[PublishItem, Request, WSGIRequest]] = {}
+        self.pending: dict[int, tuple[PublishItem, Request, NativeRequest]] = {}
+        self._plain: bool | None = None  # whether the checks come down to the host (``admits``)
+        self._hosts: dict[tuple, bool] = {}
         self.handled = 0  # requests answered natively (tests, benchmarks)
         self._templates: dict[bool, tuple[bytes, bytes]] = {}
         self._errors: dict[tuple, tuple[bytes, bytes]] = {}
@@ -114,6 +156,8 @@ class Native:
         self.lane = FastLane()
         self._templates.clear()
         self._errors.clear()
+        self._plain = None
+        self._hosts.clear()
 
     # --- the server's side -----------------------------------------------------------------------
 
@@ -130,20 +174,36 @@ class Native:
     def handle(self, match, req: Request) -> bool:
         """``req`` (its body in) on its route; False: the full way."""
         route, params = match
-        environ = req.environ
-        environ["wsgi.input"] = io.BytesIO(bytes(req.body))
-        request = WSGIRequest(environ)
-        if not self.lane.admits(request):
+        request = NativeRequest(req.environ, bytes(req.body))
+        if not self.admits(request):
             return False
-        request.broker_fast_lane = True
         if route.on_loop:
             taken = route.handler(self, req, request, **params)
             self.handled += taken
             return taken
         self.handled += 1
         self.server.wsgi_busy += 1
-        self.server.executor.submit(self._in_thread, route, req, request, params)
+        self.server.executor.submit(self._in_thread, route, req, request.django(), params)
         return True
+
+    def admits(self, request: NativeRequest) -> bool:
+        """``FastLane.admits``: the checks the full stack makes first. With the settings most run
+        (no SSL or www redirect, no refused user agents, no HMAC signing) they come down to the
+        host, whose verdict is kept per Host / X-Forwarded-Host / server name (``_hosts``)."""
+        if self._plain is None:
+            self._plain = not (settings.SECURE_SSL_REDIRECT or settings.PREPEND_WWW or settings.APPEND_SLASH
+                               or settings.DISALLOWED_USER_AGENTS or settings.BROKER_HMAC_SECRET)
+        if not self._plain:
+            return self.lane.admits(request.django())
+        meta = request.META
+        key = (meta.get("HTTP_HOST"), meta.get("HTTP_X_FORWARDED_HOST"), meta.get("SERVER_NAME"),
+               meta.get("SERVER_PORT"))
+        known = self._hosts.get(key)
+        if known is None:
+            if len(self._hosts) >= HOSTS_KEPT:
+                self._hosts.clear()
+            known = self._hosts[key] = self.lane.admits(request.django())
+        return known
 
     def _in_thread(self, route: NativeRoute, req: Request, request: WSGIRequest, params: dict) -> None:
         """(pool thread) A thread route's answer, with Django's request signals around it."""
@@ -184,16 +244,16 @@ class Native:
             if item.error is None and item.message_id is not None:
                 self.created(req, request, item.channel_id, item.message_id)
             else:
-                self.refuse(req, request, item.error or Unavailable(
+                self.refuse(req, request.django(), item.error or Unavailable(
                     "database_unavailable", "the database is unavailable, retry shortly", retry_after=1),
                     publishing.BroadcastView)
 
-    def created(self, req: Request, request: WSGIRequest, channel_id: str, message_id: str) -> None:
+    def created(self, req: Request, request: NativeRequest, channel_id: str, message_id: str) -> None:
         """The 201 of a publish, as ``broadcast_post`` answers it through the fast lane."""
         secure = request.is_secure()
         template = self._templates.get(secure)
         if template is None:
-            template = self._templates[secure] = self._created_template(request)
+            template = self._templates[secure] = self._created_template(request.django())
         location = message_url(channel_id, quote(message_id, safe="-_.~")).encode("latin-1")
         req.respond(template[0] + location + template[1])
 
@@ -237,7 +297,7 @@ class Native:
         stale = [entry for entry in self.pending.values() if now - entry[0].submitted > WAIT_MAX]
         for item, req, request in stale:
             self.pending.pop(id(item), None)
-            self.refuse(req, request, Unavailable("database_unavailable", "the database is unavailable, retry shortly",
+            self.refuse(req, request.django(), Unavailable("database_unavailable", "the database is unavailable, retry shortly",
                                                   retry_after=1), publishing.BroadcastView)
 
 
