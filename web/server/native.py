@@ -16,7 +16,10 @@ Same answers as the full stack (status, body, every header; tests/web/server com
 checks the full stack makes first (``FastLane.admits``: allowed hosts, SSL redirect, user agent,
 the HMAC signature) and a request they would refuse goes the full way; so does a request whose
 message is refused before it is queued (a 400 or 413: the full stack checks the credentials first),
-a scheduled one, and anything a handler declines. Answers are rendered by the same code as the fast
+a scheduled one, one whose channel's event types this process does not hold current
+(``eventtypes.validation.rules_held``: the event loop never reads the database; the full way reads
+them, so at most one publish per process and CHECK_INTERVAL goes that way) or that breaks them (a
+422), and anything a handler declines. Answers are rendered by the same code as the fast
 lane's (``FastLane.answer`` / ``refusal`` / ``finish``); the 201 of a publish from a template made by
 that code (``_created_template``), remade when a setting changes.
 
@@ -41,6 +44,7 @@ from django.http import HttpResponse
 from django.http.request import HttpHeaders
 
 from broker.errors import DomainError, Unavailable
+from eventtypes.validation import rules_held
 from jobs.publish.grouped import WAIT_MAX, PublishItem, publish_admission, publish_submit
 from web.api import publishing
 from web.api.fast_lane import FastLane, allow_header
@@ -108,6 +112,13 @@ def broadcast_native(native: Native, req: Request, request: NativeRequest, chann
         return False  # the full stack answers it (credentials first)
     if scheduled_for or message.partition_key is not None or not settings.BROKER_PUBLISH_GROUP:
         return False  # (publish_grouped_here: the event loop's thread is never inside a transaction)
+    rules = rules_held(channel_id)
+    if rules is None:
+        return False  # the channel's event types not held current: the full way reads them (for the next)
+    try:
+        publishing.event_type_check(channel_id, message, rules=rules)
+    except DomainError:
+        return False  # a 422: the full stack answers it (credentials first)
     meta = request.META
     refusal = publish_admission() or native.loop_refusal()
     if refusal is not None:
