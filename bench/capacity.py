@@ -166,19 +166,28 @@ def _load_main(url: str, connections: int, pull_batch: int, pull_expires: float,
         started = time.perf_counter()
         began = time.time()
         await asyncio.gather(ticker(), *(sender() for _ in range(senders)))
-        return {"seconds": time.perf_counter() - started, "began": began, "answers": answers, "ok": ok}
+        statuses: dict[int, int] = {}
+        for _, _, status in answers:
+            statuses[status] = statuses.get(status, 0) + 1
+        return {"seconds": time.perf_counter() - started, "began": began, "answers": answers, "ok": ok,
+                "statuses": statuses}
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
         pulling = loop.create_task(puller())
         while True:
             cmd = await loop.run_in_executor(None, conn.recv)
-            if cmd[0] == "publish":
+            if cmd[0] == "publish":  # (rate, seconds, first): one rate (bench/neighbours.py too)
+                rate, seconds, first = cmd[1:]
+                conn.send(await publish([(rate, seconds)], first))
+            elif cmd[0] == "schedule":  # (schedule, first[, senders])
                 conn.send(await publish(*cmd[1:]))
-            elif cmd[0] == "pulled":
-                conn.send((list(pulled), list(pull_lat), pull_errors[0]))
+            elif cmd[0] in ("pulled", "pulled timed"):  # latencies alone, or (send time, latency) each
+                conn.send((list(pulled), list(pull_lat) if cmd[0] == "pulled timed" else [lat for _, lat in pull_lat],
+                           pull_errors[0]))
                 pulled.clear()
                 pull_lat.clear()
+                pull_errors[0] = 0  # each answer: what happened since the last (callers add them up)
             elif cmd[0] == "stop":
                 pulling.cancel()
                 conn.send(True)
@@ -309,14 +318,14 @@ def schedule_run(broker: Broker, receiver: Receiver, database: Database, load: L
     load.ask("pulled")  # clear
     counting = database.statements_reset() if statements else False
     cpu0, commits0, backends0 = cpu_by_group(g), database.commits(), database.backends()
-    result = load.ask("publish", schedule, first, *([connections] if connections else []))
+    result = load.ask("schedule", schedule, first, *([connections] if connections else []))
     cpu1, commits1 = cpu_by_group(g), database.commits()
     ok = set(result["ok"])
     deadline = time.monotonic() + drain
     pushed, pulled, pull_timed, pull_errors = [], [], [], 0
     while True:
         pushed = receiver.ask("seqs")
-        got, timed, errors = load.ask("pulled")
+        got, timed, errors = load.ask("pulled timed")
         pulled += got
         pull_timed += timed
         pull_errors += errors
@@ -324,10 +333,7 @@ def schedule_run(broker: Broker, receiver: Receiver, database: Database, load: L
             break
         time.sleep(0.5)
     push_timed = receiver.ask("timed")
-    answers = result["answers"]
-    statuses: dict[int, int] = {}
-    for _, _, status in answers:
-        statuses[status] = statuses.get(status, 0) + 1
+    answers, statuses = result["answers"], result["statuses"]
     n = max(1, len(ok))
     cpu = {name: 1000.0 * (cpu1[name] - cpu0[name]) / n for name in g}
     if counting:
