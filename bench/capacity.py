@@ -27,8 +27,8 @@ figure: the same processes' CPU over ``--idle`` seconds with no traffic (the pul
 long-polling), as a share of one core.
 
 ``--overload 3000`` adds a run after the rates: ``--overload-base``/s (1,000) for 20 s, 3,000/s for
-60 s, the base rate again for 60 s, over 1,000 connections (so what waits, waits in the broker, not
-in the load tool). Printed per slice: offered, accepted (201) and refused (503 ``overloaded``, 429)
+60 s, the base rate again for 60 s, over up to 4,000 connections (so what waits, waits in the
+broker, not in the load tool; the slots it held back anyway are counted). Printed per slice: offered, accepted (201) and refused (503 ``overloaded``, 429)
 per second, the slowest answer of each kind and the tails; then each status's share, whether every
 publish was answered within 1 s, whether every accepted publish reached both consumers, and how
 many seconds after the burst the tails were back to normal (each later slice's p99 within twice the
@@ -115,9 +115,9 @@ def _load_main(url: str, connections: int, pull_batch: int, pull_expires: float,
     async def publish(schedule: list[tuple[float, float]], first: int, senders: int = connections) -> dict:
         """Open-loop single publishes following ``schedule`` ([(rate, seconds)], back to back) over
         ``senders`` keep-alive connections; sequence numbers from ``first``. Each answer: (slot time,
-        latency, status)."""
+        latency from the slot, status, latency from the request's sending: the broker's share)."""
         queue: asyncio.Queue = asyncio.Queue()
-        answers: list[tuple[float, float, int]] = []
+        answers: list[tuple[float, float, int, float]] = []
         ok: list[int] = []
         path = f"/channel/{CHANNEL}/broadcast"
 
@@ -147,6 +147,7 @@ def _load_main(url: str, connections: int, pull_batch: int, pull_expires: float,
                 if event_payloads:  # issue 37: the 20-property payload of EVENT_SCHEMA, typed
                     body = json.dumps(event_payload(seq, sent, PAD)).encode()
                     headers["X-Broker-Message-Type"] = EVENT_TYPE
+                wrote = time.perf_counter()
                 try:
                     if writer is None:
                         reader, writer = await asyncio.open_connection(host, port)
@@ -157,7 +158,8 @@ def _load_main(url: str, connections: int, pull_batch: int, pull_expires: float,
                     if writer is not None:
                         writer.close()
                     reader = writer = None
-                answers.append((sent, time.perf_counter() - due, status))
+                now = time.perf_counter()
+                answers.append((sent, now - due, status, now - wrote))
                 if status == 201:
                     ok.append(seq)
             if writer is not None:
@@ -167,7 +169,7 @@ def _load_main(url: str, connections: int, pull_batch: int, pull_expires: float,
         began = time.time()
         await asyncio.gather(ticker(), *(sender() for _ in range(senders)))
         statuses: dict[int, int] = {}
-        for _, _, status in answers:
+        for _, _, status, _ in answers:
             statuses[status] = statuses.get(status, 0) + 1
         return {"seconds": time.perf_counter() - started, "began": began, "answers": answers, "ok": ok,
                 "statuses": statuses}
@@ -311,8 +313,8 @@ REFUSALS = (503, 429)  # an admission refusal (503 overloaded) or a rate limit (
 def schedule_run(broker: Broker, receiver: Receiver, database: Database, load: Load, *,
                  schedule: list[tuple[float, float]], first: int, drain: float, statements: bool = False,
                  connections: int | None = None, width: float = SLICE) -> dict:
-    """Publish following ``schedule``, wait for every delivery of an accepted publish (up to ``drain``
-    s), count: the figures of the whole run and, per slice of ``width`` seconds, by send time."""
+    """Publish following ``schedule``, wait for every delivery of an accepted publish (until ``drain``
+    s pass without a new one), count: the figures of the whole run and, per slice of ``width`` seconds, by send time."""
     g = groups(broker, database, load)
     receiver.ask("reset")
     load.ask("pulled")  # clear
@@ -321,17 +323,21 @@ def schedule_run(broker: Broker, receiver: Receiver, database: Database, load: L
     result = load.ask("schedule", schedule, first, *([connections] if connections else []))
     cpu1, commits1 = cpu_by_group(g), database.commits()
     ok = set(result["ok"])
-    deadline = time.monotonic() + drain
+    deadline, drained = time.monotonic() + drain, time.monotonic()
     pushed, pulled, pull_timed, pull_errors = [], [], [], 0
     while True:
+        count = len(pushed) + len(pulled)
         pushed = receiver.ask("seqs")
         got, timed, errors = load.ask("pulled timed")
         pulled += got
         pull_timed += timed
         pull_errors += errors
+        if len(pushed) + len(pulled) > count:  # still delivering: wait on (a backlog after a burst)
+            deadline = time.monotonic() + drain
         if (ok <= set(pushed) and ok <= set(pulled)) or time.monotonic() > deadline:
             break
         time.sleep(0.5)
+    drained = time.monotonic() - drained
     push_timed = receiver.ask("timed")
     answers, statuses = result["answers"], result["statuses"]
     n = max(1, len(ok))
@@ -342,7 +348,9 @@ def schedule_run(broker: Broker, receiver: Receiver, database: Database, load: L
     return {
         "achieved": len(ok) / result["seconds"], "published": len(ok), "statuses": statuses,
         "failed": sum(v for k, v in statuses.items() if k != 201),
-        "publish": tails_ms([lat for _, lat, st in answers if st == 201]),
+        "publish": tails_ms([lat for _, lat, st, _ in answers if st == 201]),
+        "service_max": 1000 * max((service for *_, service in answers), default=0.0),
+        "held": sum(1 for _, lat, _, service in answers if lat - service > 0.05),
         "callback": tails_ms([lat for _, lat in push_timed]),
         "pull": tails_ms([lat for _, lat in pull_timed]),
         "lost": len(ok - set(pushed)) + len(ok - set(pulled)),
@@ -350,6 +358,7 @@ def schedule_run(broker: Broker, receiver: Receiver, database: Database, load: L
         "pull_errors": pull_errors, "cpu": cpu, "commits": (commits1[0] - commits0[0]) / n,
         "connections": commits1[1] - commits0[1],
         "slices": slices_make(result["began"], answers, push_timed, pull_timed, width=width), "width": width,
+        "drained": drained,
     }
 
 
@@ -370,7 +379,7 @@ def slices_make(began: float, answers, push_timed, pull_timed, *, width: float) 
         return out.setdefault(k, {"start": k * width, "offered": 0, "statuses": {}, "publish": [], "refused": [],
                                   "callback": [], "pull": []})
 
-    for sent, lat, status in answers:
+    for sent, lat, status, _ in answers:
         entry = slice_of(sent)
         entry["offered"] += 1
         entry["statuses"][status] = entry["statuses"].get(status, 0) + 1
@@ -401,7 +410,7 @@ def slices_worst_print(slices: list[dict], width: float, top: int = 3) -> None:
 
 def rate_run(broker: Broker, receiver: Receiver, database: Database, load: Load, *, rate: float, seconds: float,
              first: int, drain: float, statements: bool = False, width: float = SLICE) -> dict:
-    """One rate: publish, wait for every delivery (up to ``drain`` s), count and print."""
+    """One rate: publish, wait for every delivery (until ``drain`` s pass without one), count and print."""
     out = schedule_run(broker, receiver, database, load, schedule=[(rate, seconds)], first=first, drain=drain,
                        statements=statements, width=width)
     out["rate"] = rate
@@ -464,6 +473,9 @@ def overload_run(broker: Broker, receiver: Receiver, database: Database, load: L
     refused = sum(st.get(k, 0) for k in REFUSALS)
     share = ", ".join(f"{k} {100.0 * v / offered:.1f} %" for k, v in sorted(st.items()))
     print(f"  answered: {share} of {offered} (0: no answer within 60 s or a cut connection)", flush=True)
+    print(f"  slowest answer from its request's sending (the broker's share): {out['service_max']:.0f} ms; "
+          f"slots the load tool held back (every connection busy, > 50 ms): {out['held']}; deliveries drained "
+          f"{out['drained']:.0f} s after the last publish", flush=True)
     print(f"  every publish answered within 1 s: {'yes' if slowest <= 1000 else 'NO'} (slowest {slowest:.0f} ms); "
           f"accepted {out['published']}, refused {refused} (503/429), other failures "
           f"{out['failed'] - refused}; accepted and not delivered (push + pull): {out['lost']}, dup {out['dup']}; "
@@ -505,7 +517,8 @@ def main() -> None:
     parser.add_argument("--pull-expires", type=float, default=5.0,
                         help="seconds a pull waits for jobs (the idle figure: 1 s costs a long-poll cycle a second)")
     parser.add_argument("--max-in-flight", type=int, default=50)
-    parser.add_argument("--drain", type=float, default=60.0, help="seconds to wait for the last deliveries")
+    parser.add_argument("--drain", type=float, default=60.0,
+                        help="seconds without a new delivery before the ones still missing count as lost")
     parser.add_argument("--web-workers", type=int, default=2)
     parser.add_argument("--server", choices=("gunicorn", "granian"), default="gunicorn",
                         help="the web server (granian: pip install granian; for a side-by-side comparison)")
@@ -519,9 +532,9 @@ def main() -> None:
     parser.add_argument("--overload-before", type=float, default=20.0)
     parser.add_argument("--overload-burst", type=float, default=60.0)
     parser.add_argument("--overload-after", type=float, default=60.0)
-    parser.add_argument("--overload-connections", type=int, default=1000,
+    parser.add_argument("--overload-connections", type=int, default=4000,
                         help="the publisher's connections in the overload run (enough that the load tool "
-                             "never holds a slot back: what waits, waits in the broker)")
+                             "never holds a slot back: what waits, waits in the broker; opened as needed)")
     parser.add_argument("--rate-limit", type=float, default=0.0,
                         help="give the bench producer rateLimitPerSecond (and burst) of this value: the "
                              "cost of a rate-limited producer (issue 38); 0: none")
