@@ -47,12 +47,18 @@ def counts_for(*, scope: int, owner_ids: Iterable[int] | None = None) -> dict[in
 
 
 def counters_compact() -> int:
-    """Fold pending deltas into the counter rows. One compactor at a time (advisory lock), so
-    two never deadlock on counter rows. Returns the number of delta rows folded."""
+    """Fold pending deltas into the counter rows: the slot not being written, emptied by TRUNCATE
+    (``counters_fold_slot``), or, when it cannot be locked at once, every delta by DELETE. One
+    compactor at a time (advisory lock), so two never deadlock on counter rows. Returns the
+    number of delta rows folded."""
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute(Q.counters_compact_lock.sql)
         if not cur.fetchone()[0]:
             return 0
+        cur.execute(Q.counters_fold_slot.sql)
+        folded = int(cur.fetchone()[0])
+        if folded >= 0:
+            return folded
         cur.execute(Q.counters_compact.sql)
         return int(cur.fetchone()[0])
 

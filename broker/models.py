@@ -166,13 +166,17 @@ class Counter(models.Model):
 
 
 class CounterDelta(models.Model):
+    """Pending deltas of the counters. The table is written and read by SQL only (the triggers, the
+    named queries): partitioned by ``slot`` (two time slots, each emptied by TRUNCATE once folded)
+    and indexed on (scope, owner_id, status) by migration 0008, hence unmanaged here."""
+
     scope = models.PositiveSmallIntegerField()
     owner_id = models.BigIntegerField()
     status = models.PositiveSmallIntegerField()
     delta = models.BigIntegerField()
 
     class Meta:
-        indexes = [models.Index(fields=["scope", "owner_id"], name="counterdelta_owner")]
+        managed = False
 
 
 class SeedState(models.Model):

@@ -19,9 +19,18 @@ SELECT owner_id, status, sum(n)::bigint FROM (
 -- One compactor at a time, so two never deadlock on counter rows.
 SELECT pg_try_advisory_xact_lock(hashtext('broker_counters_compact'));
 
+-- counters_fold_slot --
+-- index: counter_key
+-- Fold the deltas of the slot not being written now (broker_counter_slot(), migration 0008) into
+-- the counter rows and TRUNCATE it: no dead rows behind, even while a long reader holds an old
+-- snapshot. -1 when the slot could not be locked at once (a long reader touched it): then
+-- counters_compact folds by DELETE.
+SELECT broker_counterdelta_fold((1 - broker_counter_slot())::smallint);
+
 -- counters_compact --
 -- index: counter_key
--- Fold every pending delta into the counter rows (in key order: one lock order for every writer).
+-- Fold every pending delta into the counter rows (in key order: one lock order for every writer):
+-- the fallback of counters_fold_slot (its DELETE leaves dead rows until vacuumed).
 WITH d AS (DELETE FROM broker_counterdelta RETURNING scope, owner_id, status, delta),
 s AS (SELECT scope, owner_id, status, sum(delta) AS n, count(*) AS rows FROM d
        GROUP BY scope, owner_id, status),

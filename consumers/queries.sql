@@ -8,9 +8,13 @@ SELECT id FROM consumers_consumer WHERE id = %s
    AND date_trunc('second', updated_at) = to_timestamp(%s) FOR UPDATE;
 
 -- consumer_jobs_delete --
--- index: job_consumer_status
--- A deleted consumer's jobs (no history reason is set: like a cascade, they leave no history rows).
-DELETE FROM jobs_job WHERE consumer_id = %s;
+-- index: job_claim, job_inflight_consumer, job_consumer_status
+-- A deleted consumer's jobs (no history reason is set: like a cascade, they leave no history rows),
+-- found by the index of each state (the jobs_job indexes hold the states they serve).
+DELETE FROM jobs_job WHERE id IN (
+    SELECT id FROM jobs_job WHERE consumer_id = %(consumer)s AND status = 1001
+    UNION ALL SELECT id FROM jobs_job WHERE consumer_id = %(consumer)s AND status = 1002
+    UNION ALL SELECT id FROM jobs_job WHERE consumer_id = %(consumer)s AND status >= 1003);
 
 -- consumer_waiters_delete --
 -- index: pullwaiter_live

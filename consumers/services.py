@@ -116,7 +116,7 @@ def consumer_delete(*, consumer: Consumer, precondition: Precondition) -> None:
             cur.execute(Q.consumer_lock_unmodified.sql, [consumer.pk, since])
             if cur.fetchone() is None:
                 raise PreconditionFailed("precondition_failed", "the consumer was modified since If-Unmodified-Since")
-            cur.execute(Q.consumer_jobs_delete.sql, [consumer.pk])
+            cur.execute(Q.consumer_jobs_delete.sql, {"consumer": consumer.pk})
             cur.execute(Q.consumer_waiters_delete.sql, [consumer.pk])
             cur.execute(Q.consumer_delete.sql, [consumer.pk])
         counters_forget(scope=JOB, owner_id=consumer.pk)

@@ -25,6 +25,7 @@ from jobs.publish.scheduled import scheduled_dispatch_due
 from jobs.pull.doorbell import PRUNE_EVERY, doorbell_prune
 from jobs.sweeps.inflight_timeout import jobs_expire_inflight
 from jobs.sweeps.message_expiry import jobs_expire_messages
+from jobs.sweeps.orphans import jobs_requeue_orphans
 from jobs.sweeps.retention import RETENTION_EVERY, retention_sweep
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,10 @@ class Step:
 
 
 STEPS: tuple[Step, ...] = (
+    # push claims of dispatchers that are gone (killed, stopped any way): QUEUED at once, so the
+    # next cluster takes their room within a second or two, not at their deadline (a few statements
+    # on a small table and pg_stat_activity; the in-flight jobs are walked only when one is gone)
+    Step("orphaned", jobs_requeue_orphans, 1.0),
     # in-flight jobs past their deadline: QUEUED again or DEAD (an idle broker looks every 3 s: a
     # deadline is seconds to minutes after its claim, and pull waiters sweep their own consumer)
     Step("expired", jobs_expire_inflight, 1.0, idle_every=3.0),

@@ -56,22 +56,30 @@ class Job(models.Model):
     # job (a replay resets the retry count, not this). An ack or progress carrying another receipt
     # is a late one from an earlier holder: it changes nothing (jobs.pull.ack). NULL until claimed.
     receipt = models.BigIntegerField(null=True, blank=True)
+    # The push dispatcher holding the current push claim (a PushOwner id; jobs.push.owners), so the
+    # claims of a dispatcher that is gone go back to QUEUED at once (jobs.sweeps.orphans) instead of
+    # holding their consumer's maxInFlight room until their deadline. NULL: a pull claim, or a push
+    # claim made before this column (the previous release's) or without a LISTEN connection.
+    claimed_by = models.BigIntegerField(null=True, blank=True, editable=False)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["message", "consumer"], name="job_unique_per_consumer"),
         ]
         indexes = [
-            # Claim next jobs of one consumer: priority then age; only QUEUED rows are indexed.
-            models.Index(
-                "consumer", models.F("priority").desc(), "id",
-                name="job_claim", condition=models.Q(status=JobStatus.QUEUED),
-            ),
+            # One consumer's QUEUED jobs, oldest first (listings, the oldest waiting, purges). Claims
+            # walk job_push_fresh (priority, id) and job_push_retry (next attempt) instead (migration
+            # 0003: raw SQL, not here).
+            models.Index(fields=["consumer", "id"], name="job_claim", condition=models.Q(status=JobStatus.QUEUED)),
             # Timeout sweep: only in-flight rows, by deadline.
             models.Index(fields=["deadline"], name="job_inflight_deadline",
                          condition=models.Q(status=JobStatus.INFLIGHT)),
-            # Per-consumer listings by status (DLQ pages, admin filters).
-            models.Index(fields=["consumer", "status", "-id"], name="job_consumer_status"),
+            # Per-consumer listings of finished jobs (DELIVERED, DEAD: DLQ pages, admin filters). Only
+            # those: a QUEUED or in-flight job would add an entry at every move (two more per job), and
+            # a walk of QUEUED jobs by (consumer, status) would step over every job that left the
+            # queue while a long reader holds a snapshot (issue 35; migration 0024).
+            models.Index(fields=["consumer", "status", "-id"], name="job_consumer_status",
+                         condition=models.Q(status__gte=JobStatus.DELIVERED)),
             # Partition settle / counts / ordered claims: per-gate status counts of one partition.
             models.Index(fields=["partition", "gate", "status"], name="job_partition_gate",
                          condition=models.Q(partition__isnull=False)),
@@ -82,6 +90,18 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"job {job_xid(self.pk)}" if self.pk else "job"
+
+
+class PushOwner(models.Model):
+    """A push dispatcher's engine while it lives: its LISTEN connection's backend (``pid`` and
+    ``backend_start``: a reused pid is another backend). When that backend is gone from
+    ``pg_stat_activity`` the process is gone (killed, stopped any way, its host lost), and its push
+    claims are orphans (jobs.sweeps.orphans)."""
+
+    id = models.BigIntegerField(primary_key=True)  # random (jobs.push.owners): no sequence to share
+    pid = models.IntegerField()
+    backend_start = models.DateTimeField(null=True)
+    registered_at = models.DateTimeField(db_default=models.functions.Now())
 
 
 class JobTransition(models.Model):

@@ -27,6 +27,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import psycopg
+import psycopg._queries
 from django.conf import settings
 from django.db import connection, transaction
 
@@ -37,6 +38,14 @@ from broker.queries import Q
 # The SQLSTATE the job history trigger raises for a status move outside the transition table
 # (jobs/migrations/0017, jobs.state.transitions): mapped to IllegalTransition, as the Python check raises.
 ILLEGAL_TRANSITION_SQLSTATE = "BRK01"
+# psycopg turns a statement's ``%(name)s`` placeholders into ``$n`` at every execute, and caches the
+# result only for texts of at most ``psycopg._queries.MAX_CACHED_STATEMENT_LENGTH`` bytes (4096, a
+# module constant it reads at each call). The two claims are longer (6.3 and 5.3 KiB: the walks from
+# the scan floors with the partition gating written out in each branch); uncached, the push claim
+# paid a regular expression over its text at every claim (~5 % of a dispatcher's CPU). Every hot
+# statement must fit this (tests/jobs/unit/test_hot_statement_size.py).
+STATEMENT_CACHE_BYTES = 8192
+psycopg._queries.MAX_CACHED_STATEMENT_LENGTH = max(psycopg._queries.MAX_CACHED_STATEMENT_LENGTH, STATEMENT_CACHE_BYTES)
 
 # plan_cache_mode = force_generic_plan on every connection of the broker (``jobs.apps``), decided
 # for the server-side prepared statements of the hot paths (``prepare=True``, the push

@@ -7,7 +7,7 @@ big table, so a page costs the same with a thousand jobs or a hundred million:
 - jobs by status: the maintained counters (``broker.counters``);
 - per-minute figures: ``jobs_minutestat``, kept by triggers on ``jobs_job``
   (jobs/migrations/0011_dashboard_minute_stats.py): at most 60 rows per consumer and connection;
-- oldest queued job: one backward index probe per consumer (``job_consumer_status``);
+- oldest queued job: one index probe per consumer (``job_claim``: QUEUED jobs by consumer and id);
 - overdue in-flight jobs: the partial index on in-flight deadlines, capped;
 - the footprint (retention): each channel's oldest stored message (one probe of
   ``message_channel_received``), the rows retention removed (counters) and its last run (one row).
@@ -299,7 +299,7 @@ def pin_changes(*, consumer_pks: list[int]) -> dict[int, int]:
 
 def oldest_queued_ages(*, consumer_pks: list[int]) -> dict[int, float | None]:
     """Seconds since the oldest QUEUED job of each consumer was created (None: nothing queued).
-    One backward probe of ``job_consumer_status`` per consumer: the lowest id is the oldest job."""
+    One probe of ``job_claim`` (QUEUED jobs by consumer and id) per consumer: the lowest id is the oldest job."""
     if not consumer_pks:
         return {}
     with connection.cursor() as cur:

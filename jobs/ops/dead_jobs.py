@@ -13,6 +13,7 @@ from broker.db.run import query_fetchall, query_fetchone
 from jobs.models import DeliveryAttempt, Job, JobTransition
 from jobs.ops.queries import Q
 from jobs.partitions.settle import settle_on_commit
+from jobs.state import floors
 from jobs.state.transitions import DEAD, GONE, INFLIGHT, QUEUED, transition_check, transitions_check
 
 
@@ -47,6 +48,8 @@ def jobs_requeue_dead(*, consumer_pk: int, job_ids: Iterable[int] | None = None,
         settle_on_commit(row[2] or [])  # a FAILED partition resumes (jobs.partitions)
         total += moved
         if moved < batch:
+            if total:
+                floors.consumer_reset(consumer_pk)  # requeued below this process's floors
             return total
 
 

@@ -18,6 +18,7 @@ by a user first.
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -86,8 +87,9 @@ def registry(name: str) -> Query:
 
 
 def _claim(s: Sample, **extra) -> dict:
+    # a full walk (jobs.state.floors.FULL); the floor cases pass a level and an id
     return {"consumer": s.pull, "limit": 100, "max_bytes": None, "timeout": 32.25, "inc": None, "reason": "pull",
-            **extra}
+            "fp": 2**31 - 1, "fi": 0, "rsince": None, "lag": 1.0, **extra}
 
 
 def _move_auth(s: Sample, to_s=DELIVERED, from_s=(INFLIGHT,), async_commit=False) -> dict:
@@ -122,10 +124,17 @@ CASES: list[Case] = [
     Case("jobs.pull:claim_pull", _claim),
     Case("jobs.pull:claim_pull", lambda s: _claim(s, max_bytes=10_000), id="claim-max-bytes"),
     Case("jobs.pull:claim_pull", lambda s: _claim(s, consumer=s.parts), id="claim-partitioned"),
+    Case("jobs.pull:claim_pull", lambda s: _claim(s, fp=0, fi=500_000, rsince="2000-01-01T00:00:00Z"),
+         id="claim-floor"),
     Case("jobs.push:claim_push", lambda s: {"limit": 200, "conn_timeout": 30.0, "rational": 2.0, "reason": "push",
-                                       "worker": "w1", "ids": "{%d}" % s.push, "caps": "{10}"}),
+                                       "worker": "w1", "floors": "[]", "lag": 5.0, "owner": 1,
+                                       "ids": "{%d}" % s.push, "caps": "{10}"}),
+    Case("jobs.push:claim_push", lambda s: {"limit": 200, "conn_timeout": 30.0, "rational": 2.0, "reason": "push",
+                                       "worker": "w1", "lag": 5.0, "owner": 1, "ids": "{}", "caps": "{}", "floors": json.dumps([
+                                           {"consumer_id": s.push, "fp": 0, "fi": 500_000,
+                                            "ft": "2000-01-01T00:00:00Z"}])}, id="claim-push-floor"),
     Case("jobs.pull:queued_jobs", lambda s: {"consumer": s.pull, "queued": QUEUED, "limit": 25}),
-    Case("jobs.pull:group_due", lambda s: [s.grouped]),
+    Case("jobs.pull:group_due", lambda s: [s.grouped, s.grouped]),
     Case("jobs.pull:group_jobs", lambda s: [s.inflight_jobs, INFLIGHT]),
     Case("jobs.pull:group_waiters", lambda s: [s.grouped]),
     # --- acks and moves -------------------------------------------------------------------------
@@ -154,11 +163,16 @@ CASES: list[Case] = [
                                       "dead": DEAD, "consumer": None, "reason": "operator"}),
     Case("jobs.pull:pull_job", lambda s: [s.queued_job, s.pull]),
     # --- sweeps ---------------------------------------------------------------------------------
-    Case("jobs.sweeps:expire_inflight", lambda s: {"max_retry": 5, "limit": 5000, "consumer": None},
-         id="expire-inflight-all"),
-    Case("jobs.sweeps:expire_inflight", lambda s: {"max_retry": 5, "limit": 5000, "consumer": s.pull},
-         id="expire-inflight-consumer"),
-    Case("jobs.sweeps:expire_messages", lambda s: {"limit": 5000}),
+    Case("jobs.sweeps:expire_inflight", lambda s: {"max_retry": 5, "limit": 5000, "consumer": None, "since": None,
+                                                   "lag": 5.0}, id="expire-inflight-all"),
+    Case("jobs.sweeps:expire_inflight", lambda s: {"max_retry": 5, "limit": 5000, "consumer": s.pull, "since": None,
+                                                   "lag": 5.0}, id="expire-inflight-consumer"),
+    Case("jobs.sweeps:expire_inflight", lambda s: {"max_retry": 5, "limit": 5000, "consumer": None,
+                                                   "since": "2000-01-01T00:00:00Z", "lag": 5.0},
+         id="expire-inflight-floor"),
+    Case("jobs.sweeps:expire_messages", lambda s: {"limit": 5000, "since": None, "lag": 5.0}),
+    Case("jobs.sweeps:expire_messages", lambda s: {"limit": 5000, "since": "2000-01-01T00:00:00Z", "lag": 5.0},
+         id="expire-messages-floor"),
     Case("jobs.sweeps:retention_channels", lambda s: {"retention": 3600}),
     Case("jobs.sweeps:retention_batch", lambda s: _retention(s, START, END), id="retention-batch-tip"),
     Case("jobs.sweeps:retention_batch", lambda s: _retention(s, (START[0], 1000), (END[0], 500_000)),
@@ -184,7 +198,11 @@ CASES: list[Case] = [
     Case("jobs.publish:publish_auth", lambda s: {"producer": "plans", "channel": s.channel_name}),
     # --- doorbell and ready / next-due probes ---------------------------------------------------
     Case("jobs.pull:doorbell_ring", lambda s: {"ids": None}),
-    Case("jobs.pull:pull_next", lambda s: {"consumer": s.pull}),
+    Case("jobs.pull:pull_next", lambda s: {"consumer": s.pull, "fp": 2**31 - 1, "fi": 0, "rsince": None,
+                                           "dsince": None, "lag": 5.0}),
+    Case("jobs.pull:pull_next", lambda s: {"consumer": s.pull, "fp": 0, "fi": 500_000,
+                                           "rsince": "2000-01-01T00:00:00Z", "dsince": "2000-01-01T00:00:00Z",
+                                           "lag": 5.0}, id="pull-next-floor"),
     # --- dashboard and statistics ---------------------------------------------------------------
     Case("jobs.ops:oldest_queued", lambda s: {"queued": QUEUED, "ids": s.consumers}),
     Case("jobs.ops:overdue_inflight", lambda s: {"inflight": INFLIGHT, "grace": 60, "cap": 1000}),

@@ -78,7 +78,7 @@ DELETE FROM jobs_job WHERE id = ANY(ARRAY(SELECT id FROM c)) AND status + 0 = 10
 RETURNING partition_id;
 
 -- purge_queued --
--- index: job_consumer_status
+-- index: job_claim
 -- hot
 -- settings: enable_bitmapscan=off, enable_sort=off
 -- One batch of a consumer's QUEUED jobs deleted (a runaway backlog), optionally only older ones;
@@ -88,10 +88,10 @@ WITH r AS (
     SELECT set_config('broker.history_reason', 'purged', true) AS why
 ), c AS (
     SELECT id FROM jobs_job
-     WHERE consumer_id BETWEEN %(consumer)s AND %(consumer)s AND status BETWEEN 1001 AND 1001
+     WHERE consumer_id BETWEEN %(consumer)s AND %(consumer)s AND status = 1001
        AND (%(before)s::timestamptz IS NULL OR created_at < %(before)s::timestamptz)
        AND (%(age)s::float8 IS NULL OR created_at < now() - %(age)s::float8 * interval '1 second')
-     ORDER BY consumer_id DESC, status DESC, id LIMIT %(limit)s
+     ORDER BY consumer_id, id LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
 ), d AS (
     DELETE FROM jobs_job j WHERE j.id = ANY(ARRAY(SELECT id FROM c)) AND j.status = %(queued)s  -- by primary key
@@ -149,16 +149,16 @@ SELECT consumer_pk, count(*) FROM consumers_advisory
  GROUP BY consumer_pk;
 
 -- oldest_queued --
--- index: job_consumer_status
+-- index: job_claim
 -- hot
--- The oldest QUEUED job of each consumer: one backward probe of job_consumer_status (consumer,
--- status, id DESC). Ranges, not equalities, keep the sort keys only that index provides: ordered by
+-- The oldest QUEUED job of each consumer: one probe of job_claim (consumer, id; QUEUED only). A
+-- range on the consumer, not an equality, keeps the sort key only that index provides: ordered by
 -- id alone, a correlated probe walked the primary key over every other consumer's jobs (3.9 s per
 -- dashboard at a 1M backlog).
 SELECT c.id, extract(epoch FROM now() - (
            SELECT j.created_at FROM jobs_job j
-            WHERE j.consumer_id BETWEEN c.id AND c.id AND j.status BETWEEN 1001 AND 1001
-            ORDER BY j.consumer_id DESC, j.status DESC, j.id LIMIT 1))
+            WHERE j.consumer_id BETWEEN c.id AND c.id AND j.status = 1001
+            ORDER BY j.consumer_id, j.id LIMIT 1))
   FROM unnest(%(ids)s::bigint[]) AS c(id);
 
 -- overdue_inflight --
@@ -206,10 +206,16 @@ SELECT c.id, c.type, c.channel_id, ch.channel_id, c.consumer_id,
 SELECT id FROM broker_producer ORDER BY id LIMIT 1;
 
 -- plan_sample_jobs --
--- index: job_consumer_status
--- Some jobs of a consumer in a status (the plan check's samples).
-SELECT id FROM jobs_job WHERE consumer_id = %(consumer)s AND status = %(status)s
- ORDER BY consumer_id DESC, status DESC, id DESC LIMIT %(n)s;
+-- index: job_claim, job_inflight_consumer, job_consumer_status
+-- Some jobs of a consumer in a status (the plan check's samples), each status by its own index.
+(SELECT id FROM jobs_job WHERE %(status)s = 1001 AND consumer_id = %(consumer)s AND status = 1001
+  ORDER BY consumer_id DESC, id DESC LIMIT %(n)s)
+UNION ALL
+(SELECT id FROM jobs_job WHERE %(status)s = 1002 AND consumer_id = %(consumer)s AND status = 1002
+  ORDER BY consumer_id, deadline LIMIT %(n)s)
+UNION ALL
+(SELECT id FROM jobs_job WHERE %(status)s >= 1003 AND consumer_id = %(consumer)s AND status >= 1003
+   AND status = %(status)s ORDER BY consumer_id DESC, status DESC, id DESC LIMIT %(n)s);
 
 -- plan_sample_partition --
 -- index: partition_consumer_status

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from broker.db.run import query_fetchall
+from jobs.state import floors
 from jobs.partitions.queries import Q
 from jobs.partitions.settle import settle_on_commit
 from jobs.state.transitions import INFLIGHT, QUEUED, transition_check
@@ -36,4 +37,6 @@ def jobs_move_gate(*, moves: Sequence[GateMove], consumer_pk: int | None = None)
         "consumer": consumer_pk,
     })
     settle_on_commit(r[1] for r in rows)
+    for consumer in {r[3] for r in rows}:  # back to QUEUED below the floors of this process's walks
+        floors.consumer_reset(consumer)
     return {r[0]: r[1] for r in rows}

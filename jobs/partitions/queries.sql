@@ -195,4 +195,4 @@ WITH v AS (
     SELECT pg_notify('broker_jobs', string_agg(DISTINCT consumer_id::text, ','))
       FROM u HAVING count(*) > 0
 )
-SELECT id, partition_id, (SELECT count(*) FROM n) FROM u;
+SELECT id, partition_id, (SELECT count(*) FROM n), consumer_id FROM u;

@@ -19,6 +19,7 @@ from broker.times import db_now, rfc3339
 from consumers.models import Consumer
 from jobs.advisories.record import advisory_record
 from jobs.publish.queries import Q
+from jobs.state import floors
 from jobs.state.transitions import DEAD, DELIVERED, QUEUED, transitions_check
 
 REPLAY_MOVES = ((DELIVERED, QUEUED), (DEAD, QUEUED))
@@ -43,6 +44,8 @@ def jobs_replay_chunk(*, channel_pk: int, consumer_pk: int, after_at, after_id: 
     walked, queued, last_at, last_id, _ = query_fetchone(Q.replay_chunk, {
         "channel": channel_pk, "consumer": consumer_pk, "after_at": after_at, "after_id": after_id,
         "until": until, "only_failed": bool(only_failed), "limit": int(limit)})
+    if queued:
+        floors.consumer_reset(consumer_pk)  # replayed below this process's floors
     return ReplayChunk(messages=int(walked), queued=int(queued), after_at=last_at, after_id=last_id)
 
 

@@ -19,8 +19,10 @@ from broker.tracing import TraceContext
 from jobs.publish.messages import headers_decode
 from jobs.pull.auth import PullContext
 from jobs.pull.fields import int_field, timeout_parse
+from jobs.pull.next import pull_next_in
 from jobs.pull.queries import Q
 from jobs.pull.wakeups import connection_parked, wakeups
+from jobs.state import floors
 from jobs.state.retries import inflight_timeout
 from jobs.state.transitions import INFLIGHT, QUEUED, transition_check
 from jobs.sweeps.inflight_timeout import consumer_sweep
@@ -75,11 +77,21 @@ def jobs_claim(*, consumer_pk: int, limit: int, max_bytes: int | None = None,
     transition_check(QUEUED, INFLIGHT, "claim")
     if limit <= 0:
         return []
+    began = time.monotonic()
+    (fp, fi), full = floors.CLAIM_PULL.position(consumer_pk, began)
+    rsince, rfull = floors.RETRIES_PULL.time(consumer_pk, began)
     rows = query_fetchall(Q.claim_pull, {
         "consumer": consumer_pk, "limit": int(limit), "max_bytes": None if max_bytes is None else int(max_bytes),
         "timeout": inflight_timeout(0, connection_timeout), "inc": incremental_timeout, "reason": reason,
+        "fp": fp, "fi": fi, "rsince": rsince, "lag": floors.LAG,
     }, prepare=True)
-    return claimed_jobs(rows)
+    jobs = [row for row in rows if row[0] is not None]
+    for row in rows:
+        if row[0] is None:  # the last row: where the walks found live jobs, the id sequence (jobs.state.floors)
+            floors.CLAIM_PULL.walked(consumer_pk, began=began, full=full, level=fp,
+                                     first=(row[15], row[16]) if row[16] is not None else None, sequence=row[17])
+            floors.RETRIES_PULL.walked(consumer_pk, began=began, full=rfull, value=row[18])
+    return claimed_jobs(jobs)
 
 
 PULL_BATCH_MAX = 1000
@@ -223,7 +235,7 @@ def jobs_pull(*, ctx: PullContext, req: PullRequest) -> list[ClaimedJob]:
             "consumer": ctx.consumer_pk, "group": req.group, "priority": req.priority, "pin": req.pin_id,
             "batch": req.batch, "max_bytes": req.max_bytes, "expires": req.expires,
         })[0]
-        due_in, deadline_in = query_fetchone(Q.pull_next, {"consumer": ctx.consumer_pk})
+        due_in, deadline_in = pull_next_in(consumer_pk=ctx.consumer_pk)
         while True:
             now = time.monotonic()
             remaining = end - now
@@ -241,7 +253,7 @@ def jobs_pull(*, ctx: PullContext, req: PullRequest) -> list[ClaimedJob]:
             jobs = _claim(ctx, req, window=True)
             if jobs:
                 return jobs
-            due_in, deadline_in = query_fetchone(Q.pull_next, {"consumer": ctx.consumer_pk})
+            due_in, deadline_in = pull_next_in(consumer_pk=ctx.consumer_pk)
     finally:
         if waiter_id is not None:
             query_execute(Q.pull_waiter_delete, [waiter_id])

@@ -125,9 +125,10 @@ class Ring:
 # One statement decides every consumer's doorbell (batched across consumers, time from now()):
 # arm the empty ones, ring the due ones (conditional upsert: the WHERE re-checks next_ring_at on
 # the locked row, so a concurrent ringer's ring wins and this one returns nothing), and report
-# the throttled ones' remaining wait. "ready" is the claim's own probe (the job_claim partial
-# index, in claim order, first ready job); mark is one primary-key lookup; the newest and oldest
-# QUEUED job come from the job_consumer_status index (LIMIT 1 each, only for consumers that ring).
+# the throttled ones' remaining wait. "ready" is the claim's own probes (the first due first
+# attempt, job_push_fresh, or due retry, job_push_retry); mark is one primary-key lookup; the newest
+# and oldest QUEUED job come from the job_claim index (consumer, id; LIMIT 1 each, only for
+# consumers that ring).
 # The statement is ``doorbell_ring`` in jobs/pull/queries.sql.
 def doorbell_ring_due(*, consumer_pks=None) -> tuple[list[Ring], list[float]]:
     """Decide and record, in one statement, which pull consumers with a callback URL ring now

@@ -32,6 +32,7 @@ from jobs.advisories.record import advisory_record
 from jobs.partitions.settle import pull_waiters_wake
 from jobs.pull.claim import (WAIT_SAFETY_NET, WAIT_UNLISTENED, ClaimedJob, claimed_jobs, jobs_claim,
                              pull_wait_begin)
+from jobs.pull.next import pull_next_in
 from jobs.pull.queries import Q
 from jobs.pull.wakeups import connection_parked, wakeups
 from jobs.state.transitions import INFLIGHT, QUEUED
@@ -202,7 +203,7 @@ def _dispatch(cur, target: Target, group: str) -> GroupState:
         return gs
     d = Dispatch(target=target, cur=cur, gs=gs, max_turn=max(w.turn for w in waiters))
     if target.policy == PINNED:
-        cur.execute(Q.group_due.sql, [target.consumer_pk])
+        cur.execute(Q.group_due.sql, [target.consumer_pk, target.consumer_pk])
         if not cur.fetchone()[0]:
             return gs
         for w in waiters:  # an id that is not the current pin is stale: 423 when a job is dispatched
@@ -315,8 +316,7 @@ def jobs_pull_grouped(*, ctx, req) -> GroupPull:
             cur.execute(Q.group_waiter_state.sql, [waiter_id])
             if cur.fetchone()[0] != WAITING:
                 return _finish(cur, waiter_id)
-            cur.execute(Q.pull_next.sql, {"consumer": ctx.consumer_pk})
-            due_in, deadline_in = cur.fetchone()
+            due_in, deadline_in = pull_next_in(consumer_pk=ctx.consumer_pk)
     if mismatch:
         raise Locked("pin_id_mismatch", "Nats-Pin-Id mismatch")
     try:
@@ -343,8 +343,7 @@ def jobs_pull_grouped(*, ctx, req) -> GroupPull:
                 row = cur.fetchone()
                 if row is None or row[0] != WAITING:
                     return _finish(cur, waiter_id)
-                cur.execute(Q.pull_next.sql, {"consumer": ctx.consumer_pk})
-                due_in, deadline_in = cur.fetchone()
+                due_in, deadline_in = pull_next_in(consumer_pk=ctx.consumer_pk)
     except BaseException:
         with transaction.atomic(), connection.cursor() as cur:
             _lock(cur, ctx.consumer_pk)

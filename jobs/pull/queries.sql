@@ -10,13 +10,13 @@
 -- partition's current gate while the partition is AVAILABLE (push: also leased by the claiming
 -- worker); on an ``ordered`` consumer only the lowest-id unfinished job of the partition, and none
 -- while another is in flight. Non-partitioned jobs pay one ``partition_id IS NULL`` test (the claims
--- keep using job_claim; the subqueries run for partitioned rows only, and the partition test is a
+-- keep walking job_push_fresh; the subqueries run for partitioned rows only, and the partition test is a
 -- correlated scalar subquery by primary key: as an EXISTS PostgreSQL may turn it into a hashed
 -- subplan that reads every AVAILABLE partition per claim). The same predicate is written out in
 -- claim_pull and both branches of claim_push.
 
 -- claim_pull --
--- index: job_claim
+-- index: job_push_fresh, job_push_retry
 -- hot
 -- Claim up to %(limit)s due QUEUED jobs of one pull consumer, priority then oldest first, within
 -- its room (not paused, maxAckPending from the maintained counters), partitioned jobs only at their
@@ -24,34 +24,98 @@
 -- (always at least one job); SKIP LOCKED picks, the UPDATE by primary key (= ANY(ARRAY(...)): a join
 -- with picked hashed every job in the generic plan) moves them to INFLIGHT with a new receipt (the
 -- claim's, jobs.pull.ack). Statuses are literals so a generic plan can use the partial indexes.
+-- First attempts are walked by priority then id (job_push_fresh), retries by due time
+-- (job_push_retry), as the push claim does: the room's first jobs of both, by priority then id.
+-- Each walk starts at a floor (jobs.state.floors, issue 35), so a held snapshot's dead entries are
+-- not walked again by every claim: (%(fp)s, %(fi)s), a priority level and the id below which that
+-- level holds only jobs that left the queue (levels above it are walked from their start, levels
+-- below it after it; a full walk passes (2147483647, 0)), and %(rsince)s for the retries (NULL: a
+-- full walk). ``fl`` and ``rl`` are the first job at or past each floor (due or not, locked or not):
+-- the claim walks from there, and the last row returns them as the next floors (with the id
+-- sequence's value, and the retry floor at most the clock less %(lag)s seconds).
 -- Two limits: a literal bound inside (1000 = jobs.pull.claim.PULL_BATCH_MAX, the most one pull
 -- claims), the consumer's room outside. A LIMIT the planner cannot read (a parameter, a subquery) is
 -- estimated at 10 % of the rows: with one consumer owning a 1M backlog that is ~100,000 rows, and a
--- sequential scan plus a sort looked cheaper than this index walk (issue 21). The outer LIMIT pulls
--- only as many rows as the room allows, so only those are locked.
-WITH c AS (
-    SELECT b.id, b.priority, b.message_id, b.payload FROM (
-    SELECT j.id, j.priority, j.message_id, j.payload FROM jobs_job j
-     WHERE j.consumer_id = %(consumer)s::bigint AND j.status = 1001 AND j.next_attempt_at <= now()
-       AND (j.expires_at IS NULL OR j.expires_at > now())  -- expiry: never hand out an expired message
-       AND (j.partition_id IS NULL OR (
-        (SELECT pt.gate FROM jobs_partition pt WHERE pt.id = j.partition_id
-            AND pt.status = 1) = j.gate
-        AND NOT ((SELECT k.ordered FROM consumers_consumer k WHERE k.id = j.consumer_id) AND EXISTS (
-            SELECT 1 FROM jobs_job o WHERE o.partition_id = j.partition_id AND o.gate = j.gate
-               AND o.id <> j.id AND (o.status = 1002 OR (o.status = 1001 AND o.id < j.id))))))
-     ORDER BY j.priority DESC, j.id
-     LIMIT 1000  -- bound: jobs.pull.claim.PULL_BATCH_MAX
-       FOR UPDATE SKIP LOCKED
-    ) b
-     LIMIT (SELECT CASE WHEN k.paused THEN 0 ELSE GREATEST(0, LEAST(%(limit)s::bigint,
+-- sequential scan plus a sort looked cheaper than this index walk (issue 21). The outer LIMIT of
+-- each walk pulls only as many rows as the room allows, so only those are locked.
+WITH fl AS MATERIALIZED (
+    SELECT f.priority, f.id FROM (
+        (SELECT j.priority, j.id FROM jobs_job j
+          WHERE j.consumer_id = %(consumer)s::bigint AND j.status = 1001 AND j.retry_count = 0 AND j.priority > %(fp)s::int
+          ORDER BY j.priority DESC, j.id LIMIT 1)
+        UNION ALL
+        (SELECT j.priority, j.id FROM jobs_job j
+          WHERE j.consumer_id = %(consumer)s::bigint AND j.status = 1001 AND j.retry_count = 0 AND j.priority = %(fp)s::int AND j.id >= %(fi)s::bigint
+          ORDER BY j.priority DESC, j.id LIMIT 1)
+        UNION ALL
+        (SELECT j.priority, j.id FROM jobs_job j
+          WHERE j.consumer_id = %(consumer)s::bigint AND j.status = 1001 AND j.retry_count = 0 AND j.priority < %(fp)s::int
+          ORDER BY j.priority DESC, j.id LIMIT 1)
+    ) f ORDER BY f.priority DESC, f.id LIMIT 1
+), rl AS MATERIALIZED (
+    SELECT r.next_attempt_at AS t FROM jobs_job r
+     WHERE r.consumer_id = %(consumer)s::bigint AND r.status = 1001 AND r.retry_count > 0
+       AND r.next_attempt_at >= COALESCE(%(rsince)s::timestamptz, '-infinity'::timestamptz)
+     ORDER BY r.next_attempt_at LIMIT 1
+), room AS MATERIALIZED (
+    SELECT CASE WHEN k.paused THEN 0 ELSE GREATEST(0, LEAST(%(limit)s::bigint,
             k.max_ack_pending - COALESCE((SELECT sum(x.n) FROM (
                 SELECT count AS n FROM broker_counter
                  WHERE scope = 1 AND owner_id = k.id AND status = 1002
                 UNION ALL
                 SELECT delta FROM broker_counterdelta
-                 WHERE scope = 1 AND owner_id = k.id AND status = 1002) x), 0)))::bigint END
-          FROM consumers_consumer k WHERE k.id = %(consumer)s::bigint)
+                 WHERE scope = 1 AND owner_id = k.id AND status = 1002) x), 0)))::bigint END AS n,
+           k.ordered
+      FROM consumers_consumer k WHERE k.id = %(consumer)s::bigint
+), c AS (
+    SELECT b.id, b.priority, b.message_id, b.payload FROM (
+        SELECT * FROM (SELECT * FROM (
+        SELECT j.id, j.priority, j.message_id, j.payload FROM jobs_job j
+         WHERE j.consumer_id = %(consumer)s::bigint AND j.status = 1001 AND j.retry_count = 0 AND j.priority = (SELECT fl.priority FROM fl) AND j.id >= (SELECT fl.id FROM fl)
+           AND j.next_attempt_at <= now()
+           AND (j.expires_at IS NULL OR j.expires_at > now())  -- expiry: never hand out an expired message
+           AND (j.partition_id IS NULL OR (
+            (SELECT pt.gate FROM jobs_partition pt WHERE pt.id = j.partition_id
+                AND pt.status = 1) = j.gate
+            AND NOT ((SELECT room.ordered FROM room) AND EXISTS (
+                SELECT 1 FROM jobs_job o WHERE o.partition_id = j.partition_id AND o.gate = j.gate
+                   AND o.id <> j.id AND (o.status = 1002 OR (o.status = 1001 AND o.id < j.id))))))
+         ORDER BY j.priority DESC, j.id
+         LIMIT 1000  -- bound: jobs.pull.claim.PULL_BATCH_MAX
+           FOR UPDATE SKIP LOCKED) x LIMIT (SELECT room.n FROM room))
+        UNION ALL
+        SELECT * FROM (SELECT * FROM (
+        SELECT j.id, j.priority, j.message_id, j.payload FROM jobs_job j
+         WHERE j.consumer_id = %(consumer)s::bigint AND j.status = 1001 AND j.retry_count = 0 AND j.priority < (SELECT fl.priority FROM fl)
+           AND j.next_attempt_at <= now()
+           AND (j.expires_at IS NULL OR j.expires_at > now())  -- expiry: never hand out an expired message
+           AND (j.partition_id IS NULL OR (
+            (SELECT pt.gate FROM jobs_partition pt WHERE pt.id = j.partition_id
+                AND pt.status = 1) = j.gate
+            AND NOT ((SELECT room.ordered FROM room) AND EXISTS (
+                SELECT 1 FROM jobs_job o WHERE o.partition_id = j.partition_id AND o.gate = j.gate
+                   AND o.id <> j.id AND (o.status = 1002 OR (o.status = 1001 AND o.id < j.id))))))
+         ORDER BY j.priority DESC, j.id
+         LIMIT 1000  -- bound: jobs.pull.claim.PULL_BATCH_MAX
+           FOR UPDATE SKIP LOCKED) x LIMIT (SELECT room.n FROM room))
+        UNION ALL
+        SELECT * FROM (SELECT * FROM (
+        SELECT j.id, j.priority, j.message_id, j.payload FROM jobs_job j
+         WHERE j.consumer_id = %(consumer)s::bigint AND j.status = 1001 AND j.retry_count > 0 AND j.next_attempt_at >= (SELECT rl.t FROM rl)
+           AND j.next_attempt_at <= now()
+           AND (j.expires_at IS NULL OR j.expires_at > now())  -- expiry: never hand out an expired message
+           AND (j.partition_id IS NULL OR (
+            (SELECT pt.gate FROM jobs_partition pt WHERE pt.id = j.partition_id
+                AND pt.status = 1) = j.gate
+            AND NOT ((SELECT room.ordered FROM room) AND EXISTS (
+                SELECT 1 FROM jobs_job o WHERE o.partition_id = j.partition_id AND o.gate = j.gate
+                   AND o.id <> j.id AND (o.status = 1002 OR (o.status = 1001 AND o.id < j.id))))))
+         ORDER BY j.next_attempt_at
+         LIMIT 1000  -- bound: jobs.pull.claim.PULL_BATCH_MAX
+           FOR UPDATE SKIP LOCKED) x LIMIT (SELECT room.n FROM room))
+    ) b
+     ORDER BY b.priority DESC, b.id
+     LIMIT (SELECT room.n FROM room)
 ), s AS (
     -- max_bytes: the running payload sum in claim order, from the stored sizes (no detoasting), the
     -- message's by primary key (a join let a plan hash the whole message table); without max_bytes
@@ -77,13 +141,20 @@ u AS (
     RETURNING j.id, j.message_id, j.priority, j.retry_count, j.incremental_timeout, j.deadline,
               j.partition_id, j.gate, j.payload, j.receipt
 )
-SELECT u.id, u.priority, u.retry_count, u.incremental_timeout, u.deadline,
-       m.message_id, COALESCE(u.payload, m.payload), m.content_type, m.headers,
-       CASE WHEN u.partition_id IS NOT NULL
-            THEN (SELECT pt.key FROM jobs_partition pt WHERE pt.id = u.partition_id) END, u.gate, m.type,
-       u.receipt, m.traceparent, m.tracestate  -- this claim's receipt; trace context (broker.tracing)
-  FROM u JOIN broker_message m ON m.id = u.message_id
- ORDER BY u.priority DESC, u.id;
+(SELECT u.id, u.priority, u.retry_count, u.incremental_timeout, u.deadline,
+        m.message_id, COALESCE(u.payload, m.payload), m.content_type, m.headers,
+        CASE WHEN u.partition_id IS NOT NULL
+             THEN (SELECT pt.key FROM jobs_partition pt WHERE pt.id = u.partition_id) END, u.gate, m.type,
+        u.receipt, m.traceparent, m.tracestate,  -- this claim's receipt; trace context (broker.tracing)
+        NULL::int, NULL::bigint, NULL::bigint, NULL::timestamptz
+   FROM u JOIN broker_message m ON m.id = u.message_id
+  ORDER BY u.priority DESC, u.id)
+UNION ALL
+-- last: the next floors (jobs.state.floors): the first live fresh job's level and id, the id
+-- sequence, the retry floor
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       (SELECT fl.priority FROM fl), (SELECT fl.id FROM fl), (SELECT last_value FROM jobs_job_id_seq),
+       LEAST((SELECT rl.t FROM rl), now() - %(lag)s::float8 * interval '1 second');
 
 -- extend --
 -- index: pk
@@ -188,21 +259,31 @@ SELECT ch.id, ch.token, c.id, c.token, c.type, c.max_retry,
  WHERE ch.channel_id = %(channel)s::text;
 
 -- queued_jobs --
--- index: job_claim
+-- index: job_push_fresh, job_push_retry
 -- hot
--- Due QUEUED jobs of a consumer in claim order, each message by primary key (LATERAL ... LIMIT 1 is
--- never turned into a join: a generic plan hash-joined the whole message table, 600 ms at 1M).
--- A literal bound inside (100 = the largest limit), the caller's limit outside: a generic plan
--- estimates "LIMIT $n" at 10 % of the rows, and with one consumer owning a 1M backlog it chose a
--- parallel sequential scan and a sort (204 ms against 0.16 ms, issue 21).
+-- settings: enable_bitmapscan=off
+-- Due QUEUED jobs of a consumer in claim order (first attempts by priority then id, retries by due
+-- time, as claim_pull walks them), each message by primary key (LATERAL ... LIMIT 1 is never turned
+-- into a join: a generic plan hash-joined the whole message table, 600 ms at 1M). A literal bound
+-- inside (100 = the largest limit), the caller's limit outside: a generic plan estimates "LIMIT $n"
+-- at 10 % of the rows, and with one consumer owning a 1M backlog it chose a parallel sequential scan
+-- and a sort (204 ms against 0.16 ms, issue 21). No bitmap scans: for a consumer the statistics
+-- call small, the retries' walk was planned as a bitmap scan of every due retry and a sort, a cost
+-- that grows with the retries due after an outage (the walk in index order stops at the bound).
 SELECT j.id, j.priority, j.incremental_timeout, m.message_id, m.payload, m.content_type, m.headers, m.type,
        m.traceparent, m.tracestate
   FROM (SELECT b.id, b.priority, b.incremental_timeout, b.message_id FROM (
+        (SELECT id, priority, incremental_timeout, message_id FROM jobs_job
+          WHERE consumer_id = %(consumer)s::bigint AND status = 1001 AND retry_count = 0 AND next_attempt_at <= now()
+            AND (expires_at IS NULL OR expires_at > now())  -- expiry: never listed once expired
+          ORDER BY priority DESC, id LIMIT 100  -- bound: jobs.pull.fields.QUEUED_JOBS_MAX
+        ) UNION ALL (
         SELECT id, priority, incremental_timeout, message_id FROM jobs_job
-         WHERE consumer_id = %(consumer)s::bigint AND status = 1001 AND next_attempt_at <= now()
-           AND (expires_at IS NULL OR expires_at > now())  -- expiry: never listed once expired
-         ORDER BY priority DESC, id LIMIT 100  -- bound: jobs.pull.fields.QUEUED_JOBS_MAX
-        ) b LIMIT %(limit)s::int) j
+          WHERE consumer_id = %(consumer)s::bigint AND status = 1001 AND retry_count > 0
+            AND next_attempt_at <= now() AND (expires_at IS NULL OR expires_at > now())
+          ORDER BY next_attempt_at LIMIT 100  -- bound: jobs.pull.fields.QUEUED_JOBS_MAX
+        )
+        ) b ORDER BY b.priority DESC, b.id LIMIT %(limit)s::int) j
   CROSS JOIN LATERAL (SELECT message_id, payload, content_type, headers, type, traceparent, tracestate FROM broker_message
                        WHERE id = j.message_id LIMIT 1) m
  ORDER BY j.priority DESC, j.id;
@@ -237,19 +318,43 @@ RETURNING id;
 -- hot
 -- When a waiting pull (or a priority group's dispatcher) should look again: seconds until the
 -- earliest delayed job is due and until the earliest in-flight deadline. Partitioned jobs count as
--- due only while delayed (a gate advance NOTIFYs instead).
+-- due only while delayed (a gate advance NOTIFYs instead). Each walk starts at a floor
+-- (jobs.state.floors): the consumer's claim floor (%(fp)s, %(fi)s) for its fresh jobs, %(rsince)s and
+-- %(dsince)s (NULL: a full walk) for its retries and in-flight deadlines, whose next floors come
+-- back last (the earliest value seen, at most the clock less %(lag)s seconds).
+WITH r AS MATERIALIZED (
+    SELECT min(r.next_attempt_at) AS t FROM jobs_job r
+     WHERE r.consumer_id = %(consumer)s::bigint AND r.status = 1001 AND r.retry_count > 0
+       AND r.next_attempt_at >= COALESCE(%(rsince)s::timestamptz, '-infinity'::timestamptz)
+       AND (r.partition_id IS NULL OR r.next_attempt_at > now())
+       AND (r.expires_at IS NULL OR r.expires_at > now())
+), d AS MATERIALIZED (
+    SELECT min(i.deadline) AS t FROM jobs_job i
+     WHERE i.consumer_id = %(consumer)s::bigint AND i.status = 1002
+       AND i.deadline >= COALESCE(%(dsince)s::timestamptz, '-infinity'::timestamptz)
+)
 SELECT
        EXTRACT(EPOCH FROM LEAST(
-           (SELECT f.next_attempt_at FROM jobs_job f
-             WHERE f.consumer_id = %(consumer)s AND f.status = 1001 AND f.retry_count = 0
-               AND f.partition_id IS NULL AND (f.expires_at IS NULL OR f.expires_at > now())
-             ORDER BY f.priority DESC, f.id LIMIT 1),
-           (SELECT min(r.next_attempt_at) FROM jobs_job r
-             WHERE r.consumer_id = %(consumer)s AND r.status = 1001 AND r.retry_count > 0
-               AND (r.partition_id IS NULL OR r.next_attempt_at > now())
-               AND (r.expires_at IS NULL OR r.expires_at > now()))) - now()),
-       EXTRACT(EPOCH FROM (SELECT min(i.deadline) FROM jobs_job i
-                            WHERE i.consumer_id = %(consumer)s AND i.status = 1002) - now());
+           (SELECT x.next_attempt_at FROM (
+            (SELECT f.priority, f.id, f.next_attempt_at FROM jobs_job f
+              WHERE f.consumer_id = %(consumer)s::bigint AND f.status = 1001 AND f.retry_count = 0 AND f.priority > %(fp)s::int
+                AND f.partition_id IS NULL AND (f.expires_at IS NULL OR f.expires_at > now())
+              ORDER BY f.priority DESC, f.id LIMIT 1)
+            UNION ALL
+            (SELECT f.priority, f.id, f.next_attempt_at FROM jobs_job f
+              WHERE f.consumer_id = %(consumer)s::bigint AND f.status = 1001 AND f.retry_count = 0 AND f.priority = %(fp)s::int AND f.id >= %(fi)s::bigint
+                AND f.partition_id IS NULL AND (f.expires_at IS NULL OR f.expires_at > now())
+              ORDER BY f.priority DESC, f.id LIMIT 1)
+            UNION ALL
+            (SELECT f.priority, f.id, f.next_attempt_at FROM jobs_job f
+              WHERE f.consumer_id = %(consumer)s::bigint AND f.status = 1001 AND f.retry_count = 0 AND f.priority < %(fp)s::int
+                AND f.partition_id IS NULL AND (f.expires_at IS NULL OR f.expires_at > now())
+              ORDER BY f.priority DESC, f.id LIMIT 1)
+            ) x ORDER BY x.priority DESC, x.id LIMIT 1),
+           (SELECT t FROM r)) - now()),
+       EXTRACT(EPOCH FROM (SELECT t FROM d) - now()),
+       LEAST((SELECT t FROM r), now() - %(lag)s::float8 * interval '1 second'),
+       LEAST((SELECT t FROM d), now() - %(lag)s::float8 * interval '1 second');
 
 -- group_waiters --
 -- index: pullwaiter_live
@@ -262,13 +367,19 @@ SELECT id, pin_id, priority, min_pending, min_ack_pending, batch, max_bytes, inc
  WHERE consumer_id = %s AND state = 0 AND expires_at > now();
 
 -- group_due --
--- index: job_claim
+-- index: job_push_fresh, job_push_retry
 -- hot
 -- Is a job due? The claim's own first step (an EXISTS was planned as a scan of the whole table with
--- the statistics of a smaller one).
-SELECT (SELECT id FROM jobs_job WHERE consumer_id = %s AND status = 1001 AND next_attempt_at <= now()
+-- the statistics of a smaller one): a first attempt (job_push_fresh), or a retry whose time came
+-- (job_push_retry).
+SELECT (SELECT id FROM jobs_job WHERE consumer_id = %s AND status = 1001 AND retry_count = 0
+                                  AND next_attempt_at <= now()
                                   AND (expires_at IS NULL OR expires_at > now())  -- expiry
-         ORDER BY priority DESC, id LIMIT 1) IS NOT NULL;
+         ORDER BY priority DESC, id LIMIT 1) IS NOT NULL
+    OR (SELECT id FROM jobs_job WHERE consumer_id = %s AND status = 1001 AND retry_count > 0
+                                  AND next_attempt_at <= now()
+                                  AND (expires_at IS NULL OR expires_at > now())
+         ORDER BY next_attempt_at LIMIT 1) IS NOT NULL;
 
 -- group_waiter_insert --
 -- index: pullwaiter_live
@@ -361,19 +472,23 @@ SELECT state FROM consumers_pullwaiter WHERE id = %s;
 DELETE FROM consumers_pullwaiter WHERE id = %s RETURNING job_ids, state, pin_id;
 
 -- doorbell_ring --
--- index: job_claim, job_consumer_status
+-- index: job_push_fresh, job_claim
 -- hot
 -- Decide and record in one statement which pull consumers with a callback URL ring now (all, or
--- %(ids)s): ready (a due QUEUED job, job_claim) and not paused, and armed, or the job marked at the
--- last ring is gone; throttled by notify_interval. The mark and the oldest queued job are probes of
--- job_consumer_status with ranges, not equalities: with plain equalities the ORDER BY collapses to
--- "id" and, in a correlated subquery, the planner may walk the primary key filtering every other
--- consumer's rows (measured: 16 ms per 100k rows).
+-- %(ids)s): ready (a due QUEUED job: a first attempt, job_push_fresh, or a due retry, job_push_retry)
+-- and not paused, and armed, or the job marked at the last ring is gone; throttled by
+-- notify_interval. The mark and the oldest queued job are probes of job_claim (consumer, id) with a
+-- range on the consumer, not an equality: with an equality the ORDER BY collapses to "id" and, in a
+-- correlated subquery, the planner may walk the primary key filtering every other consumer's rows
+-- (measured: 16 ms per 100k rows).
 WITH c AS MATERIALIZED (
     SELECT c.id, c.paused, c.notify_interval, d.consumer_id IS NULL AS fresh, d.armed, d.mark, d.next_ring_at,
-           (SELECT j.id FROM jobs_job j WHERE j.consumer_id = c.id AND j.status = 1001
+           ((SELECT j.id FROM jobs_job j WHERE j.consumer_id = c.id AND j.status = 1001 AND j.retry_count = 0
                 AND j.next_attempt_at <= now() AND (j.expires_at IS NULL OR j.expires_at > now())  -- expiry
-              ORDER BY j.priority DESC, j.id LIMIT 1) IS NOT NULL AS ready
+              ORDER BY j.priority DESC, j.id LIMIT 1) IS NOT NULL
+            OR (SELECT j.id FROM jobs_job j WHERE j.consumer_id = c.id AND j.status = 1001 AND j.retry_count > 0
+                AND j.next_attempt_at <= now() AND (j.expires_at IS NULL OR j.expires_at > now())
+              ORDER BY j.next_attempt_at LIMIT 1) IS NOT NULL) AS ready
       FROM consumers_consumer c LEFT JOIN consumers_doorbellstate d ON d.consumer_id = c.id
      WHERE c.type = 'pull' AND c.callback_url <> ''
        AND (%(ids)s::bigint[] IS NULL OR c.id = ANY(%(ids)s::bigint[]))
@@ -390,9 +505,8 @@ WITH c AS MATERIALIZED (
     INSERT INTO consumers_doorbellstate AS d (consumer_id, armed, mark, rang_at, next_ring_at, rings, failures)
     SELECT x.id, x.action = 'arm',
            CASE WHEN x.action = 'ring' THEN (SELECT q.id FROM jobs_job q
-                                              WHERE q.consumer_id BETWEEN x.id AND x.id
-                                                AND q.status BETWEEN 1001 AND 1001
-                                              ORDER BY q.consumer_id, q.status, q.id DESC LIMIT 1) END,
+                                              WHERE q.consumer_id BETWEEN x.id AND x.id AND q.status = 1001
+                                              ORDER BY q.consumer_id DESC, q.id DESC LIMIT 1) END,
            CASE WHEN x.action = 'ring' THEN now() END,
            CASE WHEN x.action = 'ring' THEN now() + x.notify_interval * interval '1 second' END,
            CASE WHEN x.action = 'ring' THEN 1 ELSE 0 END, 0
@@ -409,8 +523,8 @@ WITH c AS MATERIALIZED (
 SELECT w.consumer_id, w.rang_at, ch.channel_id, c.consumer_id, c.callback_url, c.token, c.signing_secret,
        c.previous_signing_secret, c.previous_secret_expires_at,
        (SELECT o.created_at FROM jobs_job o
-         WHERE o.consumer_id BETWEEN w.consumer_id AND w.consumer_id AND o.status BETWEEN 1001 AND 1001
-         ORDER BY o.consumer_id DESC, o.status DESC, o.id LIMIT 1),
+         WHERE o.consumer_id BETWEEN w.consumer_id AND w.consumer_id AND o.status = 1001
+         ORDER BY o.consumer_id, o.id LIMIT 1),
        extract(epoch FROM w.next_ring_at - now())::float8
   FROM written w JOIN consumers_consumer c ON c.id = w.consumer_id JOIN broker_channel ch ON ch.id = c.channel_id
  WHERE NOT w.armed

@@ -4,10 +4,12 @@ never fill the same free slot."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import psycopg
 from django.conf import settings
+from psycopg.types.json import Jsonb
 from django.db import transaction
 
 from broker.db.run import array_literal, bound_cursor, transition_errors
@@ -15,6 +17,7 @@ from broker.tracing import TraceContext
 from jobs.partitions.leases import push_claims_serialize
 from jobs.publish.messages import headers_decode
 from jobs.push.queries import Q
+from jobs.state import floors
 from jobs.state.transitions import INFLIGHT, QUEUED, transition_check
 
 # Run first in a push dispatcher's transaction (record outcomes + claim), measured on the 2-core
@@ -53,7 +56,8 @@ class PushJob:
     room: int | None = None  # its consumer's room at this claim (all of it taken: the consumer is saturated)
 
 
-def jobs_claim_push(*, limit: int, reason: str = "push", worker: str = "", caps: FairCaps | None = None) -> list[PushJob]:
+def jobs_claim_push(*, limit: int, reason: str = "push", worker: str = "", caps: FairCaps | None = None,
+                    owner: int | None = None) -> list[PushJob]:
     """Claim up to ``limit`` due QUEUED jobs across every push consumer: priority DESC, then
     oldest first, never past a consumer's ``maxInFlight`` (counted over all processes) or its
     ``maxDeliveriesPerSecond`` pacing. Moves them to INFLIGHT with a deadline of the consumer's
@@ -76,27 +80,44 @@ def jobs_claim_push(*, limit: int, reason: str = "push", worker: str = "", caps:
         limit = min(limit, caps.limit)
     if limit <= 0:
         return []
+    began = time.monotonic()
+    walks: dict[int, tuple[int, bool, bool]] = {}  # consumer pk: (its floor's level, full fresh walk, full retry walk)
     params = {
         "limit": int(limit),
         "conn_timeout": float(settings.BROKER_CONNECTION_TIMEOUT),
         "rational": float(settings.BROKER_RATIONAL_DELAY),
         "reason": reason[:32],
         "worker": worker or "",
+        "lag": floors.LAG,
+        "owner": owner,  # the claiming engine (jobs.push.owners); None: the claims outlive nobody's check
         "ids": array_literal([] if caps is None else caps.consumers),
         "caps": array_literal([] if caps is None else caps.caps),
     }
+    given = []
+    for pk in set(floors.CLAIM_PUSH.keys()) | set(floors.RETRIES_PUSH.keys()):
+        (level, first), full = floors.CLAIM_PUSH.position(pk, began)
+        since, full_retries = floors.RETRIES_PUSH.time(pk, began)
+        walks[pk] = (level, full, full_retries)
+        given.append({"consumer_id": pk, "fp": level, "fi": first, "ft": since.isoformat() if since else None})
+    params["floors"] = Jsonb(given)
     with transaction.atomic(savepoint=False), transition_errors(), bound_cursor() as cur:
         cur.adapters.register_loader("timestamptz", _TIMESTAMPTZ_LOADER)
         push_claims_serialize(cur, prepare=True)
         cur.execute(Q.claim_push.sql, params, prepare=True)
         rows = cur.fetchall()
-    return [
-        PushJob(id=r[0], consumer_pk=r[1], priority=r[2], retry_count=r[3], message_id=r[4],
-                payload=bytes(r[5]), content_type=r[6], consumer_updated_at=r[8],
-                partition_key=r[9], gate=r[10] or 0, message_type=r[11], circuit_dirty=r[12],
-                headers=headers_decode(r[7]), trace=TraceContext(r[13] or "", r[14] or ""), room=r[15])
-        for r in rows
-    ]
+    jobs = []
+    for r in rows:
+        if r[0] is None:  # a walked consumer's next floors (jobs.state.floors)
+            level, full, full_retries = walks.get(r[1], (floors.FULL[0], True, True))
+            floors.CLAIM_PUSH.walked(r[1], began=began, full=full, level=level,
+                                     first=(r[16], r[17]) if r[17] is not None else None, sequence=r[18])
+            floors.RETRIES_PUSH.walked(r[1], began=began, full=full_retries, value=r[19])
+            continue
+        jobs.append(PushJob(id=r[0], consumer_pk=r[1], priority=r[2], retry_count=r[3], message_id=r[4],
+                            payload=bytes(r[5]), content_type=r[6], consumer_updated_at=r[8],
+                            partition_key=r[9], gate=r[10] or 0, message_type=r[11], circuit_dirty=r[12],
+                            headers=headers_decode(r[7]), trace=TraceContext(r[13] or "", r[14] or ""), room=r[15]))
+    return jobs
 
 
 def saturation_update(saturated: set[int], jobs: list[PushJob]) -> None:

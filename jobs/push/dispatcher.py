@@ -59,6 +59,7 @@ from jobs.publish.wakeup import CHANNEL
 from jobs.push.claim import (PUSH_TRANSACTION_SETUP, fair_caps, fair_share, jobs_claim_push, saturation_update,
                              window_hold)
 from jobs.push.delivery import attempt_deliver, targets_load
+from jobs.push.owners import owner_id_new, push_owner_register
 from jobs.push.queries import Q
 from jobs.push.record import outcomes_record
 
@@ -147,7 +148,11 @@ class Engine:
         # This loop's own LISTEN connection, waited on with select() together with the wake pipe, so
         # a publish reaches the claim with no thread hand-off (jobs.pull.wakeups's shared listener wakes
         # waiters through two threads). Reconnects quietly; the poll covers the gap.
-        self.listener = Listener([CHANNEL], application_name="broker-push-listen")
+        # Its backend is also this engine's owner row (jobs.push.owners): when the process goes,
+        # however it goes, its claims go back to the queue at the next housekeeping run anywhere.
+        self.owner_id = owner_id_new()
+        self.listener = Listener([CHANNEL], application_name="broker-push-listen",
+                                 on_connect=lambda conn: push_owner_register(conn=conn, owner_id=self.owner_id))
         self.wake_share: tuple[int, int] | None = None  # (slot, slots): see _worth_claiming
         # jobs.partitions: this engine's lease owner id; partitions are claimed only while leased
         self.worker_id = uuid.uuid4().hex
@@ -438,7 +443,7 @@ class Engine:
             if pending:
                 retry_delays = outcomes_record(pending, now=now)
             if limit:
-                jobs = jobs_claim_push(limit=limit, worker=self.worker_id,
+                jobs = jobs_claim_push(limit=limit, worker=self.worker_id, owner=self.owner_id,
                                        caps=fair_caps(inflight=self.inflight, size=self.size, limit=limit))
                 self._targets_refresh(jobs)
         return retry_delays, jobs

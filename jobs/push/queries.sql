@@ -10,10 +10,19 @@
 -- partition's current gate while the partition is AVAILABLE (push: also leased by the claiming
 -- worker); on an ``ordered`` consumer only the lowest-id unfinished job of the partition, and none
 -- while another is in flight. Non-partitioned jobs pay one ``partition_id IS NULL`` test (the claims
--- keep using job_claim; the subqueries run for partitioned rows only, and the partition test is a
+-- keep walking job_push_fresh; the subqueries run for partitioned rows only, and the partition test is a
 -- correlated scalar subquery by primary key: as an EXISTS PostgreSQL may turn it into a hashed
 -- subplan that reads every AVAILABLE partition per claim). The same predicate is written out in
 -- claim_pull and both branches of claim_push.
+
+-- push_owner_register --
+-- index: pk
+-- A push dispatcher engine registers (or, reconnected, moves) its LISTEN connection's backend
+-- (jobs.push.owners): run on that connection, so the row names the backend whose end means the
+-- process is gone.
+INSERT INTO jobs_pushowner (id, pid, backend_start, registered_at)
+SELECT %(owner)s::bigint, a.pid, a.backend_start, now() FROM pg_stat_activity a WHERE a.pid = pg_backend_pid()
+ON CONFLICT (id) DO UPDATE SET pid = EXCLUDED.pid, backend_start = EXCLUDED.backend_start;
 
 -- claim_push --
 -- index: job_push_fresh, job_push_retry
@@ -21,6 +30,15 @@
 -- Claim due QUEUED jobs across every push consumer within maxInFlight, the GCRA pacing of
 -- maxDeliveriesPerSecond and the claiming loop's fair shares (jobs.push.claim.fair_caps);
 -- partitioned jobs only of partitions %(worker)s holds a live lease on.
+-- What is in flight comes from the maintained counters (status 1002: a row and the deltas of the
+-- last seconds), not from a walk of the in-flight jobs, which a held snapshot makes as long as the
+-- hold (issue 35). Each consumer's walks start at its floors (jobs.state.floors), passed as one
+-- JSON list %(floors)s (one parameter type whatever the list holds, so one prepared statement):
+-- consumer_id, level fp and id fi of its fresh jobs, time ft of its retries; a consumer not in it is
+-- walked in full. ``w`` finds the first fresh job at or past
+-- the floor and the first retry at or past the time (locked or not), the claim walks from those,
+-- and the last rows return them as the next floors (with the id sequence's value, and the retry
+-- floor less %(lag)s seconds).
 -- Run after push_claim_lock in the dispatcher's transaction. Statuses inlined (generic plans).
 -- Circuit breaker (jobs.push.circuit; circuit states CLOSED 0, OPEN 1, HALF_OPEN 2; ``cb`` is the
 -- consumer's consumers_circuit row, by its primary key consumer_id, NULL while it never failed):
@@ -35,8 +53,11 @@ WITH k AS MATERIALIZED (
            LEAST(c.max_in_flight, c.max_ack_pending, CASE WHEN c.circuit_breaker_failures > 0 THEN
                 CASE WHEN cb.state IN (1, 2) THEN CASE WHEN cb.next_probe_at <= now() THEN 1 ELSE 0 END
                      WHEN cb.failures > 0 THEN GREATEST(c.circuit_breaker_failures - cb.failures, 1) END END)
-             - (SELECT count(*) FROM jobs_job i
-                 WHERE i.consumer_id = c.id AND i.status = 1002) AS room,
+             - COALESCE((SELECT sum(x.n) FROM (
+                   SELECT count AS n FROM broker_counter WHERE scope = 1 AND owner_id = c.id AND status = 1002
+                   UNION ALL
+                   SELECT delta FROM broker_counterdelta WHERE scope = 1 AND owner_id = c.id AND status = 1002) x), 0)
+             AS room,
            c.max_deliveries_per_second AS rate, c.ordered,
            COALESCE(c.connection_timeout, %(conn_timeout)s::float8) + 0.25 + %(rational)s::float8 AS ttl,
            GREATEST(extract(epoch FROM p.tat - now()), 0) AS lag,
@@ -55,36 +76,75 @@ WITH k AS MATERIALIZED (
            LEAST(room, %(limit)s::int, q.n,
                  CASE WHEN rate > 0 THEN floor(GREATEST(1, ceil(rate / 20.0)) - COALESCE(lag, 0) * rate)::int END) AS room
       FROM k LEFT JOIN unnest(%(ids)s::int8[], %(caps)s::int[]) q(c, n) ON q.c=id
+), f AS (
+    SELECT * FROM jsonb_to_recordset(%(floors)s::jsonb) AS f(consumer_id bigint, fp int, fi bigint, ft timestamptz)
+), w AS MATERIALIZED (
+    SELECT r.id, r.room, r.ordered, fl.priority AS lp, fl.id AS li, rl.t AS lt,
+           COALESCE(f.fp, 2147483647) AS fp
+      FROM r LEFT JOIN f ON f.consumer_id = r.id
+      LEFT JOIN LATERAL (
+          SELECT x.priority, x.id FROM (
+              (SELECT j.priority, j.id FROM jobs_job j
+                WHERE j.consumer_id = r.id AND j.status = 1001 AND j.retry_count = 0 AND j.priority > COALESCE(f.fp, 2147483647)
+                ORDER BY j.priority DESC, j.id LIMIT 1)
+              UNION ALL
+              (SELECT j.priority, j.id FROM jobs_job j
+                WHERE j.consumer_id = r.id AND j.status = 1001 AND j.retry_count = 0 AND j.priority = COALESCE(f.fp, 2147483647) AND j.id >= COALESCE(f.fi, 0)
+                ORDER BY j.priority DESC, j.id LIMIT 1)
+              UNION ALL
+              (SELECT j.priority, j.id FROM jobs_job j
+                WHERE j.consumer_id = r.id AND j.status = 1001 AND j.retry_count = 0 AND j.priority < COALESCE(f.fp, 2147483647)
+                ORDER BY j.priority DESC, j.id LIMIT 1)
+          ) x ORDER BY x.priority DESC, x.id LIMIT 1) fl ON true
+      LEFT JOIN LATERAL (
+          SELECT j.next_attempt_at AS t FROM jobs_job j
+           WHERE j.consumer_id = r.id AND j.status = 1001 AND j.retry_count > 0
+             AND j.next_attempt_at >= COALESCE(f.ft, '-infinity'::timestamptz)
+           ORDER BY j.next_attempt_at LIMIT 1) rl ON true
+     WHERE r.room > 0
 ), cand AS MATERIALIZED (
     SELECT x.id, x.priority
-      FROM r CROSS JOIN LATERAL (
+      FROM w CROSS JOIN LATERAL (
           SELECT y.id, y.priority FROM (
               (SELECT j.id, j.priority FROM jobs_job j
-                WHERE j.consumer_id = r.id AND j.status = 1001 AND j.retry_count = 0
+                WHERE j.consumer_id = w.id AND j.status = 1001 AND j.retry_count = 0
+                  AND j.priority = w.lp AND j.id >= w.li
                   AND j.next_attempt_at <= now()
                   AND (j.expires_at IS NULL OR j.expires_at > now())  -- expiry
                   AND (j.partition_id IS NULL OR (
         (SELECT pt.gate FROM jobs_partition pt WHERE pt.id = j.partition_id
             AND pt.status = 1 AND pt.owner = %(worker)s::text AND pt.lease_until > now()) = j.gate
-        AND NOT (r.ordered AND EXISTS (
+        AND NOT (w.ordered AND EXISTS (
             SELECT 1 FROM jobs_job o WHERE o.partition_id = j.partition_id AND o.gate = j.gate
                AND o.id <> j.id AND (o.status = 1002 OR (o.status = 1001 AND o.id < j.id))))))
-                ORDER BY j.priority DESC, j.id LIMIT r.room)
+                ORDER BY j.priority DESC, j.id LIMIT w.room)
               UNION ALL
               (SELECT j.id, j.priority FROM jobs_job j
-                WHERE j.consumer_id = r.id AND j.status = 1001 AND j.retry_count > 0
+                WHERE j.consumer_id = w.id AND j.status = 1001 AND j.retry_count = 0
+                  AND j.priority < w.lp
                   AND j.next_attempt_at <= now()
                   AND (j.expires_at IS NULL OR j.expires_at > now())  -- expiry
                   AND (j.partition_id IS NULL OR (
         (SELECT pt.gate FROM jobs_partition pt WHERE pt.id = j.partition_id
             AND pt.status = 1 AND pt.owner = %(worker)s::text AND pt.lease_until > now()) = j.gate
-        AND NOT (r.ordered AND EXISTS (
+        AND NOT (w.ordered AND EXISTS (
             SELECT 1 FROM jobs_job o WHERE o.partition_id = j.partition_id AND o.gate = j.gate
                AND o.id <> j.id AND (o.status = 1002 OR (o.status = 1001 AND o.id < j.id))))))
-                ORDER BY j.next_attempt_at LIMIT r.room)
-          ) y ORDER BY y.priority DESC, y.id LIMIT r.room
+                ORDER BY j.priority DESC, j.id LIMIT w.room)
+              UNION ALL
+              (SELECT j.id, j.priority FROM jobs_job j
+                WHERE j.consumer_id = w.id AND j.status = 1001 AND j.retry_count > 0
+                  AND j.next_attempt_at >= w.lt AND j.next_attempt_at <= now()
+                  AND (j.expires_at IS NULL OR j.expires_at > now())  -- expiry
+                  AND (j.partition_id IS NULL OR (
+        (SELECT pt.gate FROM jobs_partition pt WHERE pt.id = j.partition_id
+            AND pt.status = 1 AND pt.owner = %(worker)s::text AND pt.lease_until > now()) = j.gate
+        AND NOT (w.ordered AND EXISTS (
+            SELECT 1 FROM jobs_job o WHERE o.partition_id = j.partition_id AND o.gate = j.gate
+               AND o.id <> j.id AND (o.status = 1002 OR (o.status = 1001 AND o.id < j.id))))))
+                ORDER BY j.next_attempt_at LIMIT w.room)
+          ) y ORDER BY y.priority DESC, y.id LIMIT w.room
       ) x
-     WHERE r.room > 0
      ORDER BY x.priority DESC, x.id
      LIMIT %(limit)s::int
 ), u AS (
@@ -93,7 +153,8 @@ WITH k AS MATERIALIZED (
     -- queued job here).
     UPDATE jobs_job j SET status = 1002, status_changed_at = now(),
                           deadline = now() + r.ttl * interval '1 second', last_reason = %(reason)s::text,
-                          receipt = nextval('jobs_job_receipt_seq')  -- every claim's own (jobs.pull.ack)
+                          receipt = nextval('jobs_job_receipt_seq'),  -- every claim's own (jobs.pull.ack)
+                          claimed_by = %(owner)s::bigint  -- the claiming dispatcher (jobs.sweeps.orphans)
       FROM (SELECT p.id, p.consumer_id FROM jobs_job p
              WHERE p.id = ANY(ARRAY(SELECT id FROM cand)) AND p.status = 1001
                FOR UPDATE SKIP LOCKED) pick
@@ -112,14 +173,22 @@ WITH k AS MATERIALIZED (
     UPDATE consumers_circuit cb SET state = 2, next_probe_at = now() + r.probe * interval '1 second'
       FROM r WHERE cb.consumer_id = r.id AND r.probing AND r.id IN (SELECT consumer_id FROM u)
 )
-SELECT u.id, u.consumer_id, u.priority, u.retry_count, m.message_id, COALESCE(u.payload, m.payload),
-       m.content_type, m.headers, r.updated_at,
-       CASE WHEN u.partition_id IS NOT NULL
-            THEN (SELECT pt.key FROM jobs_partition pt WHERE pt.id = u.partition_id) END, u.gate, m.type, r.cb_dirty,
-       m.traceparent, m.tracestate,  -- trace context (broker.tracing)
-       r.room  -- the consumer's room this claim filled up to (all of it: the consumer is saturated)
-  FROM u JOIN broker_message m ON m.id = u.message_id JOIN r ON r.id = u.consumer_id
- ORDER BY u.priority DESC, u.id;
+(SELECT u.id, u.consumer_id, u.priority, u.retry_count, m.message_id, COALESCE(u.payload, m.payload),
+        m.content_type, m.headers, r.updated_at,
+        CASE WHEN u.partition_id IS NOT NULL
+             THEN (SELECT pt.key FROM jobs_partition pt WHERE pt.id = u.partition_id) END, u.gate, m.type, r.cb_dirty,
+        m.traceparent, m.tracestate,  -- trace context (broker.tracing)
+        r.room,  -- the consumer's room this claim filled up to (all of it: the consumer is saturated)
+        NULL::int, NULL::bigint, NULL::bigint, NULL::timestamptz
+   FROM u JOIN broker_message m ON m.id = u.message_id JOIN r ON r.id = u.consumer_id
+  ORDER BY u.priority DESC, u.id)
+UNION ALL
+-- last: each walked consumer's next floors (jobs.state.floors): the first live fresh job's level and
+-- id, the id sequence, and the retry floor
+SELECT NULL, w.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       w.lp, w.li, (SELECT last_value FROM jobs_job_id_seq),
+       LEAST(w.lt, now() - %(lag)s::float8 * interval '1 second')
+  FROM w;
 
 -- push_record --
 -- index: pk

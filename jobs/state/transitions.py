@@ -58,7 +58,7 @@ def _t(from_status: int, to_status: int, *kinds: str) -> Transition:
 TRANSITIONS: tuple[Transition, ...] = (
     _t(QUEUED, INFLIGHT, "claim"),
     _t(INFLIGHT, DELIVERED, "deliver"),
-    _t(INFLIGHT, QUEUED, "retry", "timeout", "gate"),
+    _t(INFLIGHT, QUEUED, "retry", "timeout", "gate", "orphaned"),
     _t(INFLIGHT, DEAD, "give_up", "retry", "timeout", "mark_dead"),
     _t(DEAD, INFLIGHT, "retry_dead"),
     _t(DEAD, QUEUED, "requeue", "replay"),

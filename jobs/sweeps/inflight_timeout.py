@@ -12,6 +12,7 @@ from django.conf import settings
 
 from broker.db.run import query_fetchone
 from jobs.partitions.settle import settle_on_commit
+from jobs.state import floors
 from jobs.state.transitions import DEAD, INFLIGHT, QUEUED, transitions_check
 from jobs.sweeps.queries import Q
 
@@ -31,16 +32,22 @@ def jobs_expire_inflight(*, limit: int = EXPIRE_BATCH, consumer_pk: int | None =
     batch comes back short or ``budget`` seconds are spent: 100,000 expired jobs are requeued by
     one call instead of one batch a second. Returns how many jobs moved."""
 
-    params = {"max_retry": settings.BROKER_MAX_RETRY, "limit": int(limit), "consumer": consumer_pk}
+    began = time.monotonic()
+    since, full = floors.DEADLINES.time(consumer_pk, began)  # jobs.state.floors: where the walk starts
+    params = {"max_retry": settings.BROKER_MAX_RETRY, "limit": int(limit), "consumer": consumer_pk,
+              "since": since, "lag": floors.LAG}
     total = 0
-    stop_at = time.monotonic() + budget
+    stop_at = began + budget
     transitions_check([(INFLIGHT, QUEUED), (INFLIGHT, DEAD)], "timeout")
     while True:
         row = query_fetchone(Q.expire_inflight, params)
         settle_on_commit(row[2] or [])
         moved = int(row[0])
         total += moved
-        if moved < limit or time.monotonic() >= stop_at:
+        if moved < limit:  # every expired job past the floor moved: the next sweep may start at this one's
+            floors.DEADLINES.walked(consumer_pk, began=began, full=full, value=row[3])
+            return total
+        if time.monotonic() >= stop_at:
             return total
 
 

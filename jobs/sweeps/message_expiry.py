@@ -13,6 +13,7 @@ import time
 
 from broker.db.run import query_fetchone
 from jobs.partitions.settle import settle_on_commit
+from jobs.state import floors
 from jobs.state.transitions import DEAD, QUEUED, transition_check
 from jobs.sweeps.queries import Q
 
@@ -28,12 +29,18 @@ def jobs_expire_messages(*, limit: int = EXPIRY_BATCH, budget: float = EXPIRY_BU
     (a dead job at the current gate fails its partition, as any dead job does). Returns how many."""
     transition_check(QUEUED, DEAD, EXPIRED_REASON)
     total = 0
-    stop_at = time.monotonic() + budget
+    began = time.monotonic()
+    since, full = floors.EXPIRIES.time(None, began)  # jobs.state.floors: where this sweep's walk starts
+    stop_at = began + budget
     while True:
-        moved, partitions = query_fetchone(Q.expire_messages, {"limit": int(limit)})
+        moved, partitions, floor = query_fetchone(Q.expire_messages, {"limit": int(limit), "since": since,
+                                                                      "lag": floors.LAG})
         settle_on_commit(partitions or [])
         total += int(moved)
-        if moved < limit or time.monotonic() >= stop_at:
+        if moved < limit:  # every expired job past the floor moved: the next sweep may start at this one's
+            floors.EXPIRIES.walked(None, began=began, full=full, value=floor)
+            return total
+        if time.monotonic() >= stop_at:
             return total
 
 

@@ -13,10 +13,13 @@
 -- lazy sweep) back to QUEUED (retry + 1), DEAD past the consumer's retry limit; waiting pulls are
 -- notified. No ORDER BY: every call requeues every expired job (in batches), and either in-flight
 -- index finds them without a sort. Run with its values (Django binds them), the consumer test folds
--- away: job_inflight_deadline for all consumers, job_inflight_consumer for one.
+-- away: job_inflight_deadline for all consumers, job_inflight_consumer for one. The walk starts at
+-- %(since)s (jobs.state.floors: the last complete sweep's clock less its lag; NULL: a full walk),
+-- and returns this one's, so a held snapshot's dead entries are not walked at every sweep.
 WITH c AS (
     SELECT j.id FROM jobs_job j
      WHERE j.status = 1002 AND j.deadline < now()
+       AND j.deadline >= COALESCE(%(since)s::timestamptz, '-infinity'::timestamptz)
        AND (%(consumer)s::bigint IS NULL OR j.consumer_id = %(consumer)s::bigint)
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
@@ -39,7 +42,8 @@ WITH c AS (
       FROM u WHERE status = 1001 HAVING count(*) > 0
 )
 SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM n),
-       (SELECT array_agg(DISTINCT partition_id) FROM u WHERE partition_id IS NOT NULL AND status = 1004);
+       (SELECT array_agg(DISTINCT partition_id) FROM u WHERE partition_id IS NOT NULL AND status = 1004),
+       now() - %(lag)s::float8 * interval '1 second';
 
 -- expire_messages --
 -- index: job_queued_expiry
@@ -48,10 +52,13 @@ SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM n),
 -- ``expired`` (history by the trigger). job_queued_expiry is partial (QUEUED rows with an expiry, by
 -- expires_at), so a sweep that finds nothing costs one index probe however large the backlog. Rows
 -- locked SKIP LOCKED (a claim in progress cannot pick an expired row anyway) and moved by primary
--- key (``+ 0`` keeps the status check on the row, as in expire_inflight).
+-- key (``+ 0`` keeps the status check on the row, as in expire_inflight). From %(since)s, as
+-- expire_inflight (a job put back to QUEUED with an older expiry waits for the next full walk: no
+-- claim hands it out meanwhile).
 WITH c AS (
     SELECT j.id FROM jobs_job j
      WHERE j.status = 1001 AND j.expires_at IS NOT NULL AND j.expires_at <= now()
+       AND j.expires_at >= COALESCE(%(since)s::timestamptz, '-infinity'::timestamptz)
      ORDER BY j.expires_at
      LIMIT %(limit)s::int
        FOR UPDATE SKIP LOCKED
@@ -60,7 +67,8 @@ WITH c AS (
      WHERE j.id = ANY(ARRAY(SELECT id FROM c)) AND j.status + 0 = 1001
     RETURNING j.id, j.partition_id
 )
-SELECT count(*), (SELECT array_agg(DISTINCT partition_id) FROM u WHERE partition_id IS NOT NULL) FROM u;
+SELECT count(*), (SELECT array_agg(DISTINCT partition_id) FROM u WHERE partition_id IS NOT NULL),
+       now() - %(lag)s::float8 * interval '1 second' FROM u;
 
 -- expired_status --
 -- index: pk
@@ -239,19 +247,26 @@ SELECT id, at, extract(epoch FROM now() - at)::float8 FROM (
       FROM unnest(%(ids)s::bigint[]) AS c(id)) x;
 
 -- oldest_consumer_messages --
--- index: job_consumer_status
+-- index: job_claim, job_inflight_consumer|job_inflight_deadline, job_consumer_status
 -- hot
 -- The message of each consumer's oldest stored job (its lowest id in any status): its received_at
--- and age in seconds. One backward probe of job_consumer_status per status (ranges, not
--- equalities, keep that index's sort keys, as in oldest_queued), then the message by primary key.
+-- and age in seconds. One probe per status, each of its own index: QUEUED job_claim (consumer, id),
+-- in flight the consumer's in-flight jobs (job_inflight_consumer: at most its maxAckPending),
+-- DELIVERED and DEAD a backward probe of job_consumer_status (ranges, not equalities, keep the sort
+-- keys only those indexes provide, as in oldest_queued); then the message by primary key.
 SELECT id, at, extract(epoch FROM now() - at)::float8 FROM (
     SELECT c.id, (SELECT m.received_at FROM jobs_job j JOIN broker_message m ON m.id = j.message_id
-                   WHERE j.id = (SELECT min(f.id) FROM (VALUES (1001), (1002), (1003), (1004)) s(status)
-                                  CROSS JOIN LATERAL (
-                                      SELECT k.id FROM jobs_job k
-                                       WHERE k.consumer_id BETWEEN c.id AND c.id
-                                         AND k.status BETWEEN s.status AND s.status
-                                       ORDER BY k.consumer_id DESC, k.status DESC, k.id LIMIT 1) f)) AS at
+                   WHERE j.id = LEAST(
+                       (SELECT k.id FROM jobs_job k WHERE k.consumer_id BETWEEN c.id AND c.id AND k.status = 1001
+                         ORDER BY k.consumer_id, k.id LIMIT 1),
+                       -- (+ 0: not min() as a walk of the primary key over every other job)
+                       (SELECT min(k.id + 0) FROM jobs_job k WHERE k.consumer_id = c.id AND k.status = 1002),
+                       (SELECT min(f.id) FROM (VALUES (1003), (1004)) s(status)
+                         CROSS JOIN LATERAL (
+                             SELECT k.id FROM jobs_job k
+                              WHERE k.consumer_id BETWEEN c.id AND c.id
+                                AND k.status BETWEEN s.status AND s.status AND k.status >= 1003
+                              ORDER BY k.consumer_id DESC, k.status DESC, k.id LIMIT 1) f))) AS at
       FROM unnest(%(ids)s::bigint[]) AS c(id)) x;
 
 -- consumer_retention --
@@ -259,3 +274,59 @@ SELECT id, at, extract(epoch FROM now() - at)::float8 FROM (
 -- The retention in force for a consumer's channel (its own, else %(retention)s seconds).
 SELECT COALESCE(ch.retention, %(retention)s::int) FROM consumers_consumer c
   JOIN broker_channel ch ON ch.id = c.channel_id WHERE c.id = %(consumer)s;
+
+-- orphans_requeue --
+-- index: pk, job_inflight_deadline
+-- Push claims of dispatchers that are gone (jobs.sweeps.orphans): each jobs_pushowner row whose
+-- backend is no longer in pg_stat_activity (the same pid and start; another role's sessions show
+-- no start) is removed, and the push jobs it held INFLIGHT go back to QUEUED at once, without
+-- spending a retry (the attempt's outcome is unknown: at-least-once delivers it again), reason
+-- ``orphaned``; waiting loops are notified. Returns (jobs moved, owners removed, their consumers). The walk of the in-flight jobs runs only when an owner
+-- is gone (one-time filter), and is bounded by what is in flight.
+WITH gone AS (
+    DELETE FROM jobs_pushowner o
+     WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a
+                        WHERE a.pid = o.pid AND (a.backend_start IS NULL OR a.backend_start = o.backend_start))
+    RETURNING o.id
+), c AS (
+    SELECT j.id FROM jobs_job j
+     WHERE (SELECT count(*) FROM gone) > 0
+       AND j.status = 1002 AND j.claimed_by = ANY(ARRAY(SELECT id FROM gone))
+       FOR UPDATE SKIP LOCKED
+), u AS (
+    UPDATE jobs_job j SET status = 1001, status_changed_at = now(), next_attempt_at = now(), deadline = NULL,
+                          last_reason = 'orphaned'
+     WHERE j.id = ANY(ARRAY(SELECT id FROM c)) AND j.status + 0 = 1002
+    RETURNING j.id, j.consumer_id
+), n AS (
+    SELECT pg_notify('broker_jobs', string_agg(DISTINCT consumer_id::text, ',')) FROM u HAVING count(*) > 0
+)
+SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM gone) + (SELECT count(*) FROM n) * 0,
+       COALESCE((SELECT array_agg(DISTINCT consumer_id) FROM u), '{}'::bigint[]);
+
+-- orphans_legacy_requeue --
+-- index: job_inflight_deadline
+-- Push claims without an owner (made by a release before jobs_job.claimed_by, e.g. during a
+-- rolling upgrade): once no push dispatcher without an owner row is connected (no
+-- ``broker-push-listen`` backend that is not registered), nobody holds them: back to QUEUED as
+-- above. Only push consumers' jobs (a pull claim has no owner either). Returns (jobs moved, 0, their
+-- consumers), or (-1, ...) while such a dispatcher is still connected.
+WITH alive AS (
+    SELECT count(*) AS n FROM pg_stat_activity a
+     WHERE a.application_name = 'broker-push-listen' AND a.datname = current_database()
+       AND NOT EXISTS (SELECT 1 FROM jobs_pushowner o WHERE o.pid = a.pid)
+), c AS (
+    SELECT j.id FROM jobs_job j JOIN consumers_consumer k ON k.id = j.consumer_id AND k.type = 'push'
+     WHERE (SELECT n FROM alive) = 0
+       AND j.status = 1002 AND j.claimed_by IS NULL
+       FOR UPDATE OF j SKIP LOCKED
+), u AS (
+    UPDATE jobs_job j SET status = 1001, status_changed_at = now(), next_attempt_at = now(), deadline = NULL,
+                          last_reason = 'orphaned'
+     WHERE j.id = ANY(ARRAY(SELECT id FROM c)) AND j.status + 0 = 1002
+    RETURNING j.id, j.consumer_id
+), n AS (
+    SELECT pg_notify('broker_jobs', string_agg(DISTINCT consumer_id::text, ',')) FROM u HAVING count(*) > 0
+)
+SELECT CASE WHEN (SELECT n FROM alive) > 0 THEN -1 ELSE (SELECT count(*) FROM u) END, (SELECT count(*) FROM n) * 0,
+       COALESCE((SELECT array_agg(DISTINCT consumer_id) FROM u), '{}'::bigint[]);

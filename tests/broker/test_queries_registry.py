@@ -76,7 +76,7 @@ def test_jobs_queries_are_written_out_whole():
     # the statements other branches edit keep their names
     assert {"claim_pull", "ack"} <= set(PULL_Q._queries) and {"claim_push", "push_record"} <= set(PUSH_Q._queries)
     assert "insert_messages" in PUBLISH_Q._queries and PUBLISH_Q.insert_messages.hot
-    assert PULL_Q.claim_pull.hot and PULL_Q.claim_pull.index == "job_claim"
+    assert PULL_Q.claim_pull.hot and PULL_Q.claim_pull.index == "job_push_fresh, job_push_retry"
 
 
 def test_every_registry_is_listed_and_every_name_is_used_once():

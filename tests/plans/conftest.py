@@ -39,7 +39,7 @@ ROWS = int(os.environ.get("BROKER_PLAN_ROWS", "1000000"))
 SMALL = 2_000  # messages before the steady-state ANALYZE
 PARTITIONS = 5_000
 SMALL_CONSUMERS = 400  # the "many" distribution
-TABLES = ("jobs_job", "broker_message", "jobs_partition", "broker_counter", "broker_counterdelta",
+TABLES = ("jobs_job", "broker_message", "jobs_partition", "broker_counter", "broker_counterdelta_0", "broker_counterdelta_1",
           "consumers_pullwaiter", "jobs_jobtransition", "jobs_minutestat", "consumers_consumer",
           "consumers_doorbellstate", "consumers_advisory")
 ROLES = ("pull", "push", "grouped", "parts", "bell")

@@ -29,7 +29,7 @@ from broker.counters import JOB, counts_for
 from broker.models import Message
 from broker.xid import job_pk, job_xid
 from consumers.models import Consumer
-from jobs.models import Job, Partition
+from jobs.models import Job, JobStatus, Partition
 from jobs.ops.dashboard import duration_text
 from jobs.ops.dead_jobs import jobs_delete_dead, jobs_mark_dead, jobs_requeue_dead
 from jobs.state.transitions import DEAD, INFLIGHT, QUEUED, STATUS_NAMES, STATUSES
@@ -147,11 +147,14 @@ class JobAdmin(ViewOnlyAdmin):
         return max(sum(counts.get(pk, {}).get(s, 0) for pk in pks for s in statuses), 0)
 
     def get_ordering(self, request):
-        """One consumer's jobs in one status are read off job_consumer_status (consumer, status,
-        id DESC) in its order: ordered by id alone, the planner walked the primary key over every
-        other consumer's jobs to fill a page (ConsumerFilter filters by a range, so the consumer
-        stays a sort key the index provides)."""
+        """One consumer's jobs in one status are read off the index of that status in its order
+        (job_claim (consumer, id) for QUEUED, walked backwards; job_consumer_status (consumer,
+        status, id DESC) for finished jobs): ordered by id alone, the planner walked the primary key
+        over every other consumer's jobs to fill a page (ConsumerFilter filters by a range, so the
+        consumer stays a sort key the index provides)."""
         if request.GET.get("consumer", "").isdigit() and request.GET.get("status__exact", "").isdigit():
+            if int(request.GET["status__exact"]) == JobStatus.QUEUED:
+                return ("-consumer_id", "-id")
             return ("consumer_id", "-id")
         return super().get_ordering(request)
 

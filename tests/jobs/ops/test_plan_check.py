@@ -60,7 +60,7 @@ def _analyze():
 def test_broker_plans_passes_on_healthy_plans_and_exits_1_when_a_statement_leaves_its_index(backlog, capsys):
     call_command("broker_plans")  # no SystemExit: every plan uses its index
     out = capsys.readouterr().out
-    assert "jobs.pull:claim_pull " in out and "job_claim" in out and f"{len(CASES)} plans, 0 regressions" in out
+    assert "jobs.pull:claim_pull " in out and "job_push_fresh" in out and f"{len(CASES)} plans, 0 regressions" in out
     _no_index_walks()
     with pytest.raises(SystemExit) as exit_:
         call_command("broker_plans", "--custom")

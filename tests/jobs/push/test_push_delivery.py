@@ -11,7 +11,9 @@ from standardwebhooks import Webhook
 
 from broker.xid import job_xid
 from jobs.models import DeliveryAttempt, Job, JobStatus, JobTransition
+from broker.db.listen import dedicated_connect
 from jobs.push.claim import jobs_claim_push
+from jobs.push.owners import owner_id_new, push_owner_register
 from tests.jobs.conftest import Reply
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -262,15 +264,23 @@ def test_pull_consumers_jobs_are_never_pushed(make, receiver, dispatcher):
     assert len(receiver.at("/cb")) == 1
 
 
-def test_job_left_in_flight_by_a_dead_worker_is_delivered_after_its_deadline(push_world, receiver, dispatcher,
+def test_job_left_in_flight_by_a_hung_worker_is_delivered_after_its_deadline(push_world, receiver, dispatcher,
                                                                              push_settings):
+    """A worker that claims and then hangs (its process alive: tests/jobs/push/test_orphans.py has the
+    one that dies) holds its jobs until their deadline; then they are delivered."""
     push_settings.BROKER_CONNECTION_TIMEOUT = 0.5
     for _ in range(3):
         push_world.publish()
-    claimed = jobs_claim_push(limit=10)  # a worker claims, then "dies" before posting
-    assert len(claimed) == 3 and statuses() == [JobStatus.INFLIGHT] * 3
-    dispatcher()
-    wait_status(receiver, JobStatus.DELIVERED, 3, timeout=15)
+    hung = dedicated_connect(application_name="broker-push-listen")
+    owner = owner_id_new()
+    push_owner_register(conn=hung, owner_id=owner)
+    try:
+        claimed = jobs_claim_push(limit=10, owner=owner)  # a worker claims, then hangs before posting
+        assert len(claimed) == 3 and statuses() == [JobStatus.INFLIGHT] * 3
+        dispatcher()
+        wait_status(receiver, JobStatus.DELIVERED, 3, timeout=15)
+    finally:
+        hung.close()
     assert all(j.retry_count == 1 for j in Job.objects.all())
     assert JobTransition.objects.filter(reason="timeout").count() == 3
 

@@ -1,0 +1,18 @@
+"""The counter deltas' table is SQL's alone from here (jobs migration 0023 partitions it by time
+slot and indexes it on (scope, owner_id, status)): the model becomes unmanaged, its index is the
+migration's."""
+
+from django.db import migrations
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("broker", "0008_channel_event_types"),
+    ]
+
+    operations = [
+        migrations.SeparateDatabaseAndState(state_operations=[
+            migrations.RemoveIndex(model_name="counterdelta", name="counterdelta_owner"),
+            migrations.AlterModelOptions(name="counterdelta", options={"managed": False}),
+        ]),
+    ]
