@@ -260,6 +260,8 @@ def explain_claim(sql: str, consumer: int) -> str:
 
     from django.db import connection, transaction
 
+    from jobs.state import floors
+
     names: list[str] = []
 
     def number(m):
@@ -269,7 +271,8 @@ def explain_claim(sql: str, consumer: int) -> str:
 
     text = re.sub(r"%\((\w+)\)s", number, sql)
     values = {"consumer": consumer, "limit": 100, "max_bytes": None, "queued": 1001, "inflight": 1002,
-              "timeout": 32.25, "inc": None, "reason": "explain"}
+              "timeout": 32.25, "inc": None, "reason": "explain",
+              "fp": floors.FULL[0], "fi": floors.FULL[1], "rsince": None, "lag": floors.LAG}  # a full walk
     args = ", ".join("NULL" if values[n] is None else repr(values[n]) if not isinstance(values[n], str)
                      else f"'{values[n]}'" for n in names)
     with transaction.atomic(), connection.cursor() as cur:
