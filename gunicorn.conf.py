@@ -1,8 +1,12 @@
 """gunicorn settings (read from the working directory): ``gunicorn broker.wsgi:application``.
 
-Threaded workers (gthread): a long-polling pull holds its thread for up to 60 s without a
-database connection, while the other threads keep serving, so long polls never starve
-other requests. Tune with BROKER_WEB_WORKERS / BROKER_WEB_THREADS / BROKER_BIND.
+gunicorn's master with the broker's own worker class (``web.server.worker.BrokerWorker``): an
+HTTP/1.1 server on an event loop (uvloop, httptools) that answers the single publish on the loop
+and runs every other request through Django in a pool of BROKER_WEB_THREADS threads. A
+long-polling pull holds its thread for up to 60 s without a database connection, while the other
+threads keep serving, so long polls never starve other requests. Tune with BROKER_WEB_WORKERS /
+BROKER_WEB_THREADS / BROKER_BIND; BROKER_WEB_WORKER_CLASS=gthread runs gunicorn's own threaded
+worker instead (no native routes).
 """
 
 import hashlib
@@ -28,7 +32,7 @@ if os.environ.get("DATABASE_URL"):
 
 bind = os.environ.get("BROKER_BIND", "127.0.0.1:8080")
 workers = int(os.environ.get("BROKER_WEB_WORKERS", "2"))
-worker_class = "gthread"
+worker_class = os.environ.get("BROKER_WEB_WORKER_CLASS") or "web.server.worker.BrokerWorker"
 threads = int(os.environ.get("BROKER_WEB_THREADS", "32"))
 timeout = 120  # > the 60 s long-poll maximum
 graceful_timeout = 30

@@ -9,8 +9,8 @@
 Everything runs on this machine as a user runs it: PostgreSQL (a throw-away embedded server, fsync
 on), gunicorn and qcluster as `make run` starts them, a push receiver answering 204 at once (its own
 process) and the load generator (its own process). One channel with one push consumer
-(``maxInFlight`` 50) and one pull consumer that pulls batches of up to 500 (long-polling 5 s) and
-acks them with their ``Receipt``.
+(``maxInFlight`` 50) and one pull consumer that pulls batches of up to 500 (long-polling) and
+acks them with their ``Receipt`` (``--pull-expires``: the long poll's wait, 5 s by default).
 
 The load is open-loop: a ticker hands out one publish slot every 1/rate s to ``--connections``
 keep-alive connections; a slot waits when every connection is busy, and its latency counts from
@@ -18,11 +18,21 @@ its slot time (no coordinated omission). Each publish carries its sequence numbe
 (``X-Seq`` and ``X-Sent-At`` metadata headers, and in the JSON body), so lost and duplicated
 deliveries are counted per consumer, and publish-to-callback / publish-to-pull latencies measured.
 
-Printed per rate: the achieved rate, publish p50/p99, callback and pull p50/p99, lost and
+Printed per rate: the achieved rate, publish p50/p99/max, callback and pull p50/p99/max, lost and
 duplicated, CPU milliseconds per message of PostgreSQL (the postmaster and all its children, from
 /proc), web (gunicorn's process group), workers (qcluster's) and the load generator, and commits
-per message (pg_stat_database). First an idle figure: the same processes' CPU over ``--idle``
-seconds with no traffic (the pull consumer long-polling), as a share of one core.
+per message (pg_stat_database); then the worst ``--slice``-second slices (10 s; by send time) by
+their slowest callback, publish and pull, and every slice's slowest callback and pull. First an idle
+figure: the same processes' CPU over ``--idle`` seconds with no traffic (the pull consumer
+long-polling), as a share of one core.
+
+``--overload 3000`` adds a run after the rates: ``--overload-base``/s (1,000) for 20 s, 3,000/s for
+60 s, the base rate again for 60 s, over up to 4,000 connections (so what waits, waits in the
+broker, not in the load tool; the slots it held back anyway are counted). Printed per slice: offered, accepted (201) and refused (503 ``overloaded``, 429)
+per second, the slowest answer of each kind and the tails; then each status's share, whether every
+publish was answered within 1 s, whether every accepted publish reached both consumers, and how
+many seconds after the burst the tails were back to normal (each later slice's p99 within twice the
+worst before the burst, at least 50 ms publish and 250 ms callback and pull).
 """
 
 from __future__ import annotations
@@ -45,8 +55,11 @@ from bench.common import EVENT_SCHEMA, EVENT_TYPE, event_payload  # noqa: E402  
 from bench.push import PUBLISH_HEADERS, Broker, Receiver, _stat, cpu_by_group  # noqa: E402
 
 SMOKE_TABLE = (r"^idle +[\d.]+ s: .* total [\d.]+ % of one core; .*\n(?s:.*)"
-               r"^rate +\d+/s: achieved [\d.]+/s .* publish p50/p99 .* lost \d+ dup \d+ .*\n"
-               r" +CPU ms/msg: postgres [\d.]+, .* commits/msg [\d.]+")
+               r"^rate +\d+/s: achieved [\d.]+/s .* publish p50/p99/max .* lost \d+ dup \d+ .*\n"
+               r" +CPU ms/msg: postgres [\d.]+, .* broker [\d.]+; commits/msg [\d.]+.*\n"
+               r" +[\d.]+ s slices \(\d+\), the worst .*\n(?s:.*)"
+               r"^overload: .*\n(?s:.*)"
+               r"^  every publish answered within 1 s: .* accepted \d+, refused \d+ .* not delivered .*: 0,")
 CHANNEL, PUSHER, PULLER = "capacity", "pusher", "puller"
 CHANNEL_TOKEN, PULL_TOKEN = "bench-c", "pull-token"
 PAD = "x" * 200  # bodies of ~250 bytes
@@ -54,19 +67,20 @@ PAD = "x" * 200  # bodies of ~250 bytes
 
 # --- the load generator (its own process) ---------------------------------------------------------
 
-def _load_main(url: str, connections: int, pull_batch: int, conn, event_payloads: bool = False) -> None:
+def _load_main(url: str, connections: int, pull_batch: int, pull_expires: float, conn,
+               event_payloads: bool = False) -> None:
     """Publisher and puller on one asyncio loop; commands come over ``conn``."""
     host, port = url.split("//")[1].split(":")
     port = int(port)
     pulled: list[int] = []
-    pull_lat: list[float] = []
+    pull_lat: list[tuple[float, float]] = []  # (send time, publish-to-pull latency)
     pull_errors = [0]
 
     async def puller() -> None:
         base = f"/channel/{CHANNEL}/consumer/{PULLER}"
         headers = {"X-Broker-Channel-Token": CHANNEL_TOKEN, "X-Broker-Consumer-Token": PULL_TOKEN,
                    "Content-Type": "application/json"}
-        pull = json.dumps({"batch": pull_batch, "expires": 5}).encode()
+        pull = json.dumps({"batch": pull_batch, "expires": pull_expires}).encode()
         reader = writer = None
         while True:
             try:
@@ -85,7 +99,7 @@ def _load_main(url: str, connections: int, pull_batch: int, conn, event_payloads
                 for job in jobs:
                     payload = json.loads(job["Message"]["Payload"])
                     pulled.append(payload["i"])
-                    pull_lat.append(now - payload["t"])
+                    pull_lat.append((payload["t"], now - payload["t"]))
                 ack = {"Jobs": [{"ID": j["ID"], "NextState": "DELIVERED", "Receipt": j["Receipt"]} for j in jobs]}
                 writer.write(build_request("POST", f"{base}/ack", headers, json.dumps(ack).encode()))
                 status, _, body = await _read_response(reader)
@@ -98,28 +112,38 @@ def _load_main(url: str, connections: int, pull_batch: int, conn, event_payloads
                 reader = writer = None
                 await asyncio.sleep(0.2)
 
-    async def publish(rate: float, seconds: float, first: int) -> dict:
-        """Open-loop single publishes at ``rate`` for ``seconds``; sequence numbers from ``first``."""
+    async def publish(schedule: list[tuple[float, float]], first: int, senders: int = connections) -> dict:
+        """Open-loop single publishes following ``schedule`` ([(rate, seconds)], back to back) over
+        ``senders`` keep-alive connections; sequence numbers from ``first``. Each answer: (slot time,
+        latency from the slot, status, latency from the request's sending: the broker's share)."""
         queue: asyncio.Queue = asyncio.Queue()
-        latencies: list[float] = []
-        statuses: dict[int, int] = {}
+        answers: list[tuple[float, float, int, float]] = []
         ok: list[int] = []
         path = f"/channel/{CHANNEL}/broadcast"
 
         async def ticker() -> None:
             start = time.perf_counter()
             wall = time.time() - start
-            for n in range(int(rate * seconds)):
-                due = start + n / rate
-                delay = due - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                queue.put_nowait((first + n, due, wall + due))
-            for _ in range(connections):
+            n, offset = 0, 0.0
+            for rate, seconds in schedule:
+                for k in range(int(rate * seconds)):
+                    due = start + offset + k / rate
+                    delay = due - time.perf_counter()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    queue.put_nowait((first + n, due, wall + due))
+                    n += 1
+                offset += seconds
+            for _ in range(senders):
                 queue.put_nowait(None)
 
-        async def sender() -> None:
-            reader = writer = None
+        async def connect() -> tuple:
+            try:
+                return await asyncio.open_connection(host, port)
+            except OSError:
+                return None, None  # opened on its first publish
+
+        async def sender(reader, writer) -> None:
             while (item := await queue.get()) is not None:
                 seq, due, sent = item
                 body = json.dumps({"i": seq, "t": sent, "pad": PAD}).encode()
@@ -128,6 +152,7 @@ def _load_main(url: str, connections: int, pull_batch: int, conn, event_payloads
                 if event_payloads:  # issue 37: the 20-property payload of EVENT_SCHEMA, typed
                     body = json.dumps(event_payload(seq, sent, PAD)).encode()
                     headers["X-Broker-Message-Type"] = EVENT_TYPE
+                wrote = time.perf_counter()
                 try:
                     if writer is None:
                         reader, writer = await asyncio.open_connection(host, port)
@@ -138,28 +163,41 @@ def _load_main(url: str, connections: int, pull_batch: int, conn, event_payloads
                     if writer is not None:
                         writer.close()
                     reader = writer = None
-                latencies.append(time.perf_counter() - due)
-                statuses[status] = statuses.get(status, 0) + 1
+                now = time.perf_counter()
+                answers.append((sent, now - due, status, now - wrote))
                 if status == 201:
                     ok.append(seq)
             if writer is not None:
                 writer.close()
 
+        opened = []  # every connection open before the first slot (not a burst of connects at the start)
+        for k in range(0, senders, 256):
+            opened += await asyncio.gather(*(connect() for _ in range(min(256, senders - k))))
         started = time.perf_counter()
-        await asyncio.gather(ticker(), *(sender() for _ in range(connections)))
-        return {"seconds": time.perf_counter() - started, "latencies": latencies, "statuses": statuses, "ok": ok}
+        began = time.time()
+        await asyncio.gather(ticker(), *(sender(r, w) for r, w in opened))
+        statuses: dict[int, int] = {}
+        for _, _, status, _ in answers:
+            statuses[status] = statuses.get(status, 0) + 1
+        return {"seconds": time.perf_counter() - started, "began": began, "answers": answers, "ok": ok,
+                "statuses": statuses}
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
         pulling = loop.create_task(puller())
         while True:
             cmd = await loop.run_in_executor(None, conn.recv)
-            if cmd[0] == "publish":
+            if cmd[0] == "publish":  # (rate, seconds, first): one rate (bench/neighbours.py too)
+                rate, seconds, first = cmd[1:]
+                conn.send(await publish([(rate, seconds)], first))
+            elif cmd[0] == "schedule":  # (schedule, first[, senders])
                 conn.send(await publish(*cmd[1:]))
-            elif cmd[0] == "pulled":
-                conn.send((list(pulled), list(pull_lat), pull_errors[0]))
+            elif cmd[0] in ("pulled", "pulled timed"):  # latencies alone, or (send time, latency) each
+                conn.send((list(pulled), list(pull_lat) if cmd[0] == "pulled timed" else [lat for _, lat in pull_lat],
+                           pull_errors[0]))
                 pulled.clear()
                 pull_lat.clear()
+                pull_errors[0] = 0  # each answer: what happened since the last (callers add them up)
             elif cmd[0] == "stop":
                 pulling.cancel()
                 conn.send(True)
@@ -169,9 +207,11 @@ def _load_main(url: str, connections: int, pull_batch: int, conn, event_payloads
 
 
 class Load:
-    def __init__(self, url: str, connections: int, pull_batch: int, event_payloads: bool = False) -> None:
+    def __init__(self, url: str, connections: int, pull_batch: int, pull_expires: float = 5.0,
+                 event_payloads: bool = False) -> None:
         self.conn, child = multiprocessing.Pipe()
-        self.proc = multiprocessing.Process(target=_load_main, args=(url, connections, pull_batch, child, event_payloads),
+        self.proc = multiprocessing.Process(target=_load_main, args=(url, connections, pull_batch, pull_expires, child,
+                                                                    event_payloads),
                                             daemon=True)
         self.proc.start()
 
@@ -274,53 +314,184 @@ def idle(broker: Broker, database: Database, load: Load, seconds: float, *, stat
     return share
 
 
-def rate_run(broker: Broker, receiver: Receiver, database: Database, load: Load, *, rate: float, seconds: float,
-             first: int, drain: float, statements: bool = False) -> dict:
-    """One rate: publish, wait for every delivery (up to ``drain`` s), count and print."""
+SLICE = 10.0  # seconds: the slices of time the worst latencies are reported by (``--slice``'s default)
+REFUSALS = (503, 429)  # an admission refusal (503 overloaded) or a rate limit (429): answered, not lost
+
+
+def schedule_run(broker: Broker, receiver: Receiver, database: Database, load: Load, *,
+                 schedule: list[tuple[float, float]], first: int, drain: float, statements: bool = False,
+                 connections: int | None = None, width: float = SLICE) -> dict:
+    """Publish following ``schedule``, wait for every delivery of an accepted publish (until ``drain``
+    s pass without a new one), count: the figures of the whole run and, per slice of ``width`` seconds, by send time."""
     g = groups(broker, database, load)
     receiver.ask("reset")
     load.ask("pulled")  # clear
     counting = database.statements_reset() if statements else False
     cpu0, commits0, backends0 = cpu_by_group(g), database.commits(), database.backends()
-    result = load.ask("publish", rate, seconds, first)
+    result = load.ask("schedule", schedule, first, *([connections] if connections else []))
     cpu1, commits1 = cpu_by_group(g), database.commits()
     ok = set(result["ok"])
-    deadline = time.monotonic() + drain
-    pushed, pulled, pull_lat, pull_errors = [], [], [], 0
+    deadline, drained = time.monotonic() + drain, time.monotonic()
+    pushed, pulled, pull_timed, pull_errors = [], [], [], 0
     while True:
+        count = len(pushed) + len(pulled)
         pushed = receiver.ask("seqs")
-        got, lat, errors = load.ask("pulled")
+        got, timed, errors = load.ask("pulled timed")
         pulled += got
-        pull_lat += lat
+        pull_timed += timed
         pull_errors += errors
+        if len(pushed) + len(pulled) > count:  # still delivering: wait on (a backlog after a burst)
+            deadline = time.monotonic() + drain
         if (ok <= set(pushed) and ok <= set(pulled)) or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    _, _, _, push_lat = receiver.ask("stats")
+    drained = time.monotonic() - drained
+    push_timed = receiver.ask("timed")
+    answers, statuses = result["answers"], result["statuses"]
     n = max(1, len(ok))
     cpu = {name: 1000.0 * (cpu1[name] - cpu0[name]) / n for name in g}
-    out = {
-        "rate": rate, "achieved": len(ok) / result["seconds"], "published": len(ok),
-        "failed": sum(v for k, v in result["statuses"].items() if k != 201), "statuses": result["statuses"],
-        "publish": [1000 * percentile(result["latencies"], p) for p in (50, 99)],
-        "callback": [1000 * percentile(push_lat, p) for p in (50, 99)],
-        "pull": [1000 * percentile(pull_lat, p) for p in (50, 99)],
+    if counting:
+        database.statements_print(n, "msg")
+        database.backends_print(backends0, n, "msg", cpu1["postgres"] - cpu0["postgres"])
+    return {
+        "achieved": len(ok) / result["seconds"], "published": len(ok), "statuses": statuses,
+        "failed": sum(v for k, v in statuses.items() if k != 201),
+        "publish": tails_ms([lat for _, lat, st, _ in answers if st == 201]),
+        "service_max": 1000 * max((service for *_, service in answers), default=0.0),
+        "held": sum(1 for _, lat, _, service in answers if lat - service > 0.05),
+        "callback": tails_ms([lat for _, lat in push_timed]),
+        "pull": tails_ms([lat for _, lat in pull_timed]),
         "lost": len(ok - set(pushed)) + len(ok - set(pulled)),
         "dup": (len(pushed) - len(set(pushed))) + (len(pulled) - len(set(pulled))),
         "pull_errors": pull_errors, "cpu": cpu, "commits": (commits1[0] - commits0[0]) / n,
         "connections": commits1[1] - commits0[1],
+        "slices": slices_make(result["began"], answers, push_timed, pull_timed, width=width), "width": width,
+        "drained": drained,
     }
+
+
+def tails_ms(latencies: list[float]) -> list[float]:
+    """p50, p99 and max of ``latencies`` (seconds) in ms; NaN when there are none."""
+    if not latencies:
+        return [float("nan")] * 3
+    return [1000 * percentile(latencies, 50), 1000 * percentile(latencies, 99), 1000 * max(latencies)]
+
+
+def slices_make(began: float, answers, push_timed, pull_timed, *, width: float) -> list[dict]:
+    """Per ``width`` seconds of send time: publishes offered and answered by status, the slowest answer
+    of each kind, publish p99 (201s), callback and pull p99 and max (ms)."""
+    out: dict[int, dict] = {}
+
+    def slice_of(sent: float) -> dict:
+        k = max(0, int((sent - began) // width))
+        return out.setdefault(k, {"start": k * width, "offered": 0, "statuses": {}, "publish": [], "refused": [],
+                                  "callback": [], "pull": []})
+
+    for sent, lat, status, _ in answers:
+        entry = slice_of(sent)
+        entry["offered"] += 1
+        entry["statuses"][status] = entry["statuses"].get(status, 0) + 1
+        entry["publish" if status == 201 else "refused"].append(1000 * lat)
+    for name, timed in (("callback", push_timed), ("pull", pull_timed)):
+        for sent, lat in timed:
+            slice_of(sent)[name].append(1000 * lat)
+    for entry in out.values():
+        for name in ("publish", "refused", "callback", "pull"):
+            values = entry[name]
+            entry[name] = (percentile(values, 99), max(values)) if values else (float("nan"), float("nan"))
+    return [out[k] for k in sorted(out)]
+
+
+def slices_worst_print(slices: list[dict], width: float, top: int = 3) -> None:
+    """The worst ``width``-second slices of a run (by send time): the ``top`` slowest by their worst
+    callback, publish and pull, how many had a callback over 1 s, then every slice's worst callback
+    and pull (ms), so a bad stretch shows where it was."""
+    def worst(name: str) -> str:
+        ranked = sorted((s for s in slices if s[name][1] == s[name][1]), key=lambda s: -s[name][1])[:top]
+        return "/".join(f"{s[name][1]:.0f}" for s in ranked) + " ms (at " + ", ".join(f"{s['start']:g}" for s in ranked) + " s)"
+    over = sum(1 for s in slices if s["callback"][1] > 1000)
+    print(f"          {width:g} s slices ({len(slices)}), the worst {top} by their slowest: callback {worst('callback')}; "
+          f"publish {worst('publish')}; pull {worst('pull')}; slices with a callback over 1 s: {over}", flush=True)
+    print("          worst callback/pull per slice (ms, from the slice's start in s): " + " ".join(
+        f"{s['start']:g}:{s['callback'][1]:.0f}/{s['pull'][1]:.0f}" for s in slices), flush=True)
+
+
+def rate_run(broker: Broker, receiver: Receiver, database: Database, load: Load, *, rate: float, seconds: float,
+             first: int, drain: float, statements: bool = False, width: float = SLICE) -> dict:
+    """One rate: publish, wait for every delivery (until ``drain`` s pass without one), count and print."""
+    out = schedule_run(broker, receiver, database, load, schedule=[(rate, seconds)], first=first, drain=drain,
+                       statements=statements, width=width)
+    out["rate"] = rate
+    cpu = out["cpu"]
+    p, c, q = out["publish"], out["callback"], out["pull"]
     print(f"rate {rate:5.0f}/s: achieved {out['achieved']:.1f}/s ({out['published']} published, {out['failed']} "
-          f"failed {out['statuses']}) | publish p50/p99 {out['publish'][0]:.1f}/{out['publish'][1]:.1f} ms | "
-          f"callback p50/p99 {out['callback'][0]:.0f}/{out['callback'][1]:.0f} ms | pull p50/p99 "
-          f"{out['pull'][0]:.0f}/{out['pull'][1]:.0f} ms | lost {out['lost']} dup {out['dup']} "
-          f"(pull/ack errors {pull_errors})", flush=True)
-    print("          CPU ms/msg: " + ", ".join(f"{name} {ms:.2f}" for name, ms in cpu.items())
-          + f"; broker {cpu['web'] + cpu['workers']:.2f}; commits/msg {out['commits']:.2f}; "
+          f"failed {out['statuses']}) | publish p50/p99/max {p[0]:.1f}/{p[1]:.1f}/{p[2]:.0f} ms | "
+          f"callback p50/p99/max {c[0]:.0f}/{c[1]:.0f}/{c[2]:.0f} ms | pull p50/p99/max "
+          f"{q[0]:.0f}/{q[1]:.0f}/{q[2]:.0f} ms | lost {out['lost']} dup {out['dup']} "
+          f"(pull/ack errors {out['pull_errors']})", flush=True)
+    cpu_print("CPU ms/msg", out)
+    slices_worst_print(out["slices"], out["width"])
+    return out
+
+
+def cpu_print(label: str, out: dict) -> None:
+    """CPU ms per (accepted) message by group; the broker's total is PostgreSQL + web + workers (the
+    load generator is not the broker)."""
+    cpu = out["cpu"]
+    print(f"          {label}: " + ", ".join(f"{name} {ms:.2f}" for name, ms in cpu.items())
+          + f"; broker {cpu['postgres'] + cpu['web'] + cpu['workers']:.2f}; commits/msg {out['commits']:.2f}; "
           f"{out['connections']} new database connections", flush=True)
-    if counting:
-        database.statements_print(n, "msg")
-        database.backends_print(backends0, n, "msg", cpu1["postgres"] - cpu0["postgres"])
+
+
+def overload_run(broker: Broker, receiver: Receiver, database: Database, load: Load, *, base: float, peak: float,
+                 before: float, burst: float, after: float, first: int, drain: float, connections: int,
+                 width: float = SLICE) -> dict:
+    """``base``/s for ``before`` s, ``peak``/s for ``burst`` s, ``base``/s for ``after`` s, back to back:
+    per slice what was offered, accepted (201) and refused (503 overloaded), how long the slowest answer
+    of each took, and the tails; then whether every publish was answered within a second, nothing
+    accepted was lost, and how long after the burst the tails were back to what they were before it."""
+    out = schedule_run(broker, receiver, database, load, schedule=[(base, before), (peak, burst), (base, after)],
+                       first=first, drain=drain, connections=connections, width=width)
+    print(f"overload: {base:g}/s for {before:g} s, {peak:g}/s for {burst:g} s, {base:g}/s for {after:g} s over "
+          f"{connections} connections (slices of {width:g} s by send time; ms)", flush=True)
+    print("  slice       offered/s   201/s   503/s   429/s other | slowest 201 / refusal | publish p99 | "
+          "callback p99/max | pull p99/max", flush=True)
+    for s in out["slices"]:
+        st = s["statuses"]
+        other = sum(v for k, v in st.items() if k != 201 and k not in REFUSALS)
+        print(f"  {s['start']:5g}-{s['start'] + width:<5g} {s['offered'] / width:8.0f} {st.get(201, 0) / width:7.0f} "
+              f"{st.get(503, 0) / width:7.0f} {st.get(429, 0) / width:7.0f} {other:5d} | "
+              f"{s['publish'][1]:11.0f} / {s['refused'][1]:7.0f} | "
+              f"{s['publish'][0]:11.0f} | {s['callback'][0]:7.0f}/{s['callback'][1]:<7.0f} | "
+              f"{s['pull'][0]:6.0f}/{s['pull'][1]:<6.0f}", flush=True)
+    slowest = max((x for s in out["slices"] for x in (s["publish"][1], s["refused"][1]) if x == x), default=0.0)
+    calm = [s for s in out["slices"] if s["start"] + width <= before]
+    normal = {name: max(250.0 if name != "publish" else 50.0, 2 * max((s[name][0] for s in calm if s[name][0] == s[name][0]),
+                                                                       default=0.0))
+              for name in ("publish", "callback", "pull")}
+    burst_end = before + burst
+    after_slices = [s for s in out["slices"] if s["start"] >= burst_end]
+    back = None
+    for i, s in enumerate(after_slices):
+        if all(all(not (x[name][0] > normal[name]) for name in normal) for x in after_slices[i:]):
+            back = s["start"] - burst_end
+            break
+    st = out["statuses"]
+    offered = max(1, sum(st.values()))
+    refused = sum(st.get(k, 0) for k in REFUSALS)
+    share = ", ".join(f"{k} {100.0 * v / offered:.1f} %" for k, v in sorted(st.items()))
+    print(f"  answered: {share} of {offered} (0: no answer within 60 s or a cut connection)", flush=True)
+    print(f"  slowest answer from its request's sending (the broker's share): {out['service_max']:.0f} ms; "
+          f"slots the load tool held back (every connection busy, > 50 ms): {out['held']}; deliveries drained "
+          f"{out['drained']:.0f} s after the last publish", flush=True)
+    print(f"  every publish answered within 1 s: {'yes' if slowest <= 1000 else 'NO'} (slowest {slowest:.0f} ms); "
+          f"accepted {out['published']}, refused {refused} (503/429), other failures "
+          f"{out['failed'] - refused}; accepted and not delivered (push + pull): {out['lost']}, dup {out['dup']}; "
+          f"tails normal (p99 publish <= {normal['publish']:.0f}, callback <= {normal['callback']:.0f}, pull <= "
+          f"{normal['pull']:.0f} ms) "
+          + (f"{back:g} s after the burst" if back is not None else "NOT within the run"), flush=True)
+    cpu_print("CPU ms/accepted msg", out)
+    out["slowest"], out["back"] = slowest, back
     return out
 
 
@@ -351,12 +522,30 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=30.0, help="seconds of the idle figure (0: none)")
     parser.add_argument("--connections", type=int, default=64, help="the publisher's keep-alive connections")
     parser.add_argument("--pull-batch", type=int, default=500)
+    parser.add_argument("--pull-expires", type=float, default=5.0,
+                        help="seconds a pull waits for jobs (the idle figure: 1 s costs a long-poll cycle a second)")
     parser.add_argument("--max-in-flight", type=int, default=50)
-    parser.add_argument("--drain", type=float, default=60.0, help="seconds to wait for the last deliveries")
+    parser.add_argument("--drain", type=float, default=60.0,
+                        help="seconds without a new delivery before the ones still missing count as lost")
     parser.add_argument("--web-workers", type=int, default=2)
     parser.add_argument("--server", choices=("gunicorn", "granian"), default="gunicorn",
                         help="the web server (granian: pip install granian; for a side-by-side comparison)")
     parser.add_argument("--no-fsync", action="store_true", help="embedded server with fsync off")
+    parser.add_argument("--slice", type=float, default=SLICE,
+                        help="seconds of the slices the worst latencies (and the overload run) are shown by")
+    parser.add_argument("--overload", type=float, default=0.0,
+                        help="after the rates: offer this many publishes/s for --overload-burst s between "
+                             "--overload-base/s phases (e.g. 3000: twice what the machine holds); 0: no such run")
+    parser.add_argument("--overload-base", type=float, default=1000.0, help="publishes/s before and after the burst")
+    parser.add_argument("--overload-before", type=float, default=20.0)
+    parser.add_argument("--overload-burst", type=float, default=60.0)
+    parser.add_argument("--overload-after", type=float, default=60.0)
+    parser.add_argument("--overload-connections", type=int, default=4000,
+                        help="the publisher's connections in the overload run (enough that the load tool "
+                             "never holds a slot back: what waits, waits in the broker; opened as needed)")
+    parser.add_argument("--rate-limit", type=float, default=0.0,
+                        help="give the bench producer rateLimitPerSecond (and burst) of this value: the "
+                             "cost of a rate-limited producer (issue 38); 0: none")
     parser.add_argument("--statements", action="store_true",
                         help="print the top statements of each phase (pg_stat_statements: loaded into the "
                              "embedded server; an existing server must have it in shared_preload_libraries)")
@@ -365,7 +554,9 @@ def main() -> None:
                              "publishes of its type that validate (implies --event-payload)")
     parser.add_argument("--event-payload", action="store_true",
                         help="the same typed 20-property payloads without the schema (the like-for-like baseline)")
-    args = smoke_args_parse(parser, rates="20", seconds=3.0, idle=2.0, connections=4, drain=20.0)
+    args = smoke_args_parse(parser, rates="20", seconds=3.0, idle=2.0, connections=4, drain=20.0, overload=40.0,
+                            overload_base=20.0, overload_before=2.0, overload_burst=2.0, overload_after=2.0,
+                            overload_connections=16, slice=1.0)
 
     if args.statements and not os.environ.get("DATABASE_URL"):
         os.environ["BROKER_EMBEDDED_PG_OPTIONS"] = (os.environ.get("BROKER_EMBEDDED_PG_OPTIONS", "")
@@ -378,26 +569,42 @@ def main() -> None:
     problems: list[str] = []
     try:
         channel_create(broker, receiver.port, args.max_in_flight)
+        if args.rate_limit > 0:
+            r = broker.session.put(f"{broker.url}/producer/bench-producer", data={
+                "rateLimitPerSecond": f"{args.rate_limit:g}", "burst": str(max(1, int(args.rate_limit)))},
+                headers={"If-Unmodified-Since": broker.session.get(f"{broker.url}/producer/bench-producer")
+                         .headers["Last-Modified"]})
+            assert r.status_code == 200, r.text
         if args.event_schema:
             event_schema_put(broker)
         database = Database(broker.env["DATABASE_URL"])
-        load = Load(broker.url, args.connections, args.pull_batch, args.event_schema or args.event_payload)
+        load = Load(broker.url, args.connections, args.pull_batch, args.pull_expires,
+                    args.event_schema or args.event_payload)
         print(f"capacity: {os.cpu_count()} CPUs, 1 push consumer (maxInFlight {args.max_in_flight}) + 1 pull consumer "
-              f"(batch {args.pull_batch}, Receipt acks), {args.connections} publisher connections, "
-              f"{args.web_workers} web workers; logs in {workdir}", flush=True)
+              f"(batch {args.pull_batch}, expires {args.pull_expires:g} s, Receipt acks), {args.connections} publisher "
+              "connections, "
+              f"{args.web_workers} web workers" + (f", producer rate-limited at {args.rate_limit:g}/s" if args.rate_limit
+                                                  else "") + f"; logs in {workdir}", flush=True)
         time.sleep(3.0)  # dispatcher loops start, the puller's first long poll
         if args.idle > 0:
             idle(broker, database, load, args.idle, statements=args.statements)
         first = 0
         for rate in [float(x) for x in args.rates.split(",") if x.strip()]:
             out = rate_run(broker, receiver, database, load, rate=rate, seconds=args.seconds, first=first,
-                           drain=args.drain, statements=args.statements)
+                           drain=args.drain, statements=args.statements, width=args.slice)
             first += int(rate * args.seconds)
             problems += [f"rate {rate:.0f}: {n} {what}" for n, what in (
                 (out["failed"], "failed publishes"), (out["lost"], "lost deliveries"),
                 (out["pull_errors"], "pull/ack errors")) if n]
             if not out["published"]:
                 problems.append(f"rate {rate:.0f}: nothing published")
+        if args.overload > 0:
+            out = overload_run(broker, receiver, database, load, base=args.overload_base, peak=args.overload,
+                               before=args.overload_before, burst=args.overload_burst, after=args.overload_after,
+                               first=first, drain=args.drain, connections=args.overload_connections, width=args.slice)
+            refused = sum(out["statuses"].get(k, 0) for k in REFUSALS)
+            problems += [f"overload: {n} {what}" for n, what in (
+                (out["failed"] - refused, "failed publishes (not 503/429)"), (out["lost"], "lost deliveries")) if n]
     finally:
         if load is not None:
             load.stop()

@@ -86,6 +86,7 @@ def _receiver_main(port: int, conn) -> None:
     arrivals: list[float] = []
     latencies: list[float] = []
     seqs: list[int] = []  # X-Seq metadata headers, when the publisher sends them (lost / duplicated)
+    sents: list[float] = []  # the X-Sent-At of each latency (bench/capacity.py: latencies by slice of time)
 
     class Protocol(asyncio.Protocol):
         def connection_made(self, transport):
@@ -112,7 +113,9 @@ def _receiver_main(port: int, conn) -> None:
                 j = head.find(b"\r\nx-sent-at:")
                 if j >= 0:
                     k = head.find(b"\r\n", j + 2)
-                    latencies.append(now - float(head[j + 12:k if k > 0 else None]))
+                    sent = float(head[j + 12:k if k > 0 else None])
+                    latencies.append(now - sent)
+                    sents.append(sent)
                 j = head.find(b"\r\nx-seq:")
                 if j >= 0:
                     k = head.find(b"\r\n", j + 2)
@@ -126,6 +129,7 @@ def _receiver_main(port: int, conn) -> None:
                 arrivals.clear()
                 latencies.clear()
                 seqs.clear()
+                sents.clear()
                 conn.send(True)
             elif cmd == "stats":
                 conn.send((len(arrivals), arrivals[0] if arrivals else None, arrivals[-1] if arrivals else None,
@@ -134,6 +138,8 @@ def _receiver_main(port: int, conn) -> None:
                 conn.send(len(arrivals))
             elif cmd == "seqs":
                 conn.send(list(seqs))
+            elif cmd == "timed":
+                conn.send(list(zip(sents, latencies)))
 
     async def main():
         server = await asyncio.get_running_loop().create_server(Protocol, "127.0.0.1", port, backlog=1024)

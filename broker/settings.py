@@ -126,6 +126,9 @@ BROKER_PULL_ASYNC_COMMIT = env_bool("BROKER_PULL_ASYNC_COMMIT", True)
 # The hot routes (the single publish, the pull routes) skip URL resolving, DRF and the middleware
 # chain (web.api.fast_lane.FastLaneMiddleware); BROKER_PULL_FAST_LANE is its earlier name.
 BROKER_FAST_LANE = env_bool("BROKER_FAST_LANE", env_bool("BROKER_PULL_FAST_LANE", True))
+# The routes the web server (web/server, gunicorn.conf.py's worker) answers on its event loop, the
+# single publish first; with the fast lane off, none: every request goes through Django.
+BROKER_NATIVE_ROUTES = "web.server.native.native_routes" if BROKER_FAST_LANE else ""
 
 # --- database -----------------------------------------------------------------------------------
 DATABASE_URL = env_str("DATABASE_URL")
@@ -416,6 +419,10 @@ BROKER_PULL_WAIT_CONNECTIONS = env_int("BROKER_PULL_WAIT_CONNECTIONS", 4)
 # commit: jobs/publish/grouped.py); off: each publishes in its request's thread.
 BROKER_PUBLISH_GROUP = env_bool("BROKER_PUBLISH_GROUP", True)
 BROKER_PUBLISH_WINDOW = env_float("BROKER_PUBLISH_WINDOW", 0.025)  # seconds between two batches' starts
+# Admission: a single publish is refused at once (503 overloaded, Retry-After) when the publishes
+# queued before it in its process have waited longer than this many seconds (0: never refused):
+# jobs/publish/grouped.py publish_admission, and the web server's event loop lag (web/server/native.py).
+BROKER_PUBLISH_ADMIT_WAIT = env_float("BROKER_PUBLISH_ADMIT_WAIT", 0.5)
 # Wake-ups of new jobs are sent after the publishing commit, at most one NOTIFY per this many seconds
 # per process (the first after a quiet spell at once): broker/db/notify.py.
 BROKER_NOTIFY_INTERVAL = env_float("BROKER_NOTIFY_INTERVAL", 0.05)

@@ -56,12 +56,15 @@ class _Cache:
 _cache = _Cache()
 
 
-def message_validate(*, channel_id: str, message_type: str | None, payload: bytes, content_type: str) -> None:
+def message_validate(*, channel_id: str, message_type: str | None, payload: bytes, content_type: str,
+                     rules: ChannelRules | None = None) -> None:
     """Hold one message to its channel's event types: 422 ``schema_validation_failed`` (with
     ``path``, a JSON pointer into the payload) when its type has a schema the payload breaks or the
     payload is not JSON; 422 ``unknown_event_type`` on a ``closed`` channel for a type it has no
-    event type for (or no type). A channel that does not exist passes (the publish answers 404)."""
-    rules = channel_rules(channel_id)
+    event type for (or no type). A channel that does not exist passes (the publish answers 404).
+    ``rules``: the channel's, already in hand (``rules_held``); else ``channel_rules`` reads them."""
+    if rules is None:
+        rules = channel_rules(channel_id)
     if not rules.types and not rules.closed:
         return
     entry = rules.types.get(message_type) if message_type is not None else None
@@ -98,6 +101,20 @@ def channel_rules(channel_id: str) -> ChannelRules:
     rules = cache.channels.get(channel_id)
     if rules is None or rules.generation != cache.generation:  # (!=: a restored database may go back)
         rules = _load(channel_id)
+    return rules
+
+
+def rules_held(channel_id: str) -> ChannelRules | None:
+    """The channel's rules when this process holds them current (the generation read less than
+    CHECK_INTERVAL ago, and the channel's rules of that generation), without a database read; None
+    otherwise. For a caller that must not block (the web server's event loop): on None it leaves the
+    publish to a thread that calls ``message_validate``, which reads them for the next one."""
+    cache = _cache
+    if time.monotonic() - cache.checked_at >= CHECK_INTERVAL:
+        return None
+    rules = cache.channels.get(channel_id)
+    if rules is None or rules.generation != cache.generation:
+        return None
     return rules
 
 

@@ -86,6 +86,14 @@ def source_request_receive(*, source_id: str, headers: Mapping[str, str], body: 
     return answer
 
 
+def source_address_check(*, source_id: str) -> None:
+    """Before a large body is read (issue 38 item 4, credentials first): 404 when no source has this
+    address, so an unknown id never makes the broker read up to BROKER_MAX_PAYLOAD_BYTES. (A known
+    source's credential is its signature, over the body: that body is read.)"""
+    if not SOURCE_ID.fullmatch(source_id or "") or source_lookup(source_id=source_id) is None:
+        raise NotFound("source_not_found", "no source has this address")
+
+
 def source_request_too_large(*, source_id: str, remote: str = "") -> TooLarge:
     """The refusal of a body over BROKER_MAX_PAYLOAD_BYTES that a front end saw coming from its
     Content-Length (before reading it), counted like the others; unknown id: 404."""

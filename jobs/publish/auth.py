@@ -1,6 +1,7 @@
 """Who may publish, in one prepared query: the channel, the producer and their tokens, the backlog
 caps of the channel's consumers (404 / 401 / 403 / 429 as domain errors), then the producer's
-token bucket (``producer_rate_take``, one conditional UPDATE)."""
+token bucket (``producer_rate_take``: n tokens or none, one conditional UPDATE; ``producer_rate_grant``:
+as many of n as it holds, one statement for a publishing batch)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,26 @@ def publish_authenticate(*, channel_id: str, channel_token: str | None, producer
                           rate=row[5], burst=row[6])
 
 
+def producer_rate_grant(*, ctx: PublishContext, n: int) -> tuple[int, RateLimited | None]:
+    """Spend up to ``n`` tokens of the producer's bucket in one statement, as many as it holds (a
+    publishing batch's messages of this producer, in their order): (granted, the 429 refusal of the
+    others, None when all were granted). Only called for producers with a limit."""
+    rate = float(ctx.rate)
+    burst = float(ctx.burst or max(1, math.ceil(rate)))
+    rows = query_fetchall(Q.producer_rate_grant, {"producer": ctx.producer_pk, "rate": rate, "burst": burst,
+                                                     "n": n}, prepare=True)
+    granted = int(rows[0][0]) if rows else 0
+    if granted >= n:
+        return n, None
+    return granted, _rate_limited(ctx, rate, burst, 1)
+
+
+def _rate_limited(ctx: PublishContext, rate: float, burst: float, n: int) -> RateLimited:
+    wait = max(1, math.ceil(min(n, burst) / rate))
+    return RateLimited("rate_limited", f"producer {ctx.producer_id} is over its rate limit ({rate:g}/s, burst {burst:g})",
+                       retry_after=wait)
+
+
 def producer_rate_take(*, ctx: PublishContext, n: int) -> None:
     """Spend ``n`` tokens of the producer's bucket or answer 429 ``rate_limited`` with Retry-After
     (seconds until ``n`` tokens could be there). Only called for producers with a limit: others
@@ -57,7 +78,4 @@ def producer_rate_take(*, ctx: PublishContext, n: int) -> None:
     rows = query_fetchall(Q.producer_rate_take, {"producer": ctx.producer_pk, "rate": rate,
                                                     "burst": burst, "n": n}, prepare=True)
     if not rows:
-        wait = max(1, math.ceil(min(n, burst) / rate))
-        raise RateLimited("rate_limited",
-                          f"producer {ctx.producer_id} is over its rate limit ({rate:g}/s, burst {burst:g})",
-                          retry_after=wait)
+        raise _rate_limited(ctx, rate, burst, n)

@@ -41,6 +41,31 @@ UPDATE broker_producer SET
                       %(burst)s::float8)) >= %(n)s::float8
 RETURNING rate_tokens;
 
+-- producer_rate_grant --
+-- index: pk
+-- Spend up to %(n)s tokens of the producer's bucket, as many as it holds, in one statement: the
+-- publishing batch's messages of one producer (jobs.publish.grouped), in their order, as separate
+-- publishes would. Returns how many were granted (no row: none). FOR UPDATE reads the latest version
+-- of the row once its lock is ours, so concurrent batches across processes never spend a token twice.
+WITH bucket AS (
+    SELECT id, LEAST(%(burst)s::float8,
+                     COALESCE(rate_tokens + extract(epoch FROM now() - rate_at) * %(rate)s::float8,
+                              %(burst)s::float8)) AS held
+      FROM broker_producer WHERE id = %(producer)s::bigint FOR UPDATE
+), granted AS (
+    SELECT id, held, LEAST(%(n)s::int, GREATEST(0, floor(held)::int)) AS n FROM bucket
+)
+UPDATE broker_producer p SET rate_tokens = g.held - g.n, rate_at = now()
+  FROM granted g
+ WHERE p.id = g.id AND g.n > 0
+RETURNING g.n;
+
+-- publisher_backend_state --
+-- index: none (pg_stat_activity)
+-- The state of the publishing thread's session (jobs.publish.grouped: a batch running for a second
+-- is slow while its backend works on it, 'active'; stuck when it is idle or gone).
+SELECT state FROM pg_stat_activity WHERE pid = %(pid)s::int;
+
 -- insert_one --
 -- index: message_unique_per_channel
 -- hot

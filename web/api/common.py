@@ -150,14 +150,23 @@ def require_channel_reader(request, channel: Channel) -> None:
                   detail="channel token does not match")
 
 
-def read_body(request, limit: int) -> bytes:
-    """The raw body, refusing (413) before reading when Content-Length says it is too large."""
+# A body up to this is read before the credentials are checked (it came with the head); a larger one
+# only once they passed (``read_body``'s ``credentials_check``): an anonymous client cannot make the
+# broker read megabytes.
+BODY_PREREAD = 64 * 1024
+
+
+def read_body(request, limit: int, *, credentials_check=None) -> bytes:
+    """The raw body, refusing (413) before reading when Content-Length says it is too large; a body
+    larger than ``BODY_PREREAD`` is read only after ``credentials_check()`` (raising their refusal)."""
     try:
         declared = int(request.META.get("CONTENT_LENGTH") or 0)
     except ValueError:
         raise InvalidInput("malformed_request", "invalid Content-Length") from None
     if declared > limit:
         raise TooLarge("payload_too_large", f"body is larger than {limit} bytes")
+    if credentials_check is not None and declared > BODY_PREREAD:
+        credentials_check()
     body = request.body
     if len(body) > limit:
         raise TooLarge("payload_too_large", f"body is larger than {limit} bytes")

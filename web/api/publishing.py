@@ -2,7 +2,8 @@
 the batch body parser (the batch endpoint shares its path with the message list, web.api.messages).
 
 ``broadcast_post`` is the handler; ``BroadcastView`` documents it and serves what the fast lane
-(``web.api.fast_lane``) leaves to the full stack. It reads headers from ``request.META`` (what
+(``web.api.fast_lane``) and the web server's native route (``web.server.native``, which parses with
+``broadcast_message`` too) leave to the full stack. It reads headers from ``request.META`` (what
 ``request.headers`` is built from, without building it)."""
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from broker.errors import DomainError, InvalidInput, TooLarge
 from broker.message_types import message_type_parse, ttl_parse
 from broker.numbers import whole
 from broker.tracing import trace_context_parse
-from eventtypes.validation import message_validate
+from eventtypes.validation import ChannelRules, message_validate
 from jobs.publish.auth import PublishContext, publish_authenticate
 from jobs.publish.grouped import message_publish_grouped
 from jobs.publish.messages import NewMessage, partition_headers, partition_parse
@@ -88,17 +89,29 @@ def parse_message_id(raw: str | None) -> str | None:
 
 
 def metadata_headers(request) -> dict:
-    """Headers named in X-Broker-Metadata-Headers (comma-separated) that are present."""
+    """Headers named in X-Broker-Metadata-Headers (comma-separated) that are present, looked up in
+    ``request.META`` as ``request.headers`` would find them (without building it: a hot path)."""
     names = request.META.get("HTTP_X_BROKER_METADATA_HEADERS")
     if not names:
         return {}
-    headers = request.headers
+    meta = request.META
     result = {}
     for name in names.split(","):
         name = name.strip()
-        if name and name in headers:
-            result[name] = headers[name]
+        if not name or "_" in name:  # (HttpHeaders has no name with "_": META cannot tell it from "-")
+            continue
+        if not name.isascii():  # (case rules beyond ASCII: as HttpHeaders finds it)
+            if name in request.headers:
+                result[name] = request.headers[name]
+            continue
+        key = name.upper().replace("-", "_")
+        value = meta.get(key if key in _UNPREFIXED else "HTTP_" + key)
+        if value is not None:
+            result[name] = value
     return result
+
+
+_UNPREFIXED = frozenset({"CONTENT_TYPE", "CONTENT_LENGTH"})  # HttpHeaders.UNPREFIXED_HEADERS
 
 
 def publish_context(request, channel_id: str) -> PublishContext:
@@ -118,9 +131,9 @@ def broadcast_post(request, channel_id: str) -> HttpResponse:
     credentials = {"channel_id": channel_id, "channel_token": meta.get("HTTP_X_BROKER_CHANNEL_TOKEN"),
                    "producer_id": meta.get("HTTP_X_BROKER_PRODUCER_ID"),
                    "producer_token": meta.get("HTTP_X_BROKER_PRODUCER_TOKEN")}
-    try:
-        message, scheduled_for = _broadcast_message(request)
-        _event_type_check(channel_id, message)
+    try:  # a large body is read only once the credentials passed (read_body)
+        message, scheduled_for = broadcast_message(request, credentials_check=lambda: publish_authenticate(**credentials))
+        event_type_check(channel_id, message)
     except DomainError:
         publish_authenticate(**credentials)  # refusals of the credentials come first
         raise
@@ -136,17 +149,19 @@ def broadcast_post(request, channel_id: str) -> HttpResponse:
     return response
 
 
-def _event_type_check(channel_id: str, message: NewMessage) -> None:
+def event_type_check(channel_id: str, message: NewMessage, *, rules: ChannelRules | None = None) -> None:
     """Event types (issue 37): 422 when the message breaks its channel's event types, before any
-    transaction; a scheduled message is checked now, when it is created (not again when due)."""
+    transaction; a scheduled message is checked now, when it is created (not again when due).
+    ``rules``: the channel's as held (the native route, which must not read the database)."""
     message_validate(channel_id=channel_id, message_type=message.type, payload=message.payload,
-                     content_type=message.content_type)
+                     content_type=message.content_type, rules=rules)
 
 
-def _broadcast_message(request) -> tuple[NewMessage, str]:
-    """The message of a broadcast request and its X-Broker-Scheduled-For (empty: now); 400 / 413 refusals."""
+def broadcast_message(request, *, credentials_check=None) -> tuple[NewMessage, str]:
+    """The message of a broadcast request and its X-Broker-Scheduled-For (empty: now); 400 / 413
+    refusals. A body larger than ``BODY_PREREAD`` is read only after ``credentials_check`` passed."""
     meta = request.META
-    body = read_body(request, settings.BROKER_MAX_PAYLOAD_BYTES)
+    body = read_body(request, settings.BROKER_MAX_PAYLOAD_BYTES, credentials_check=credentials_check)
     if not body:
         raise InvalidInput("empty_body", "message body must not be empty")
     partitioned = "HTTP_X_BROKER_PARTITION_KEY" in meta or "HTTP_X_BROKER_GATE" in meta

@@ -68,6 +68,7 @@ class ProducerView(APIView):
         request=put_request(PRODUCER_PUT), **PUT_SCHEMA,
     )
     def put(self, request, producer_id: str):
+        require_registry(request)  # the credentials before the body is read
         return registry_put(request, producer_upsert, producer_repr, producer_id=producer_id,
                             rate=producer_rate_parse(request))
 
@@ -112,6 +113,7 @@ class ChannelView(APIView):
         request=put_request(CHANNEL_PUT), **PUT_SCHEMA,
     )
     def put(self, request, channel_id: str):
+        require_registry(request)  # the credentials before the body is read
         settings = channel_settings_parse(request)
         response = registry_put(request, channel_upsert, channel_repr, channel_id=channel_id, settings=settings)
         if "event_types" in settings:

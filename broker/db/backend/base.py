@@ -13,6 +13,9 @@ one. 0 turns both off.
 
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager
+
 import psycopg
 from django.conf import settings
 from django.db.backends.postgresql import base
@@ -22,10 +25,27 @@ from broker.schema_editor import BrokerSchemaEditor
 WAIT_INTERVAL = 0.1  # psycopg's: how often a wait looks for an interrupt (Ctrl-C)
 
 
+_bound = threading.local()  # a thread's own bound (round_trip_bound)
+
+
 def round_trip_limit() -> float | None:
-    """Seconds a round trip may go unanswered, None when unbounded (BROKER_DB_TIMEOUT = 0)."""
+    """Seconds a round trip may go unanswered, None when unbounded (BROKER_DB_TIMEOUT = 0 and no
+    ``round_trip_bound`` around the calling thread)."""
     timeout = float(getattr(settings, "BROKER_DB_TIMEOUT", 0.0) or 0.0)
-    return timeout + float(getattr(settings, "DB_TIMEOUT_GRACE", 2.0)) if timeout > 0 else None
+    if timeout > 0:
+        return timeout + float(getattr(settings, "DB_TIMEOUT_GRACE", 2.0))
+    return getattr(_bound, "seconds", None)
+
+
+@contextmanager
+def round_trip_bound(seconds: float):
+    """The calling thread's round trips bounded at ``seconds`` while BROKER_DB_TIMEOUT is 0 (the
+    publishing thread: a batch must end, its requests are waiting)."""
+    _bound.seconds = seconds
+    try:
+        yield
+    finally:
+        _bound.seconds = None
 
 
 class BoundedConnection(psycopg.Connection):

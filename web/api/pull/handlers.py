@@ -11,7 +11,6 @@ and answer JSON bytes; errors are raised as domain errors and rendered by the ca
 from __future__ import annotations
 
 import json
-import select
 
 from django.http import HttpResponse
 
@@ -25,6 +24,7 @@ from jobs.pull.shapes import claimed_repr
 from jobs.pull.spec import SPEC_STATES, job_transition, queued_jobs_list
 from web.api.common import read_body
 from web.auth import is_admin
+from web.server.http import HUNG_UP, peer_hung_up
 
 # The JSON control bodies are small (an ack of 1,000 jobs is ~60 KB): anything past this is a
 # 413 before it is read or parsed.
@@ -40,9 +40,10 @@ def json_response(body, status: int = 200) -> HttpResponse:
                         status=status, content_type="application/json")
 
 
-def json_body(request, *, empty=None):
-    """The body as JSON; malformed JSON or bytes that are not UTF-8 are a 400, never a 500."""
-    raw = read_body(request, JSON_BODY_LIMIT)
+def json_body(request, *, empty=None, credentials_check=None):
+    """The body as JSON; malformed JSON or bytes that are not UTF-8 are a 400, never a 500. A large
+    body is read only after ``credentials_check`` passed (``read_body``)."""
+    raw = read_body(request, JSON_BODY_LIMIT, credentials_check=credentials_check)
     if not raw.strip():
         if empty is None:
             raise InvalidInput("malformed_request", "a JSON body is required")
@@ -79,7 +80,7 @@ def job_state_post(request, channel_id: str, consumer_id: str, job_id: str) -> H
     """The spec's state change: one statement authenticates and moves (``pull.job_transition``)."""
     meta = request.META
     try:
-        data = json_body(request)
+        data = json_body(request, credentials_check=lambda: authenticate(request, channel_id, consumer_id, job_id=job_id))
         if not isinstance(data, dict):
             raise InvalidInput("malformed_request", "body must be a JSON object")
         fields = {str(k).lower(): v for k, v in data.items()}
@@ -106,29 +107,18 @@ def job_state_post(request, channel_id: str, consumer_id: str, job_id: str) -> H
     return response
 
 
-# poll() events that say the peer hung up (POLLRDHUP: it closed its side, Linux; HUP/ERR: reported anyway)
-HUNG_UP = getattr(select, "POLLRDHUP", 0) | select.POLLHUP | select.POLLERR
-
-
 def client_gone_check(request):
-    """A check whether the client of ``request`` has hung up (its socket polls as closed by the peer),
-    for a long-poll to ask before it claims; None when the server does not give us the socket
-    (gunicorn does: ``gunicorn.socket``)."""
+    """A check whether the client of ``request`` has hung up, for a long-poll to ask before it claims:
+    the broker's web server says so itself (``broker.client_gone``: the peer closed or half-closed its
+    side); under gunicorn's own workers its socket is polled (``gunicorn.socket``); None when the
+    server gives neither."""
+    gone = request.META.get("broker.client_gone")
+    if gone is not None:
+        return gone
     sock = request.META.get("gunicorn.socket")
     if sock is None or not HUNG_UP:
         return None
-
-    def gone() -> bool:
-        try:
-            fd = sock.fileno()
-            if fd < 0:
-                return True
-            poller = select.poll()
-            poller.register(fd, HUNG_UP)
-            return bool(poller.poll(0))
-        except (OSError, ValueError):
-            return True
-    return gone
+    return lambda: peer_hung_up(sock)
 
 
 def pull_post(request, channel_id: str, consumer_id: str) -> HttpResponse:
