@@ -3,6 +3,7 @@
     .venv/bin/python bench/capacity.py                              # rates 300,600,1000, 60 s each
     .venv/bin/python bench/capacity.py --rates 1000 --seconds 300   # issue 28's capacity run
     .venv/bin/python bench/capacity.py --rates 300 --idle 60        # cost per message and at rest
+    .venv/bin/python bench/capacity.py --rates 1000 --event-schema  # issue 37: publishes validated
     DATABASE_URL=postgres://... .venv/bin/python bench/capacity.py  # an existing (migrated here) database
 
 Everything runs on this machine as a user runs it: PostgreSQL (a throw-away embedded server, fsync
@@ -40,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import _read_response, build_request, percentile, smoke_args_parse, smoke_problems_exit  # noqa: E402
+from bench.common import EVENT_SCHEMA, EVENT_TYPE, event_payload  # noqa: E402  (issue 37: --event-schema)
 from bench.push import PUBLISH_HEADERS, Broker, Receiver, _stat, cpu_by_group  # noqa: E402
 
 SMOKE_TABLE = (r"^idle +[\d.]+ s: .* total [\d.]+ % of one core; .*\n(?s:.*)"
@@ -52,7 +54,7 @@ PAD = "x" * 200  # bodies of ~250 bytes
 
 # --- the load generator (its own process) ---------------------------------------------------------
 
-def _load_main(url: str, connections: int, pull_batch: int, conn) -> None:
+def _load_main(url: str, connections: int, pull_batch: int, conn, event_payloads: bool = False) -> None:
     """Publisher and puller on one asyncio loop; commands come over ``conn``."""
     host, port = url.split("//")[1].split(":")
     port = int(port)
@@ -123,6 +125,9 @@ def _load_main(url: str, connections: int, pull_batch: int, conn) -> None:
                 body = json.dumps({"i": seq, "t": sent, "pad": PAD}).encode()
                 headers = {**PUBLISH_HEADERS, "Content-Type": "application/json",
                            "X-Broker-Metadata-Headers": "X-Sent-At,X-Seq", "X-Sent-At": repr(sent), "X-Seq": str(seq)}
+                if event_payloads:  # issue 37: the 20-property payload of EVENT_SCHEMA, typed
+                    body = json.dumps(event_payload(seq, sent, PAD)).encode()
+                    headers["X-Broker-Message-Type"] = EVENT_TYPE
                 try:
                     if writer is None:
                         reader, writer = await asyncio.open_connection(host, port)
@@ -164,9 +169,10 @@ def _load_main(url: str, connections: int, pull_batch: int, conn) -> None:
 
 
 class Load:
-    def __init__(self, url: str, connections: int, pull_batch: int) -> None:
+    def __init__(self, url: str, connections: int, pull_batch: int, event_payloads: bool = False) -> None:
         self.conn, child = multiprocessing.Pipe()
-        self.proc = multiprocessing.Process(target=_load_main, args=(url, connections, pull_batch, child), daemon=True)
+        self.proc = multiprocessing.Process(target=_load_main, args=(url, connections, pull_batch, child, event_payloads),
+                                            daemon=True)
         self.proc.start()
 
     def ask(self, *cmd):
@@ -330,6 +336,14 @@ def channel_create(broker: Broker, receiver_port: int, max_in_flight: int) -> No
     assert r.status_code == 200, r.text
 
 
+def event_schema_put(broker: Broker) -> None:
+    """Issue 37: EVENT_SCHEMA (20 properties) as the channel's event type EVENT_TYPE: every publish
+    is validated against it in the web process."""
+    r = broker.session.put(f"{broker.url}/channel/{CHANNEL}/event-type/{EVENT_TYPE}", json={"schema": EVENT_SCHEMA})
+    assert r.status_code == 200, r.text
+    print(f"event schema: {EVENT_TYPE}, 20 properties, every publish of that type validated", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rates", default="300,600,1000", help="publishes per second, comma-separated")
@@ -346,6 +360,11 @@ def main() -> None:
     parser.add_argument("--statements", action="store_true",
                         help="print the top statements of each phase (pg_stat_statements: loaded into the "
                              "embedded server; an existing server must have it in shared_preload_libraries)")
+    parser.add_argument("--event-schema", action="store_true",
+                        help="issue 37: a 20-property schema on the channel (bench/common.py EVENT_SCHEMA) and "
+                             "publishes of its type that validate (implies --event-payload)")
+    parser.add_argument("--event-payload", action="store_true",
+                        help="the same typed 20-property payloads without the schema (the like-for-like baseline)")
     args = smoke_args_parse(parser, rates="20", seconds=3.0, idle=2.0, connections=4, drain=20.0)
 
     if args.statements and not os.environ.get("DATABASE_URL"):
@@ -359,8 +378,10 @@ def main() -> None:
     problems: list[str] = []
     try:
         channel_create(broker, receiver.port, args.max_in_flight)
+        if args.event_schema:
+            event_schema_put(broker)
         database = Database(broker.env["DATABASE_URL"])
-        load = Load(broker.url, args.connections, args.pull_batch)
+        load = Load(broker.url, args.connections, args.pull_batch, args.event_schema or args.event_payload)
         print(f"capacity: {os.cpu_count()} CPUs, 1 push consumer (maxInFlight {args.max_in_flight}) + 1 pull consumer "
               f"(batch {args.pull_batch}, Receipt acks), {args.connections} publisher connections, "
               f"{args.web_workers} web workers; logs in {workdir}", flush=True)

@@ -278,3 +278,45 @@ def django_setup(database_url: str) -> None:
     import django
 
     django.setup()
+
+
+# --- event types (issue 37): the 20-property schema of bench/capacity.py --event-schema and
+# bench/schemas.py, and payloads that validate against it ---------------------------------------------
+EVENT_TYPE = "order.created"
+EVENT_SCHEMA = {
+    "type": "object", "additionalProperties": False,
+    "required": ["i", "t", "pad", "id", "type", "created_at", "customer", "amount", "currency", "items", "status",
+                 "notes", "tags", "paid", "source", "version", "region", "priority", "coupon", "metadata"],
+    "properties": {
+        "i": {"type": "integer", "minimum": 0}, "t": {"type": "number"}, "pad": {"type": "string"},
+        "id": {"type": "string", "pattern": "^ord_[0-9a-z]{6,}$"},
+        "type": {"enum": ["order.created", "order.updated"]},
+        "created_at": {"type": "string", "format": "date-time"},
+        "customer": {"type": "object", "required": ["id", "email"], "additionalProperties": False,
+                     "properties": {"id": {"type": "string"}, "email": {"type": "string", "format": "email"},
+                                    "name": {"type": "string", "maxLength": 200}}},
+        "amount": {"type": "number", "minimum": 0}, "currency": {"enum": ["EUR", "USD", "GBP"]},
+        "items": {"type": "array", "minItems": 1, "maxItems": 100,
+                  "items": {"type": "object", "required": ["sku", "quantity", "price"],
+                            "properties": {"sku": {"type": "string", "minLength": 1},
+                                           "quantity": {"type": "integer", "minimum": 1},
+                                           "price": {"type": "number", "minimum": 0}}}},
+        "status": {"enum": ["new", "paid", "shipped"]}, "notes": {"type": "string", "maxLength": 2000},
+        "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}, "paid": {"type": "boolean"},
+        "source": {"type": "string"}, "version": {"type": "integer", "const": 2},
+        "region": {"enum": ["eu", "us", "ap"]}, "priority": {"type": "integer", "minimum": 0, "maximum": 9},
+        "coupon": {"type": ["string", "null"]},
+        "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+    },
+}
+
+
+def event_payload(i: int, t: float, pad: str) -> dict:
+    """A payload that validates against ``EVENT_SCHEMA``, carrying the sequence number ``i``, the send
+    time ``t`` and ``pad`` as bench/capacity.py's plain payload does."""
+    return {"i": i, "t": t, "pad": pad, "id": f"ord_{i:06d}", "type": EVENT_TYPE, "created_at": "2026-01-02T03:04:05Z",
+            "customer": {"id": "cus_1", "email": "buyer@example.com", "name": "A Buyer"}, "amount": 42.5,
+            "currency": "EUR", "items": [{"sku": "A-1", "quantity": 1, "price": 40.0},
+                                         {"sku": "B-2", "quantity": 2, "price": 1.25}],
+            "status": "new", "notes": "", "tags": ["web"], "paid": False, "source": "bench", "version": 2,
+            "region": "eu", "priority": 3, "coupon": None, "metadata": {"campaign": "spring"}}

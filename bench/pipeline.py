@@ -24,8 +24,10 @@ BROKER_PIPELINE_DIR:
    (``--rebuild-check``: and a fourth, ``--rebuild``, every day read again from the archive and the
    database, the days retention took from keeping their facts: equal too).
 
-Prints each run's wall time, the rows read over JDBC, and the CPU seconds of the report's process
-tree (the Spark JVM) and of PostgreSQL, then drops the database and the output (unless ``--keep``).
+Prints each run's wall time, the rows read over JDBC, the CPU seconds of the report's process
+tree (the Spark JVM) and of PostgreSQL, and what the run cost vacuum: the longest transaction open
+on the database meanwhile and the oldest snapshot's age (``SnapshotWatch``: ``pg_stat_activity``
+every 100 ms), then drops the database and the output (unless ``--keep``).
 ``--smoke``: 2,000 jobs over 3 days then 200 (the test suite runs it; ``--smoke --equality
 --rebuild-check`` runs the whole check small).
 ``--master spark://...``: the same on a standalone cluster (whose workers see this machine's disk).
@@ -48,11 +50,25 @@ local[*], driver 4g, embedded PostgreSQL 18 with fsync on), the command
              (PostgreSQL busy vacuuming retention's deletes meanwhile: 21 s of its CPU)
     fourth:  --rebuild, equal to the second too: 345.3 s; 37,323,854 rows over JDBC and 26.4 s reading the
              archive; 55 days rewritten, the 6 days retention took rows from kept their facts
+
+Chunked reads (issue 35, item 2), recorded 2026-11-28: the code before the chunks and after them,
+run at the same time on the same 2-core machine (shared, load average 13 to 20 throughout, so every
+time is several times the quiet machine's), ``bench/pipeline.py --jobs 1000000 --new-jobs 100000
+--days 20`` each:
+
+    before:  first report: longest transaction 71.6 s (oldest snapshot 71.7 s); read 970.9 s
+             (JDBC jobs 290.0 s, attempts 334.5 s, transitions 281.0 s); CPU: report 129.2 s, PostgreSQL 34.1 s
+             second report: longest transaction 4.6 s; read 38.8 s
+    after:   first report: longest transaction 8.4 s (oldest snapshot 8.4 s), in chunks of 20,000 rows; read
+             996.3 s (JDBC jobs 283.6 s, attempts 342.3 s, transitions 305.3 s); CPU: report 133.6 s,
+             PostgreSQL 28.9 s
+             second report: longest transaction 1.4 s; read 33.3 s
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import shutil
@@ -71,8 +87,8 @@ sys.path.insert(0, str(ROOT))
 from bench.common import base_env, broker_database, django_setup, registry_create, smoke_args_parse  # noqa: E402
 
 BENCH_DB = "broker_bench_pipeline"
-SMOKE_TABLE = (r"^first report: \d+ jobs in [\d.]+s .*rows read over JDBC.*$(?s:.*)"
-               r"^second report: \d+ jobs in [\d.]+s .*rows read over JDBC.*$")
+SMOKE_TABLE = (r"^first report: \d+ jobs in [\d.]+s .*rows read over JDBC.*longest transaction [\d.]+s.*$(?s:.*)"
+               r"^second report: \d+ jobs in [\d.]+s .*rows read over JDBC.*longest transaction [\d.]+s.*$")
 SMOKE_NEEDS = ("spark",)
 CHANNELS = ["bench-ch0", "bench-ch1"]
 PRODUCERS = ["bench-producer"]
@@ -245,6 +261,96 @@ class TreeCpu:
         return round(sum(self.seen.values()), 1)
 
 
+class SnapshotWatch:
+    """What a run's reads cost vacuum: every ``interval`` seconds (0.1), the transactions open on
+    the database (every client session but this watch's): the longest open (``clock_timestamp() -
+    xact_start``, seconds) and the oldest snapshot (``age(backend_xmin)``, in transaction ids, and
+    in seconds: how long ago the transaction counter stood at that xmin, from the counter sampled
+    each time), with the session's application_name (``broker-pipeline``: Spark's JDBC reads).
+    With ``tick`` (not on a replica) each sample spends one transaction id, as a live broker's
+    writes would, so an xmin's age grows with the time it is held even on an idle database.
+    ``applications`` holds every application seen connected, ``transactions`` the distinct
+    transactions seen open per application; ``stop()`` returns the maxima."""
+
+    SAMPLE = """SELECT application_name, extract(epoch FROM clock_timestamp() - xact_start)::float8,
+                       age(backend_xmin), pg_snapshot_xmax(pg_current_snapshot())::text::bigint, pid, xact_start
+                  FROM pg_stat_activity
+                 WHERE datname = current_database() AND backend_type = 'client backend'
+                   AND pid <> pg_backend_pid()"""
+    TICK = "SELECT pg_current_xact_id()"
+
+    def __init__(self, conninfo: dict, *, interval: float = 0.1, tick: bool = True):
+        import psycopg
+
+        self.conn = psycopg.connect(**conninfo, application_name="snapshot-watch", autocommit=True)
+        self.interval, self.tick = interval, tick
+        self.samples = 0
+        self.started = time.monotonic()
+        self.times: list[float] = []  # when each sample was taken
+        self.next_xids: list[int] = []  # the next transaction id then (ascending)
+        self.longest_s, self.longest_app = 0.0, ""
+        self.oldest_xmin_age, self.oldest_xmin_s, self.xmin_app = 0, 0.0, ""
+        self.applications: set[str] = set()
+        self.transactions: dict[str, set] = {}
+        self.error = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def conninfo(alias: str = "default") -> dict:
+        """psycopg keywords for a Django database (the bench's, or the test database)."""
+        from django.db import connections
+
+        sd = connections[alias].settings_dict
+        info = {"dbname": sd["NAME"], "host": sd.get("HOST"), "port": sd.get("PORT"), "user": sd.get("USER"),
+                "password": sd.get("PASSWORD")}
+        return {k: v for k, v in info.items() if v}
+
+    def _since(self, xid: int, now: float) -> float:
+        """Seconds since the counter passed ``xid`` (since the watch started, when before that):
+        the last sample at which the counter had not yet passed it."""
+        i = bisect.bisect_right(self.next_xids, xid)
+        return now - (self.times[i - 1] if i else self.started)
+
+    def _run(self) -> None:
+        import psycopg
+
+        try:
+            self._sample_until_stopped()
+        except psycopg.Error as exc:  # the database went away (a run interrupted, the bench's clean-up)
+            self.error = str(exc)
+
+    def _sample_until_stopped(self) -> None:
+        while not self._stop.wait(self.interval):
+            if self.tick:
+                self.conn.execute(self.TICK)
+            now = time.monotonic()
+            rows = self.conn.execute(self.SAMPLE).fetchall()
+            for app, seconds, xmin_age, next_xid, pid, xact_start in rows:
+                self.applications.add(app)
+                if xact_start is not None:
+                    self.transactions.setdefault(app, set()).add((pid, xact_start))
+                if seconds is not None and seconds > self.longest_s:
+                    self.longest_s, self.longest_app = seconds, app
+                if xmin_age is not None:
+                    self.oldest_xmin_s = max(self.oldest_xmin_s, self._since(next_xid - int(xmin_age), now))
+                    if xmin_age > self.oldest_xmin_age:
+                        self.oldest_xmin_age, self.xmin_app = int(xmin_age), app
+            if rows:
+                self.times.append(now)
+                self.next_xids.append(rows[0][3])
+            self.samples += 1
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._thread.join()
+        self.conn.close()
+        return {"longest_transaction_s": round(self.longest_s, 2), "longest_transaction_of": self.longest_app,
+                "oldest_xmin_age": self.oldest_xmin_age, "oldest_xmin_s": round(self.oldest_xmin_s, 2),
+                "oldest_xmin_of": self.xmin_app, "samples": self.samples, **({"error": self.error} if self.error else {})}
+
+
 def postgres_cpu() -> float:
     """CPU seconds of the bench database's server so far (postmaster, reaped and live backends)."""
     from django.db import connection
@@ -262,9 +368,11 @@ def postgres_cpu() -> float:
     return total
 
 
-def manage(env: dict, *args: str, label: str) -> tuple[float, float, float, str]:
-    """Run ``manage.py`` (a Spark job) as a user would; wall seconds, its CPU, PostgreSQL's, output."""
+def manage(env: dict, *args: str, label: str, watch: dict | None = None) -> tuple[float, float, float, str]:
+    """Run ``manage.py`` (a Spark job) as a user would; wall seconds, its CPU, PostgreSQL's, output.
+    ``watch`` (a dict) gets what a ``SnapshotWatch`` saw meanwhile."""
     pg = postgres_cpu()
+    snapshots = SnapshotWatch(SnapshotWatch.conninfo())
     started = time.monotonic()
     proc = subprocess.Popen([sys.executable, "manage.py", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -277,14 +385,19 @@ def manage(env: dict, *args: str, label: str) -> tuple[float, float, float, str]
     code = proc.wait()
     seconds = time.monotonic() - started
     tree = cpu.stop()
+    if watch is not None:
+        watch.update(snapshots.stop())
+    else:
+        snapshots.stop()
     if code:
         sys.exit(f"{label} failed ({code}):\n{''.join(output)[-5000:]}")
     return round(seconds, 1), tree, round(postgres_cpu() - pg, 1), "".join(output)
 
 
 def report_run(env: dict, out: Path, *, since: datetime, until: datetime, label: str, extra=()) -> dict:
+    watch: dict = {}
     seconds, cpu, pg, _ = manage(env, "pipeline", "report", "--since", since.isoformat(), "--until",
-                                 until.isoformat(), "--out", str(out), *extra, label=label)
+                                 until.isoformat(), "--out", str(out), *extra, label=label, watch=watch)
     figures = json.loads((out / "report.json").read_text())
     rows = figures["jdbc_rows"]
     timings = figures["timings_s"]
@@ -292,9 +405,12 @@ def report_run(env: dict, out: Path, *, since: datetime, until: datetime, label:
           f"read {timings['read']}s); {rows['total']:,} rows read over JDBC (jobs {rows['jobs']:,}, "
           f"attempts {rows['attempts']:,}, transitions {rows['transitions']:,}); days: "
           f"{figures['facts']['days_from_facts']} from facts, {figures['facts']['days_read']} read, "
-          f"{len(figures['facts']['days_written'])} written; CPU: report {cpu}s, PostgreSQL {pg}s", flush=True)
+          f"{len(figures['facts']['days_written'])} written; CPU: report {cpu}s, PostgreSQL {pg}s; longest "
+          f"transaction {watch['longest_transaction_s']}s ({watch['longest_transaction_of']}), oldest "
+          f"snapshot {watch['oldest_xmin_age']} xids ({watch['oldest_xmin_s']}s) old", flush=True)
     return {"seconds": seconds, "report_s": figures["timings_s"], "jobs": figures["jobs"], "jdbc_rows": rows,
-            "cpu_s": cpu, "postgres_cpu_s": pg, "complete": figures["complete"], "figures": figures}
+            "cpu_s": cpu, "postgres_cpu_s": pg, "complete": figures["complete"], "snapshots": watch,
+            "figures": figures}
 
 
 def main() -> None:
@@ -368,9 +484,10 @@ def equality_check(args, env: dict, out: Path, *, since: datetime, until: dateti
 
     result = {}
     archive_h, retention_h = f"{args.days * 22}h", args.days * 20  # 55 and 50 days of 60
+    watch: dict = {}
     seconds, cpu, pg, text = manage(env, "pipeline", "archive", "--older-than", archive_h, "--dead-older-than",
-                                    archive_h, label="archive")
-    result["archive"] = {"seconds": seconds, "cpu_s": cpu, "postgres_cpu_s": pg,
+                                    archive_h, label="archive", watch=watch)
+    result["archive"] = {"seconds": seconds, "cpu_s": cpu, "postgres_cpu_s": pg, "snapshots": watch,
                          "summary": next((line for line in text.splitlines() if line.startswith("archive:")), "")}
     # retention reaches further back than the archive did: days 50 to 55 lose rows no archive holds
     settings.BROKER_RETENTION = settings.BROKER_DEAD_RETENTION = timedelta(hours=retention_h)
@@ -381,8 +498,9 @@ def equality_check(args, env: dict, out: Path, *, since: datetime, until: dateti
         if not rows:
             break
     result["retention"] = {"rows_removed": removed, "seconds": round(time.monotonic() - t, 1)}
-    print(f"{result['archive']['summary']}\nretention: {removed} rows removed in {result['retention']['seconds']}s",
-          flush=True)
+    print(f"{result['archive']['summary']} (longest transaction {watch['longest_transaction_s']}s, "
+          f"{watch['longest_transaction_of']})\nretention: {removed} rows removed in "
+          f"{result['retention']['seconds']}s", flush=True)
     third = report_run(env, out / "r3", since=since, until=until, label="third report")
     same = all(third["figures"][k] == want[k] for k in FIGURES) and third["complete"]
     result["third"] = {k: v for k, v in third.items() if k != "figures"} | {"equal": same}

@@ -6,27 +6,33 @@
 
 What it does (docs/upgrades.md, "A rolling deploy"):
 
-1. ``git worktree add`` of ``--previous`` (default ``PREVIOUS_RELEASE``) into a temp dir, with a
-   virtualenv of its own that reuses this one's installed packages (a ``.pth`` file naming this
-   venv's site-packages; the project's own code is imported from the worktree, never installed);
+1. ``git worktree add`` of ``--previous`` (default ``PREVIOUS_RELEASE``) into a temp dir, run on a
+   virtualenv of its own built from that commit's pyproject.toml (pip, from the package index;
+   kept under ``~/.cache/broker-bench`` by the hash of its dependency list, so built once); the
+   project's own code is imported from the worktree, never installed;
 2. a new database (created beside ``DATABASE_URL``'s, or on a throw-away embedded PostgreSQL)
    migrated by the previous release, and a backlog of ``--jobs`` QUEUED jobs written with
    set-based SQL for a pull consumer nobody pulls (big tables, little traffic);
 3. the previous release serving: one web process and one qcluster; steady traffic from this
    process: publishes (``--rate`` a second), a push consumer delivering to a loopback receiver, a
    pull consumer pulling and acknowledging with receipts;
-4. the upgrade in place: ``migrate`` (this tree), a new web process beside the old one, the old
-   one taken out of the clients' pool and stopped (SIGTERM: gunicorn finishes what it serves), a new
-   qcluster beside the old one (its workers stand by on the old one's dispatcher slots), the old
-   qcluster stopped (SIGTERM to its main process; SIGKILL after ``--grace`` s if it is still there:
-   the previous release's loops do not hand over, they are cut off and their jobs redelivered);
+4. the upgrade in place: ``migrate`` (this tree), then a migration over the big tables (a nullable
+   column on jobs_job and broker_message, an index built CONCURRENTLY on jobs_job:
+   ``SAMPLE_MIGRATION``), a new web process beside the old one, the old one taken out of the
+   clients' pool and stopped (SIGTERM: gunicorn finishes what it serves), a new qcluster beside the
+   old one (its workers stand by on the old one's dispatcher slots), the old qcluster stopped as
+   systemd's default ``KillMode=control-group`` does (SIGTERM to its whole process group, SIGKILL
+   after ``--grace`` s): the new cluster must hold every slot within 2 s of the old one's last
+   process going;
 5. then a second new qcluster, and the first one stopped with SIGTERM to its main process only (as
-   Kubernetes does): it must hand its slots over and exit within its grace period;
+   ``KillMode=mixed`` and Kubernetes do): it must hand its slots over within 2 s and exit within its
+   grace period;
 6. traffic stops; everything is drained and checked; the last cluster is stopped with SIGTERM to
    its whole process group (noted, not judged: django-q2's main process hangs on it, #346).
 
 Figures: answers by status (publish, pull, ack), the longest stall of any request, the longest
-pause of push deliveries at each switch of workers, how each old cluster stopped, what was lost
+pause of push deliveries at each switch of workers, when the next cluster held every slot, how
+each old cluster stopped, what was lost
 (a publish answered 201 whose message never reached the push receiver, or was never pulled and
 acknowledged) and anything delivered outside at-least-once (a message nobody published, a job not
 DELIVERED at the end). Everything runs on 127.0.0.1 and stops by itself.
@@ -35,16 +41,17 @@ DELIVERED at the end). Everything runs on 127.0.0.1 and stops by itself.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import threading
 import time
+import tomllib
 from collections import Counter
 from contextlib import ExitStack, contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -77,21 +84,44 @@ BACKLOG_CHANNEL, BACKLOG = "backlog", "backlog-consumer"
 
 
 # --- the previous release: a worktree and a virtualenv ---------------------------------------------
+VENV_CACHE = Path(os.environ.get("BROKER_BENCH_CACHE") or Path.home() / ".cache" / "broker-bench")
+
+
+def release_requirements(tree: Path) -> list[str]:
+    """What the release at ``tree`` depends on: its own pyproject.toml's ``[project] dependencies``."""
+    return list(tomllib.loads((tree / "pyproject.toml").read_text())["project"]["dependencies"])
+
+
+def release_venv(tree: Path) -> Path:
+    """A virtualenv with the release's own dependencies (its pyproject.toml, installed by pip from the
+    package index), kept under ``VENV_CACHE`` by the hash of that list: built once, reused by later
+    runs. The project's own code is not installed: it is imported from the worktree (the working
+    directory of every process), so the venv serves any commit with the same dependencies."""
+    requirements = release_requirements(tree)
+    key = hashlib.sha256("\n".join([sys.version, *requirements]).encode()).hexdigest()[:16]
+    venv = VENV_CACHE / f"release-{key}"
+    python = venv / "bin" / "python"
+    if (venv / "complete").exists():
+        return python
+    shutil.rmtree(venv, ignore_errors=True)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *requirements],
+                   check=True)
+    (venv / "complete").write_text("\n".join(requirements) + "\n")
+    return python
+
+
 @contextmanager
 def release_checkout(commit: str, base: Path):
-    """``commit`` checked out with ``git worktree`` under ``base``, with a virtualenv whose
-    ``python`` sees this venv's packages (a .pth line) but imports the project from the worktree."""
+    """``commit`` checked out with ``git worktree`` under ``base``, and the ``python`` of a virtualenv
+    built from that commit's pyproject.toml (``release_venv``): the previous release runs on the
+    packages it asked for, not on this tree's."""
     tree = base / "release"
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--force", str(tree), commit],
                    check=True, capture_output=True, text=True)
     try:
-        venv = base / "release-venv"
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-        site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                   check=True, capture_output=True, text=True).stdout.strip())
-        # a plain path: this venv's own .pth files (its editable install of this tree) are not run
-        (site / "broker-current-venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-        yield tree, venv / "bin" / "python"
+        yield tree, release_venv(tree)
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], capture_output=True)
         subprocess.run(["git", "-C", str(ROOT), "worktree", "prune"], capture_output=True)
@@ -144,8 +174,11 @@ class Proc:
                 os.killpg(self.popen.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+            while self.group_alive():
+                time.sleep(0.01)
+        self.gone_at = time.monotonic()  # the group's last process went
         self.popen.wait(timeout=10)
-        return {"seconds": round(time.monotonic() - started, 2), "sigkill": killed}
+        return {"seconds": round(self.gone_at - started, 2), "sigkill": killed, "group": group}
 
 
 def _group_has_live(pgid: int) -> bool:
@@ -178,6 +211,75 @@ def slot_sessions(url: str) -> Counter:
         return Counter(dict(conn.execute(
             "SELECT application_name, count(*) FROM pg_stat_activity"
             " WHERE application_name IN ('broker-push-slot', 'broker-push-standby') GROUP BY 1").fetchall()))
+
+
+# --- a migration over the big tables ------------------------------------------------------------------
+# Run with this tree's code right after its own ``migrate``, through the same executor and schema
+# editor (django-pg-zero-downtime-migrations, broker.schema_editor): a nullable column added to
+# jobs_job and broker_message and an index built CONCURRENTLY on jobs_job, while the previous
+# release serves (it never reads the column: expand). Recorded as jobs.9000_upgrade_sample in the
+# scratch database only.
+SAMPLE_MIGRATION = """
+import os, sys
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "broker.settings")
+import django
+django.setup()
+from django.db import connection, models
+from django.db.migrations import AddField, AddIndex, Migration
+from django.db.migrations.executor import MigrationExecutor
+executor = MigrationExecutor(connection)
+leaf = executor.loader.graph.leaf_nodes("jobs")[0]
+migration = Migration("9000_upgrade_sample", "jobs")
+migration.atomic = False  # CREATE INDEX CONCURRENTLY runs outside a transaction
+migration.dependencies = [leaf]
+migration.operations = [
+    AddField("job", "upgrade_sample", models.BigIntegerField(null=True)),
+    AddIndex("job", models.Index(fields=["consumer", "upgrade_sample"], name="job_upgrade_sample")),
+]
+executor.apply_migration(executor.loader.project_state(leaf, at_end=True), migration)
+broker_leaf = executor.loader.graph.leaf_nodes("broker")[0]
+message = Migration("9000_upgrade_sample", "broker")
+message.dependencies = [broker_leaf]
+message.operations = [AddField("message", "upgrade_sample", models.BigIntegerField(null=True))]
+executor.apply_migration(executor.loader.project_state(broker_leaf, at_end=True), message)
+"""
+
+
+def sample_migration_check(url: str) -> dict:
+    """What the sample migration left: the columns, and the index valid (a failed concurrent build
+    leaves it INVALID)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        columns = conn.execute("SELECT table_name FROM information_schema.columns WHERE column_name = 'upgrade_sample'"
+                               " ORDER BY 1").fetchall()
+        valid = conn.execute("SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+                             " WHERE c.relname = 'job_upgrade_sample'").fetchone()
+        rows = conn.execute("SELECT reltuples::bigint FROM pg_class WHERE relname = 'jobs_job'").fetchone()[0]
+    return {"columns": [t for (t,) in columns], "index_valid": bool(valid and valid[0]), "jobs_rows": rows}
+
+
+class SlotWatch:
+    """When a cluster standing by took every dispatcher slot: from its start, pg_stat_activity is
+    read every 20 ms until no ``broker-push-standby`` session is left and ``SLOTS`` loops hold their
+    slots (each standby renames its session when the server grants it the slot)."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.taken_at = url, None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            sessions = slot_sessions(self.url)
+            if not sessions["broker-push-standby"] and sessions["broker-push-slot"] >= SLOTS:
+                self.taken_at = time.monotonic()
+                return
+            time.sleep(0.02)
+
+    def after(self, moment: float) -> float | None:
+        """Seconds from ``moment`` until the slots were taken (0 when before it; None: never)."""
+        self.thread.join(timeout=130)
+        return None if self.taken_at is None else round(max(0.0, self.taken_at - moment), 3)
 
 
 # --- the database at the previous release -------------------------------------------------------------
@@ -439,6 +541,10 @@ def run(args, base: Path, database_url: str) -> dict:
         started = time.monotonic()  # 1. migrate, with the old release serving
         subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
         figures["migrate_seconds"] = round(time.monotonic() - started, 2)
+        started = time.monotonic()  # and a migration over the big tables (a column, an index CONCURRENTLY)
+        subprocess.run([sys.executable, "-c", SAMPLE_MIGRATION], cwd=ROOT, env=env, check=True)
+        figures["big_table_migration_seconds"] = round(time.monotonic() - started, 2)
+        figures["big_table_migration"] = sample_migration_check(url)
         new_web = web_start("new-web", Path(sys.executable), ROOT, env, logs)  # 2. new web beside the old
         procs.append(new_web)
         traffic.pool = [old_web.url, new_web.url]
@@ -451,16 +557,22 @@ def run(args, base: Path, database_url: str) -> dict:
         wait_for(lambda: slot_sessions(url)["broker-push-standby"] >= SLOTS, 60, "the new cluster's standbys")
         time.sleep(args.seconds / 2)
         marks["old_q"] = time.monotonic()
-        figures["old_qcluster_stop"] = old_q.stop(grace=args.grace, group=False)
-        wait_for(lambda: slot_sessions(url)["broker-push-slot"] >= SLOTS, 30, "the new cluster's loops")
+        # as systemd's default KillMode=control-group: SIGTERM to the whole group, SIGKILL after the grace
+        watch = SlotWatch(url)
+        figures["old_qcluster_stop"] = old_q.stop(grace=args.grace, group=True)
+        figures["slots_taken_old_to_new"] = watch.after(old_q.gone_at)  # after its last process went
         time.sleep(args.seconds)
         figures["push_pause_old_to_new"] = round(RECEIVER.gaps(marks["old_q"], time.monotonic()), 3)
+        figures["push_pause_after_old_gone"] = round(RECEIVER.gaps(old_q.gone_at, time.monotonic()), 3)
 
         next_q = qcluster_start("next-qcluster", Path(sys.executable), ROOT, env, logs)  # 5. new to new
         procs.append(next_q)
         wait_for(lambda: slot_sessions(url)["broker-push-standby"] >= SLOTS, 60, "the next cluster's standbys")
         marks["new_q"] = time.monotonic()
+        # as systemd's KillMode=mixed and Kubernetes: SIGTERM to the main process only
+        watch = SlotWatch(url)
         figures["new_qcluster_stop"] = new_q.stop(grace=args.grace, group=False)
+        figures["slots_taken_new_to_new"] = watch.after(marks["new_q"])  # after the SIGTERM (stricter)
         time.sleep(args.seconds)
         figures["push_pause_new_to_new"] = round(RECEIVER.gaps(marks["new_q"], time.monotonic()), 3)
 
@@ -500,9 +612,15 @@ def problems_of(figures: dict, *, limit: float = 2.0) -> list[str]:
         problems.append(f"answers other than 2xx/4xx/503 with Retry-After: {figures['bad_answers']}")
     if figures["stall_seconds"] >= limit:
         problems.append(f"a request stalled {figures['stall_seconds']} s ({figures['stall_request']})")
-    for key in ("push_pause_old_to_new", "push_pause_new_to_new"):
+    for key in ("push_pause_old_to_new", "push_pause_after_old_gone", "push_pause_new_to_new"):
         if figures[key] > limit:
             problems.append(f"{key}: push deliveries paused {figures[key]} s")
+    for key in ("slots_taken_old_to_new", "slots_taken_new_to_new"):
+        if figures[key] is None or figures[key] > limit:
+            problems.append(f"{key}: the next cluster held every slot only {figures[key]} s after the stop")
+    sample = figures["big_table_migration"]
+    if sample["columns"] != ["broker_message", "jobs_job"] or not sample["index_valid"]:
+        problems.append(f"the migration over the big tables did not apply: {sample}")
     if figures["new_qcluster_stop"]["sigkill"]:
         problems.append(f"the new cluster did not exit within its grace period: {figures['new_qcluster_stop']}")
     if figures["lost"]:
@@ -541,8 +659,14 @@ def main() -> None:
     print(f"upgrade {figures['previous'][:7]} -> this tree, backlog {figures['jobs']:,} jobs, "
           f"{figures['rate']:g} publishes/s")
     print(f"  answers: {answers}")
-    print(f"  old qcluster stop: {figures['old_qcluster_stop']}; new qcluster stop (SIGTERM to its main "
-          f"process): {figures['new_qcluster_stop']}; last qcluster stop (SIGTERM to its group): "
+    print(f"  migrate {figures['migrate_seconds']} s, then a column on jobs_job and broker_message and an index "
+          f"built concurrently on jobs_job ({figures['big_table_migration']['jobs_rows']:,} rows): "
+          f"{figures['big_table_migration_seconds']} s")
+    print(f"  old qcluster stop (SIGTERM to its group, SIGKILL after {args.grace:g} s): {figures['old_qcluster_stop']}, "
+          f"slots held by the new cluster {figures['slots_taken_old_to_new']} s after its last process went, push "
+          f"pause after that {figures['push_pause_after_old_gone']} s")
+    print(f"  new qcluster stop (SIGTERM to its main process): {figures['new_qcluster_stop']}, slots held by the "
+          f"next cluster after {figures['slots_taken_new_to_new']} s; last qcluster stop (SIGTERM to its group): "
           f"{figures['next_qcluster_stop']}")
     print(f"  duplicates (at-least-once): push {figures['push_duplicates']}, pull {figures['pull_duplicates']}; "
           f"final states {figures['final_states']}")

@@ -9,6 +9,7 @@ import re
 from datetime import timedelta
 
 from broker.errors import InvalidInput
+from broker.numbers import whole, whole_text
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"\s*(\d{1,12})\s*([smhdw]?)\s*", re.IGNORECASE)
@@ -23,9 +24,10 @@ def duration_parse(text: str | int | timedelta) -> int:
         return int(text.total_seconds())
     if isinstance(text, bool):
         raise ValueError(f"not a duration: {text!r}")
+    text = whole(text)  # 2.0 is an integer (JSON Schema 2020-12)
     if isinstance(text, int):
         return text
-    match = _DURATION.fullmatch(str(text))
+    match = _DURATION.fullmatch(whole_text(str(text)))
     if not match:
         raise ValueError(f"not a duration: {str(text)[:40]!r} (use e.g. 90s, 15m, 12h, 7d or seconds)")
     return int(match.group(1)) * UNITS[(match.group(2) or "s").lower()]

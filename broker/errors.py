@@ -42,6 +42,15 @@ class PreconditionFailed(DomainError):
     """A condition the caller stated (or the object's kind) does not hold."""
 
 
+class Unprocessable(DomainError):
+    """The input is well-formed but its content breaks a rule it is held to (a payload against its
+    event type's schema). ``path``: the JSON pointer of the fault in the input, when there is one."""
+
+    def __init__(self, code: str, detail: str, *, path: str | None = None, headers: dict | None = None) -> None:
+        super().__init__(code, detail, headers=headers)
+        self.path = path
+
+
 class TooLarge(DomainError):
     """The input is larger than allowed."""
 

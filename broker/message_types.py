@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 from broker.errors import InvalidInput
+from broker.numbers import whole, whole_text
 
 MESSAGE_TYPE_MAX = 128
 _TYPE = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
@@ -86,12 +87,13 @@ def ttl_parse(raw, *, field: str = "X-Broker-Message-TTL") -> int | None:
     absent or blank. Accepts the header's text or a JSON integer."""
     if raw is None:
         return None
+    raw = whole(raw)  # 2.0 is an integer (JSON Schema 2020-12)
     if isinstance(raw, bool):
         raise InvalidInput("invalid_ttl", f"{field} must be an integer number of seconds")
     if isinstance(raw, int):
         value = raw
     elif isinstance(raw, str):
-        text = raw.strip()
+        text = whole_text(raw.strip())
         if text == "":
             return None
         if not (text.isascii() and text.isdigit()):

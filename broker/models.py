@@ -32,6 +32,11 @@ class Channel(Registered):
     # Retention: seconds a message stays stored once all its jobs are finished (null: BROKER_RETENTION);
     # removed by the retention sweep (jobs.sweeps.retention) with its jobs, history and attempts.
     retention = models.PositiveIntegerField(null=True, blank=True)
+    # Event types (issue 37, eventtypes/): "open" lets a message whose type has no event type through,
+    # "closed" refuses it (422 unknown_event_type). A change reaches every process's validators
+    # within a second (a trigger bumps eventtypes_generation; eventtypes.validation).
+    event_types = models.CharField(max_length=8, default="open", db_default="open",
+                                   choices=[("open", "open"), ("closed", "closed")])
 
     class Meta:
         indexes = [models.Index(fields=["-created_at", "-id"], name="channel_list")]

@@ -102,6 +102,12 @@ SET plan_cache_mode = force_generic_plan;
 -- and idle_in_transaction_session_timeout from BROKER_DB_TIMEOUT; docs/high-availability.md).
 SELECT set_config(n, v, false) FROM unnest(%(names)s::text[], %(values)s::text[]) AS s(n, v);
 
+-- transaction_begin --
+-- index: none (a transaction)
+-- Open a transaction on a connection in autocommit, for psycopg's rollback() to drop the session's
+-- prepared statements (broker.db.run.prepared_statements_drop, after a migration changed a result type).
+BEGIN;
+
 -- settings_local_set --
 -- index: none (sets planner settings)
 -- A statement's planner settings (its registry ``settings:`` line) for the rest of the transaction.

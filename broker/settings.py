@@ -200,9 +200,11 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_q",
     "broker",
+    "eventtypes",  # event types with schemas (issue 37): between consumers and broker
     "consumers",
     "jobs",
     "pipeline",
+    "sources",  # inbound sources (issue 36): provider webhooks verified, deduplicated, published
     "web",
     "web.portal",  # the delivery portal (issue 29): its own app label, tables and migrations
 ]
@@ -286,7 +288,10 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
                              "web.api.errors.schema_common_responses",
                              "web.api.put_schemas.schema_links",  # issue 25: PUT links, ConsumerFilter  # 503 (and HMAC 401/403) everywhere
-                             "web.api.request_bodies.schema_bodies_required"],  # issue 29: bodies a route needs
+                             "web.api.request_bodies.schema_bodies_required",  # issue 29: bodies a route needs
+                             "web.api.event_types.schema_webhooks"],  # issue 37: the event types as webhooks
+    # OpenAPI 3.1 (issue 37): JSON Schema 2020-12 (propertyNames, type lists for null) and webhooks
+    "OAS_VERSION": "3.1.0",
 }
 
 # --- broker settings ---------------------------------------------------------------------------
@@ -312,7 +317,7 @@ BROKER_DOORBELL_TIMEOUT = env_float("BROKER_DOORBELL_TIMEOUT", 2.0)
 BROKER_HMAC_SECRET = env_str("BROKER_HMAC_SECRET")
 BROKER_HMAC_TOLERANCE = env_float("BROKER_HMAC_TOLERANCE", 300.0)
 BROKER_HMAC_EXEMPT_PATHS = [p.strip() for p in env_str(
-    "BROKER_HMAC_EXEMPT_PATHS", "/_status,/metrics,/admin/,/static/,/api/schema/,/api/docs/,/api/redoc/,/portal/"
+    "BROKER_HMAC_EXEMPT_PATHS", "/_status,/metrics,/admin/,/static/,/api/schema/,/api/docs/,/api/redoc/,/portal/,/in/"
 ).split(",") if p.strip()]
 # Who may use the registry (producers, channels, consumers; /dlq-status, /job-status): "token" = the
 # admin token, a staff session, or with BROKER_HMAC_SECRET a validly signed request (webhook-broker's
@@ -370,6 +375,22 @@ BROKER_SPARK_DRIVER_MEMORY = env_str("BROKER_SPARK_DRIVER_MEMORY", "4g")
 BROKER_JDBC_JAR = env_str("BROKER_JDBC_JAR", "/usr/share/java/postgresql.jar")  # Debian libpostgresql-jdbc-java
 BROKER_SPARK_JDBC_PARTITIONS = env_int("BROKER_SPARK_JDBC_PARTITIONS", 4)  # parallel JDBC reads per table
 BROKER_PIPELINE_DIR = Path(env_str("BROKER_PIPELINE_DIR", str(BROKER_DATA_DIR / "pipeline")))
+# Every pipeline read is cut into chunks of about this many rows, each its own short transaction
+# (pipeline.readers): no read holds a snapshot, and so vacuum, for longer than a chunk takes.
+BROKER_PIPELINE_CHUNK_ROWS = env_int("BROKER_PIPELINE_CHUNK_ROWS", 20_000)
+# A replica for the pipeline's reads (docs/high-availability.md): when set, every read of the report,
+# the archive and the notebook goes there (the Django alias "pipeline" and the JDBC URL); the
+# archive's bookkeeping and its prune still write to DATABASE_URL.
+BROKER_PIPELINE_DATABASE_URL = env_str("BROKER_PIPELINE_DATABASE_URL")
+if BROKER_PIPELINE_DATABASE_URL:
+    try:
+        DATABASES["pipeline"] = django_database(BROKER_PIPELINE_DATABASE_URL)
+    except DatabaseUrlError as exc:
+        raise ImproperlyConfigured(f"BROKER_PIPELINE_DATABASE_URL: {exc}") from None
+    DATABASES["pipeline"]["OPTIONS"].setdefault("application_name", "broker-pipeline")
+    DATABASES["pipeline"]["OPTIONS"]["options"] = " ".join(
+        x for x in (DATABASES["pipeline"]["OPTIONS"].get("options", ""), SESSION_OPTIONS) if x)
+    DATABASES["pipeline"]["TEST"] = {"MIRROR": "default"}  # a test run reads its own test database
 
 # --- push delivery (jobs/push/, see jobs/push/dispatcher.py) -----------------------------------
 # Dispatcher loops per qcluster (by cluster name); each occupies one django-q2 worker, so the
@@ -377,6 +398,9 @@ BROKER_PIPELINE_DIR = Path(env_str("BROKER_PIPELINE_DIR", str(BROKER_DATA_DIR / 
 BROKER_PUSH_DISPATCHERS = env_int("BROKER_PUSH_DISPATCHERS", max(1, Q_CLUSTER["workers"] - 1))
 BROKER_PUSH_CONCURRENCY = env_int("BROKER_PUSH_CONCURRENCY", 256)  # callbacks in flight per dispatcher
 BROKER_PUSH_BATCH = env_int("BROKER_PUSH_BATCH", 200)  # most jobs claimed by one statement
+# New connections a dispatcher loop opens to one endpoint (scheme, host, port) per second, as many at
+# once: an endpoint that hangs gets connections at this pace, never hundreds in one go (jobs/callbacks/http.py).
+BROKER_PUSH_CONNECT_RATE = env_float("BROKER_PUSH_CONNECT_RATE", 20.0)
 # Trace context (issue 25): spans are exported when the standard OTEL_* variables ask for traces
 # (an OTLP endpoint, or OTEL_TRACES_EXPORTER); otherwise the OpenTelemetry SDK is never imported.
 OTEL_TRACING = otel_configured(os.environ)
@@ -417,9 +441,16 @@ INSTALLED_APPS[INSTALLED_APPS.index("django.contrib.admin")] = "web.apps.BrokerA
 BROKER_ADMIN_PAYLOAD_PREVIEW_BYTES = env_int("BROKER_ADMIN_PAYLOAD_PREVIEW_BYTES", 64 * 1024)  # shown per payload
 FORMAT_MODULE_PATH = ["broker.formats"]
 
+# --- the broker's public address ---------------------------------------------------------------
+# The scheme and host (and path prefix) the outside world reaches the broker at, e.g.
+# https://broker.example.com: the delivery portal's links and the inbound sources' URLs
+# (``/in/{id}``) are made on it; empty: the scheme and host of the request that asks for one.
+# BROKER_PORTAL_URL is its earlier name (the portal's links read it).
+BROKER_PUBLIC_URL = env_str("BROKER_PUBLIC_URL", env_str("BROKER_PORTAL_URL")).rstrip("/")
+
 # --- delivery portal (web/portal/: scoped links a consumer's team opens in a browser) -----------
-# Where the links point (e.g. https://broker.example.com); empty: the scheme and host of the request
-# that made the link.
-BROKER_PORTAL_URL = env_str("BROKER_PORTAL_URL").rstrip("/")
+BROKER_PORTAL_URL = BROKER_PUBLIC_URL
 # Link openings allowed per client address and minute (shared by every web process); more: 429.
-BROKER_PORTAL_OPENS_PER_MINUTE = env_int("BROKER_PORTAL_OPENS_PER_MINUTE", 20)  # admin dates as 2026-11-22 19:25:54 (broker/formats/en/formats.py)
+BROKER_PORTAL_OPENS_PER_MINUTE = env_int("BROKER_PORTAL_OPENS_PER_MINUTE", 20)
+# A portal session without a request for this long ends (its page says so; the link opens a new one).
+BROKER_PORTAL_IDLE = env_duration("BROKER_PORTAL_IDLE", "30m")  # admin dates as 2026-11-22 19:25:54 (broker/formats/en/formats.py)

@@ -8,7 +8,12 @@ are the online forms django-pg-zero-downtime-migrations writes; each is classifi
 words (PostgreSQL's documented lock for that command) and weighed with the table's current size.
 A statement that holds a lock blocking reads or writes (SHARE and stronger) for a scan or rewrite
 of a table that has rows is not online-safe; nor is an operation the library warns about
-(``UnsafeOperationWarning``); a ``RunPython`` step is flagged for review (its locks are its own).
+(``UnsafeOperationWarning``), nor a statement the table does not list (unsafe until listed); a
+``RunPython`` step is flagged for review (its locks are its own).
+
+Which migrations CI checks: those of every installed app of this project (``project_apps``: each
+app whose package is a folder of this repository and has migrations, a new one included from its
+first migration), numbered after ``CHECKED_AFTER``.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from pathlib import Path
 import warnings
 from dataclasses import dataclass, field
 
+from django.apps import apps
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 from django.db.migrations.operations.special import RunPython
@@ -29,10 +35,12 @@ from broker.queries import Q
 # PREVIOUS_RELEASE), when migrations began to be checked. Every installed database applied those
 # long ago (or applies them at install, on empty tables, where no lock matters), so CI checks only
 # the migrations after them: linting history would only ask to rewrite what already ran.
-CHECKED_AFTER = {"broker": 7, "consumers": 11, "jobs": 22}
+CHECKED_AFTER = {"broker": 7, "consumers": 11, "jobs": 22}  # an app not named here: checked from its 0001
+ROOT = Path(__file__).resolve().parent.parent  # the repository: its top-level packages are the project's apps
 
 BIG_ROWS = 10_000  # a scan or rewrite under a blocking lock of a table this big is not online-safe
 BLOCKING = {"SHARE", "SHARE ROW EXCLUSIVE", "EXCLUSIVE", "ACCESS EXCLUSIVE"}  # block writes (or all access)
+UNKNOWN = "unknown"  # the lock and effect of a statement upgrade_locks.tsv does not list
 
 _T = r"(?:ONLY\s+)?(?P<table>\"?[\w.]+\"?)"
 # (leading words, lock, what it does while holding it): broker/upgrade_locks.tsv
@@ -69,6 +77,8 @@ class Step:
         """Whether it blocks traffic for longer than a catalog change: a blocking lock held for a
         scan or a rewrite of an existing table with more than ``BIG_ROWS`` rows, or a data change
         over such a table in one statement."""
+        if self.effect == UNKNOWN:
+            return True  # whatever the table: unsafe until listed
         if self.effect == "instant" or self.lock.endswith("(new table)") or self.lock == "none":
             return False
         if self.lock not in BLOCKING and self.effect != "rows":
@@ -81,7 +91,8 @@ class Step:
             where += f" ({self.rows:,} rows, {self.size / 2**20:,.1f} MiB)"
         how = {"instant": "a catalog change, bounded by the 2 s lock timeout",
                "scan": "for a scan of the table", "rewrite": "for a rewrite of the table",
-               "rows": "row locks while the statement runs"}[self.effect]
+               "rows": "row locks while the statement runs",
+               UNKNOWN: "a statement broker/upgrade_locks.tsv does not list: unsafe until listed"}[self.effect]
         return f"{self.lock}{where}: {how}"
 
 
@@ -116,6 +127,9 @@ class Plan:
         created = {s.table for s in self.steps if s.lock.endswith("(new table)")}
         found = [f"unsafe operation: {w}" for w in self.warnings]
         for step in self.steps:
+            if step.effect == UNKNOWN:
+                found.append(f"not in broker/upgrade_locks.tsv (unsafe until listed): {' '.join(step.sql.split())[:160]}")
+                continue
             if step.table in created:
                 continue
             if (step.lock in BLOCKING and step.effect in ("scan", "rewrite")) or step.effect == "rows":
@@ -125,7 +139,7 @@ class Plan:
     @property
     def strongest(self) -> Step | None:
         order = ["none", "ROW EXCLUSIVE", "SHARE UPDATE EXCLUSIVE", "SHARE", "SHARE ROW EXCLUSIVE", "EXCLUSIVE",
-                 "ACCESS EXCLUSIVE"]
+                 "ACCESS EXCLUSIVE", UNKNOWN]
         ranked = [s for s in self.steps if s.lock in order]
         return max(ranked, key=lambda s: (s.blocking, order.index(s.lock), s.rows or 0), default=None)
 
@@ -137,7 +151,7 @@ def step_of(sql: str) -> Step:
         if found:
             table = (found.groupdict().get("table") or "").strip('"')
             return Step(sql=sql, lock=lock, effect=effect, table=table.split(".")[-1])
-    return Step(sql=sql, lock="ACCESS EXCLUSIVE", effect="instant")  # unknown: assume the strongest, briefly
+    return Step(sql=sql, lock=UNKNOWN, effect=UNKNOWN)  # unsafe until upgrade_locks.tsv lists it
 
 
 def migration_plan(executor: MigrationExecutor, migration) -> Plan:
@@ -187,7 +201,22 @@ def transactions_long(seconds: int = 30) -> list[tuple]:
         return cur.fetchall()
 
 
+def project_apps() -> list[str]:
+    """The labels of this project's installed apps that have migrations: every app whose package
+    is a top-level folder of the repository (third-party apps live in site-packages). Derived from
+    ``INSTALLED_APPS``, so an app added later is checked without being named anywhere."""
+    found = []
+    for config in apps.get_app_configs():
+        top = ROOT / config.name.split(".")[0]
+        if (top / "__init__.py").is_file() and Path(config.path).resolve().is_relative_to(top.resolve()) \
+                and (Path(config.path) / "migrations" / "__init__.py").is_file():
+            found.append(config.label)
+    return sorted(found)
+
+
 def is_checked(app_label: str, name: str) -> bool:
-    """Whether CI checks this migration: one of the project's, numbered after ``CHECKED_AFTER``."""
+    """Whether CI checks this migration: one of the project's apps', numbered after its
+    ``CHECKED_AFTER`` baseline (every migration of an app without one)."""
     number = re.match(r"^(\d+)_", name)
-    return app_label in CHECKED_AFTER and bool(number) and int(number.group(1)) > CHECKED_AFTER[app_label]
+    return (bool(number) and app_label in project_apps()
+            and int(number.group(1)) > CHECKED_AFTER.get(app_label, 0))

@@ -1,6 +1,7 @@
 """The registry as a seed file: ``registry_export`` writes every channel, producer and consumer
 with all their settings (priority groups, retention, message TTL, flow control, filters, circuit
-breaker) in the INI format ``consumers.seed`` reads, so ``manage.py broker_export`` then
+breaker), the channels' event types (eventtypes.seed) and the parts the apps above keep there
+(``consumers.seed.SEED_SECTIONS``: the inbound sources), in the INI format ``consumers.seed`` reads, so ``manage.py broker_export`` then
 ``manage.py seed`` on an empty database gives the same registry (tests/consumers/test_export.py).
 
 Tokens and signing secrets are written only with ``with_secrets``; without them the file names
@@ -15,6 +16,8 @@ import json
 
 from broker.models import Channel, Producer
 from consumers.models import Consumer
+from consumers.seed import SEED_SECTIONS
+from eventtypes.seed import MODES_SECTION, event_types_export
 
 HEADER = """; The broker's registry, written by `manage.py broker_export`{secrets}.
 ; Restore (or apply to another broker) with `manage.py seed --config FILE`; the format is
@@ -63,8 +66,15 @@ def registry_export(*, with_secrets: bool = False) -> tuple[str, list[str]]:
                                                   if c.retention is not None])
     _section(lines, "initial-channel-message-ttl", [(c.channel_id, str(c.message_ttl)) for c in channels
                                                     if c.message_ttl is not None])
+    modes, event_type_sections = event_types_export(channels)  # issue 37: eventTypes, event types
+    _section(lines, MODES_SECTION, modes)
+    for name, items in event_type_sections:
+        _section(lines, name, items)
     for k in kept:
         _section(lines, k.consumer_id, _consumer_items(k, secret))
+    for part in SEED_SECTIONS:  # the apps above that keep their part in the seed file (sources)
+        for name, items in part.export(with_secrets):
+            _section(lines, name, items)
     return "\n".join(lines).rstrip() + "\n", problems
 
 

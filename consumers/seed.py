@@ -8,6 +8,8 @@
     [initial-producer-rate-limits] id=rateLimitPerSecond[,burst]   (flow control)
     [initial-channel-retention] id=retention  (90s, 15m, 12h, 7d or seconds; empty: BROKER_RETENTION)
     [initial-channel-message-ttl] id=seconds  (the channel's messageTTL)
+    [initial-channel-event-types] id=open|closed  (the channel's eventTypes; issue 37)
+    [event-type:<channelId>/<type>] description=, schema=, example=, deprecated=  (eventtypes.seed)
     [prune]                   message-retention-days=N (webhook-broker's key: BROKER_RETENTION in days,
                               read at start-up by broker.settings; a bad value is reported here)
     [<consumerId>]            token=, channel=, type=push|pull (empty = push), name=,
@@ -20,6 +22,10 @@
                               priorityPolicy=, priorityGroups=, priorityTimeout=,
                               circuitBreakerFailures=, circuitBreakerProbeSeconds=,
                               circuitBreakerOpenAfterSeconds= (as the consumer PUT takes them)
+
+Apps above this one keep their part of the registry in the same file through ``SEED_SECTIONS``
+(``seed_section_register`` from their ``AppConfig.ready()``): the inbound sources'
+``[source:<channel>/<name>]`` sections (sources/seed.py).
 
 ``manage.py broker_export`` (consumers.export) writes this format back from a database, every
 setting included, so a registry is kept as code and restored with ``seed``.
@@ -34,6 +40,7 @@ import configparser
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from urllib.parse import urlsplit
@@ -51,6 +58,7 @@ from consumers.filters import filter_parse
 from consumers.models import Consumer
 from consumers.priority import priority_config_parse
 from consumers.services import retry_backoff_parse, signing_secret_generate, signing_secret_validate
+from eventtypes.seed import event_types_seed_apply, event_types_seed_parse
 
 logger = logging.getLogger("broker.services.seed")  # its name before the move: what operators filter on
 
@@ -74,22 +82,57 @@ def seed_applied() -> AppliedSeed | None:
     return _applied
 
 
+@dataclass(frozen=True)
+class SeedSection:
+    """A part of the registry an app above this one keeps in the seed file: ``parse(ini, errors)``
+    reads it (problems appended to ``errors``, never raised), ``apply(items)`` writes it inside the
+    seed's transaction (returns how many were created), ``public(items)`` is it without secrets
+    (/_status), ``export(with_secrets)`` its INI sections [(name, [(key, value)])] for broker_export."""
+
+    key: str
+    parse: Callable
+    apply: Callable
+    public: Callable
+    export: Callable
+
+
+SEED_SECTIONS: list[SeedSection] = []
+
+
+def seed_section_register(section: SeedSection) -> None:
+    """Add an app's part of the seed file (from its ``AppConfig.ready()``; once per key)."""
+    if all(s.key != section.key for s in SEED_SECTIONS):
+        SEED_SECTIONS.append(section)
+
+
 @dataclass
 class SeedPlan:
     channels: dict = field(default_factory=dict)  # id -> {"name", "token"}
     producers: dict = field(default_factory=dict)
     consumers: dict = field(default_factory=dict)  # id -> {"channel", "name", "token", "callback_url", "type", ...}
+    event_types: dict = field(default_factory=dict)  # (channel id, type) -> fields (eventtypes.seed)
     errors: list = field(default_factory=list)
+    sections: dict = field(default_factory=dict)  # SeedSection key -> what its parse returned
 
     def digest(self) -> str:
-        return hashlib.sha256(json.dumps(
-            {"channels": self.channels, "producers": self.producers, "consumers": self.consumers},
-            sort_keys=True).encode()).hexdigest()
+        data = {"channels": self.channels, "producers": self.producers, "consumers": self.consumers,
+                **({"event_types": self._event_types()} if self.event_types else {})}
+        data.update({key: items for key, items in self.sections.items() if items})
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+    def _event_types(self) -> dict:
+        return {f"{cid}/{name}": fields for (cid, name), fields in self.event_types.items()}
 
     def public(self) -> dict:
         """The plan without tokens or secrets (for /_status)."""
         strip = lambda d: {k: {f: v for f, v in o.items() if f not in ("token", "signing_secret")} for k, o in d.items()}  # noqa: E731
-        return {"channels": strip(self.channels), "producers": strip(self.producers), "consumers": strip(self.consumers)}
+        public = {"channels": strip(self.channels), "producers": strip(self.producers),
+                  "consumers": strip(self.consumers),
+                  **({"event_types": self._event_types()} if self.event_types else {})}
+        for section in SEED_SECTIONS:
+            if self.sections.get(section.key):
+                public[section.key] = section.public(self.sections[section.key])
+        return public
 
 
 def _section(ini, name: str) -> dict:
@@ -122,6 +165,7 @@ def seed_parse(text: str) -> SeedPlan:
         return plan
     plan.channels = _registered(ini, "channel", plan.errors)
     _retention_parse(ini, plan)
+    plan.event_types = event_types_seed_parse(ini, plan.channels, plan.errors)
     plan.producers = _registered(ini, "producer", plan.errors)
     for pid in plan.producers:
         limit = _section(ini, "initial-producer-rate-limits").get(pid, "").strip()
@@ -198,6 +242,8 @@ def seed_parse(text: str) -> SeedPlan:
             plan.errors.append(f"consumer {cid}: no token, skipped")
             continue
         plan.consumers[cid] = consumer
+    for section in SEED_SECTIONS:
+        plan.sections[section.key] = section.parse(ini, plan.errors)
     return plan
 
 
@@ -280,6 +326,8 @@ def seed_apply(plan: SeedPlan) -> dict:
         for cid, values in plan.channels.items():
             channels[cid], new = _apply_row(Channel, {"channel_id": cid}, values)
             created["channels"] += new
+        if plan.event_types or any("event_types" in values for values in plan.channels.values()):
+            created["event_types"] = event_types_seed_apply(channels, plan.event_types)
         for pid, values in plan.producers.items():
             _, new = _apply_row(Producer, {"producer_id": pid}, values)
             created["producers"] += new
@@ -297,6 +345,9 @@ def seed_apply(plan: SeedPlan) -> dict:
                 values["signing_secret"] = signing_secret_generate()
             _, new = _apply_row(Consumer, {"channel": channel, "consumer_id": cid}, values)
             created["consumers"] += new
+        for section in SEED_SECTIONS:
+            if plan.sections.get(section.key):
+                created[section.key] = section.apply(plan.sections[section.key])
         applied = AppliedSeed(digest=plan.digest(), data=plan.public(), applied_at=timezone.now())
         SeedState.objects.update_or_create(
             pk=1, defaults={"data_hash": applied.digest, "data": applied.data, "applied_at": applied.applied_at})

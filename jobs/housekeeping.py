@@ -4,7 +4,8 @@ Every push dispatcher loop runs each step at its own period (``Housekeeping.run_
 marked ``in_loops=False`` is left to the schedule), and the django-q2 fallback schedule
 ``broker-maintenance`` (``jobs.tasks.maintenance``, once a minute) runs them all
 (``housekeeping_run``), so with ``BROKER_PUSH_DISPATCHERS=0`` nothing is left out (a lost
-partition settle included). A new step is one line in ``STEPS``.
+partition settle included). A new step is one line in ``STEPS``; an app above jobs registers its
+own with ``step_register`` (sources).
 """
 
 from __future__ import annotations
@@ -56,6 +57,14 @@ STEPS: tuple[Step, ...] = (
 )
 
 
+def step_register(step: Step) -> None:
+    """A step of an app above jobs, from its ``AppConfig.ready()`` (``sources``: the expired dedupe
+    rows), added to ``STEPS`` (once per key)."""
+    global STEPS
+    if step.key not in {s.key for s in STEPS}:
+        STEPS = (*STEPS, step)
+
+
 def step_run(step: Step) -> int | None:
     """One step; a failure is logged (a database error also drops the connection) so the other
     steps, and the loop that runs them (a push dispatcher), go on."""
@@ -70,18 +79,18 @@ def step_run(step: Step) -> int | None:
         return None
 
 
-def housekeeping_run(*, steps: tuple[Step, ...] = STEPS) -> dict[str, int | None]:
+def housekeeping_run(*, steps: tuple[Step, ...] | None = None) -> dict[str, int | None]:
     """Every step once (the fallback schedule): {step key: its count, None when it failed}."""
-    return {step.key: step_run(step) for step in steps}
+    return {step.key: step_run(step) for step in (STEPS if steps is None else steps)}
 
 
 class Housekeeping:
     """A loop's clock over the steps: each is due at the loop's start, then every ``step.every`` s,
     or ``step.idle_every`` s after a run that found nothing to do (an idle broker stays quiet)."""
 
-    def __init__(self, *, start: float | None = None, steps: tuple[Step, ...] = STEPS) -> None:
+    def __init__(self, *, start: float | None = None, steps: tuple[Step, ...] | None = None) -> None:
         start = time.monotonic() if start is None else start
-        self.steps = tuple(step for step in steps if step.in_loops)
+        self.steps = tuple(step for step in (STEPS if steps is None else steps) if step.in_loops)
         self.due = [start] * len(self.steps)  # one per step run here (a step left to the schedule has none)
 
     def run_due(self, now: float) -> None:

@@ -19,8 +19,8 @@ How dispatcher loops stay running (``BROKER_PUSH_DISPATCHERS`` per cluster name)
 - Stopping: a cluster asked to stop hands its slots over and exits within its grace period. A
   worker running a loop (or standing by) learns of the stop from django-q2's own stop sequence (the
   sentinel's ``stop_event``, set when the cluster's main process gets SIGTERM: systemd's
-  ``KillMode=mixed``, Kubernetes, ``make run``; found on the worker's stack at spawn and read
-  without its lock, ``_Stop.watch``) or from a SIGTERM of its own (the whole process group
+  ``KillMode=mixed``, Kubernetes, ``make run``; ``cluster_stop_probe``, the one function that
+  reaches into django-q2 for it) or from a SIGTERM of its own (the whole process group
   signalled): it releases its slot at once (the standby elsewhere takes it), stops claiming,
   drains the callbacks in flight and ends; a start arriving meanwhile returns. Idle workers keep
   django-q2's behaviour. docs/upgrades.md has the operator's side.
@@ -230,14 +230,15 @@ def _chunk() -> float:
 
 
 class _Stop:
-    """How this worker process learns that its cluster is stopping. ``sentinel`` is django-q2's
-    stop event (a multiprocessing Event the cluster's main process sets on SIGTERM); ``signalled``:
-    this process got a SIGTERM itself (its whole group was signalled: the sentinel is gone too, so
-    the process exits once its loop is over). ``hooks`` run once, from a helper thread."""
+    """How this worker process learns that its cluster is stopping. ``probe`` tells whether
+    django-q2's stop event is set (``cluster_stop_probe``: the cluster's main process sets it on
+    SIGTERM); ``signalled``: this process got a SIGTERM itself (its whole group was signalled: the
+    sentinel is gone too, so the process exits once its loop is over). ``hooks`` run once, from a
+    helper thread."""
 
     def __init__(self) -> None:
         self.event = threading.Event()
-        self.sentinel = None
+        self.probe = None  # () -> bool, or None outside a django-q2 worker
         self.signalled = False
         self.active = 0  # loops or standbys running in this process (the SIGTERM handler reads it)
         self.hooks: list = []
@@ -245,8 +246,7 @@ class _Stop:
         self.watching = False
 
     def stopping(self) -> bool:
-        flag = getattr(self.sentinel, "_flag", None)
-        return self.event.is_set() or (flag is not None and flag.get_value() > 0)
+        return self.event.is_set() or (self.probe is not None and self.probe())
 
     def now(self) -> None:
         with self.lock:
@@ -275,23 +275,17 @@ class _Stop:
                 self.hooks.remove(fn)
 
     def watch(self) -> None:
-        """A thread that notices the sentinel's stop event (started once per process). It reads the
-        event's flag without its lock (``_flag``, a semaphore: 1 once set) four times a second, no
-        database involved: waiting on the event would make this thread one of its sleepers, and a
-        worker that ends while one of its threads sleeps on it (recycled, killed) leaves the main
-        process hanging in ``Event.set`` at the next stop (what django-q2 #346 is: a SIGTERM to the
-        whole group kills the sentinel while it waits on the event)."""
+        """A thread that notices the cluster's stop (started once per process): it asks ``probe``
+        four times a second, no database involved."""
         with self.lock:
-            if self.watching or self.sentinel is None:
+            if self.watching or self.probe is None:
                 return
             self.watching = True
-        flag = getattr(self.sentinel, "_flag", None)
-        if flag is None:
-            return
+        probe = self.probe
 
         def watch() -> None:
             while not self.event.is_set():
-                if flag.get_value() > 0:
+                if probe():
                     self.now()
                     return
                 time.sleep(WATCH_PERIOD)
@@ -302,14 +296,28 @@ class _Stop:
 _stop = _Stop()
 
 
-def _sentinel_stop_event():
-    """django-q2's stop event, from the stack of a freshly forked worker: the worker was forked by
-    the ``Sentinel`` (``spawn_worker``), whose frames a forked child keeps. None elsewhere."""
+def cluster_stop_probe():
+    """Whether this django-q2 worker's cluster is stopping, as a function; None outside a worker.
+
+    The one place that reaches into django-q2's and multiprocessing's internals: no public API
+    tells a worker busy in a long task that its cluster is stopping (django-q2 puts ``STOP`` in the
+    task queue, read between tasks; its signals say nothing of a stop). Called in ``post_spawn``
+    from a freshly forked worker, whose stack still holds the frames of the ``Sentinel`` that forked
+    it (``spawn_worker``): its ``stop_event`` is the event the main process sets on SIGTERM. The
+    function reads the event's flag without its lock (``_flag``, a semaphore: 1 once set): waiting
+    on the event would make a thread of this worker one of its sleepers, and a worker that ends
+    while one of its threads sleeps on it (recycled, killed) leaves the main process hanging in
+    ``Event.set`` at the next stop (django-q2 #346: a SIGTERM to the whole group kills the sentinel
+    while it waits on the event). When either internal changes this returns None and a worker
+    learns of a stop from its own SIGTERM only; tests/jobs/test_q_stop.py fails on such an upgrade
+    of django-q2 or Python, against a real Sentinel and a real forked worker."""
     frame = sys._getframe(1)
     while frame is not None:
         owner = frame.f_locals.get("self")
-        if type(owner).__name__ == "Sentinel" and hasattr(owner, "stop_event"):
-            return owner.stop_event
+        if type(owner).__name__ == "Sentinel" and type(owner).__module__ == "django_q.cluster":
+            flag = getattr(getattr(owner, "stop_event", None), "_flag", None)
+            value = getattr(flag, "get_value", None)
+            return (lambda: value() > 0) if callable(value) else None
         frame = frame.f_back
     return None
 
@@ -466,7 +474,7 @@ def on_worker_spawn(sender=None, proc_name=None, **kwargs) -> None:
     docstring); a worker with nothing to claim goes on to its tasks at once."""
     if int(settings.BROKER_PUSH_DISPATCHERS or 0) <= 0 or settings.Q_CLUSTER.get("sync"):
         return
-    _stop.sentinel = _sentinel_stop_event()
+    _stop.probe = cluster_stop_probe()
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         outcome = _dispatch(standby=None, started=None)

@@ -35,14 +35,15 @@ from typing import Callable
 
 from django.conf import settings
 
-from broker.counters import RETENTION_DAYS, counts_for
+from broker.counters import RETENTION_DAYS
 from broker.models import Channel
+from broker.queries import Q as BROKER_Q
 from consumers.models import Consumer
 from pipeline.days import (RetryPolicy, day_parse, day_ranges, days_covering, finish_rule_build, ledger_day,
                            day_text)
 from pipeline.facts import TABLES, DayMarker, FactsStore
-from pipeline.prune import database_now
-from pipeline.readers import live_read, window_bounds
+from pipeline.readers import live_read, rows_per_message, window_bounds
+from pipeline.source import data_now, read_alias, read_connection, replica_retry
 
 QUEUED, INFLIGHT, DELIVERED = 1001, 1002, 1003  # jobs.models.JobStatus
 PARTITIONS = ("day", "channel")
@@ -147,22 +148,28 @@ def _stage(frame, path: Path) -> None:
     frame.sortWithinPartitions(*PARTITIONS).write.mode("overwrite").partitionBy(*PARTITIONS).parquet(str(path))
 
 
+@replica_retry
 def retention_ledger() -> dict[str, dict[str, int]]:
-    """{day: {channel: jobs retention removed}} from its ledger (``broker.counters`` RETENTION_DAYS)."""
-    counts = counts_for(scope=RETENTION_DAYS)
-    names = dict(Channel.objects.filter(pk__in=list(counts)).values_list("pk", "channel_id"))
+    """{day: {channel: jobs retention removed}} from its ledger (``broker.counters`` RETENTION_DAYS,
+    summed by the counters' own named statement), read where the rows are read: a replica's ledger
+    matches the rows it holds, the primary's may already count rows the replica still has."""
+    with read_connection().cursor() as cur:
+        cur.execute(BROKER_Q.counter_counts.sql, {"scope": RETENTION_DAYS, "ids": None})
+        counts = cur.fetchall()
+    names = dict(Channel.objects.using(read_alias()).filter(pk__in={row[0] for row in counts})
+                 .values_list("pk", "channel_id"))
     ledger: dict[str, dict[str, int]] = {}
-    for channel_pk, by_day in counts.items():
-        for number, jobs in by_day.items():
-            if jobs:
-                ledger.setdefault(day_text(ledger_day(number)), {})[names.get(channel_pk, f"#{channel_pk}")] = jobs
+    for channel_pk, number, jobs in counts:
+        if jobs:
+            ledger.setdefault(day_text(ledger_day(number)), {})[names.get(channel_pk, f"#{channel_pk}")] = int(jobs)
     return ledger
 
 
+@replica_retry
 def finish_rule():
     """When a day is finished, from the broker's retry settings and every consumer's own."""
-    return finish_rule_build(RetryPolicy(*row) for row in
-                             Consumer.objects.values_list("connection_timeout", "max_retry", "retry_backoff"))
+    return finish_rule_build(RetryPolicy(*row) for row in Consumer.objects.using(read_alias()).values_list(
+        "connection_timeout", "max_retry", "retry_backoff"))
 
 
 class Dataset:
@@ -178,6 +185,7 @@ class Dataset:
         self.read_days: list[str] = []  # days read from the archive and the database, not committed
         self.ranges: list = []  # the time ranges of the days read from the database
         self.bounds: tuple = (None, None)  # their message ids
+        self.fanout: dict[str, float] = {}  # rows per message of each table (the chunks' size)
         self._staged: dict[str, int] = {}  # table -> rows read over JDBC
         self._frames: dict = {}
 
@@ -245,8 +253,9 @@ class Dataset:
         if self.ranges and self.bounds[0] is not None:
             t = time.monotonic()
             path = self.work / "live" / table
-            _stage(_conform_live(live_read(spark=self.spark, table=table, ranges=self.ranges, bounds=self.bounds),
-                                 table), path)
+            frame = live_read(spark=self.spark, table=table, ranges=self.ranges, bounds=self.bounds,
+                              rows_per_key=self.fanout.get(table, 1.0))
+            _stage(_conform_live(frame, table), path)
             rows = _parquet_read(self.spark, table=table, base=path, paths=[path]).count() if path.exists() else 0
             self.say(f"read {rows} {table} rows over JDBC in {time.monotonic() - t:.1f}s")
         self._staged[table] = rows
@@ -376,9 +385,10 @@ def _days_read(ds: Dataset, *, days: list[str], write: bool, rebuild: bool, run_
     if to_read:
         t = time.monotonic()
         ledger_before = retention_ledger() if write else {}
-        now = database_now()
+        now = data_now()
         ds.ranges = day_ranges(day_parse(d) for d in to_read)
         ds.bounds = window_bounds(ranges=ds.ranges)
+        ds.fanout = rows_per_message()
         ds._live_stage("jobs")
         ds._live_stage("attempts")
         timings["read_live"] = time.monotonic() - t

@@ -11,10 +11,12 @@ from typing import Sequence
 
 from django.db import connection, transaction
 
+from jobs.models import JobStatus
 from jobs.sweeps.retention import Removed
 from pipeline.queries import Q
 
 ADVISORY_KEY = "broker_pipeline_archive"
+DELIVERED, DEAD = JobStatus.DELIVERED.value, JobStatus.DEAD.value
 
 
 @dataclass
@@ -29,19 +31,22 @@ class PruneCounts(Removed):
                 "attempts": self.attempts, "already_gone": self.already_gone, "changed": len(self.changed)}
 
 
-def messages_prune(*, expected: Sequence[tuple[int, int, int, int]]) -> PruneCounts:
-    """Delete one batch of archived messages (id, jobs, transitions, attempts as archived) with
-    their jobs, history and attempts, in one transaction.
+def messages_prune(*, expected: Sequence[tuple[int, int, int, int, int]]) -> PruneCounts:
+    """Delete one batch of archived messages (id, jobs, transitions, attempts, finished jobs as
+    archived) with their jobs, history and attempts, in one transaction, on the primary.
 
     The message and job rows are locked first (no state move can run until commit), then a
     message is deleted only if PostgreSQL still holds exactly the numbers of rows the verified
-    archive holds: the history is append-only and every status move appends to it, so equal
-    counts mean nothing changed since the export. A message that changed stays (and is reported).
+    archive holds and every job of it is DELIVERED or DEAD, in the archive and now: the history
+    is append-only and every status move appends to it, so equal counts mean nothing changed
+    since the history was exported; the jobs' own rows were read a moment earlier (each table is
+    read apart, from the primary or a replica), and a job that was requeued in between would be
+    archived unfinished. A message that changed stays (and is reported).
     """
     ids = sorted(int(row[0]) for row in expected)
     if not ids:
         return PruneCounts()
-    want = {int(i): (int(nj), int(nt), int(na)) for i, nj, nt, na in expected}
+    want = {int(i): (int(nj), int(nt), int(na), int(nf)) for i, nj, nt, na, nf in expected}
     result = PruneCounts()
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute(Q.prune_messages_lock.sql, {"ids": ids})
@@ -50,10 +55,10 @@ def messages_prune(*, expected: Sequence[tuple[int, int, int, int]]) -> PruneCou
         if not present:
             return result
         cur.execute(Q.prune_jobs_lock.sql, {"ids": present})
-        cur.execute(Q.prune_counts.sql, {"ids": present})
+        cur.execute(Q.prune_counts.sql, {"ids": present, "delivered": DELIVERED, "dead": DEAD})
         keep = []
-        for message_id, nj, nt, na in cur.fetchall():
-            if want[message_id] == (nj, nt, na):
+        for message_id, nj, nt, na, nf in cur.fetchall():
+            if want[message_id] == (nj, nt, na, nj) and nf == nj:
                 keep.append(message_id)
             else:
                 result.changed.append(message_id)

@@ -1,8 +1,13 @@
 -- The pipeline's SQL (format: broker/db/queries.py). Two kinds of statements:
 --
 -- * JDBC reads (``pipeline.readers.jdbc_read``): Spark wraps each as ``(<sql>) AS src``, adds the
---   id ranges of a partitioned read and pushes the reader's time filters down as a WHERE on src
---   (PostgreSQL flattens the subquery, so the bound reaches the index). Columns are named: tokens,
+--   key range of each chunk and pushes the reader's time filters down as a WHERE on src
+--   (PostgreSQL flattens the subquery, so the bound reaches the index). A read that joins runs with
+--   ``enable_hashjoin=off, enable_mergejoin=off`` (its ``settings:`` line, set on the chunk's JDBC
+--   session): PostgreSQL carries no range across a join, and with hash joins it scanned the other
+--   tables whole for every chunk (measured at 1M jobs: broker_message and jobs_jobtransition seq-
+--   scanned per 50,000-message chunk); as nested loops every table is reached by index from the
+--   chunk's rows, so a chunk costs what it reads, whatever the tables' sizes. Columns are named: tokens,
 --   signing secrets and callback URLs are never selected. JDBC takes no parameters: the few values
 --   that must sit inside a statement are written ``%(name)s`` and rendered as literals by
 --   ``pipeline.readers.jdbc_sql_render`` (timestamps and integers only).
@@ -27,6 +32,7 @@ SELECT c.id, c.channel_id, c.consumer_id, c.name, c.type, c.max_in_flight, c.max
 
 -- messages_read --
 -- index: pk (Spark's id ranges); message_received when the reader's time bounds are pushed down
+-- settings: enable_hashjoin=off, enable_mergejoin=off
 -- Messages with their headers as JSON text minus credential-looking keys. The payload is the bulk of
 -- the table: the reader drops it unless asked, and Spark then leaves it out of the SELECT it sends.
 SELECT m.id, m.channel_id, m.message_id, m.producer_id, m.payload, m.content_type, m.priority,
@@ -39,6 +45,7 @@ SELECT m.id, m.channel_id, m.message_id, m.producer_id, m.payload, m.content_typ
 
 -- jobs_read --
 -- index: pk (Spark's id ranges on jobs_job, then broker_message by id); message_received when bounded
+-- settings: enable_hashjoin=off, enable_mergejoin=off
 -- Jobs with their message's received_at (publish time), which the reader's time bounds filter on.
 SELECT j.id, j.message_id, j.consumer_id, j.channel_id, j.status, j.priority, j.retry_count,
        j.next_attempt_at, j.deadline, j.incremental_timeout, j.status_changed_at, j.created_at, m.received_at
@@ -58,6 +65,7 @@ SELECT a.id, a.job_id, a.attempt, a.started_at, a.duration_ms, a.status_code, a.
 
 -- job_facts_read --
 -- index: message_received (the pushed-down window), job_unique_per_consumer (jobs by message), the job_id indexes of jobs_jobtransition and jobs_deliveryattempt, pk
+-- settings: enable_hashjoin=off, enable_mergejoin=off
 -- One row per job with its channel and consumer ids, publish time, first DELIVERED transition and
 -- number of delivery attempts: the dataset's live jobs (pipeline.dataset), split on the message id. The two per-job history figures are index lookups in PostgreSQL:
 -- measured at 1M jobs this reads ~3x faster than shipping the history over JDBC and joining in Spark.
@@ -74,6 +82,7 @@ SELECT j.id, j.message_id, j.channel_id, COALESCE(c.channel_id, '#' || j.channel
 
 -- dataset_attempts_read --
 -- index: message_received (the pushed-down window), job_unique_per_consumer (jobs by message), the job_id index of jobs_deliveryattempt, pk
+-- settings: enable_hashjoin=off, enable_mergejoin=off
 -- Delivery attempts with their job's message (id, received_at: the window and the day), channel and
 -- consumer ids: the dataset's live attempts (pipeline.dataset), split on the message id.
 SELECT a.id, a.job_id, j.message_id, COALESCE(c.channel_id, '#' || j.channel_id) AS channel,
@@ -86,6 +95,7 @@ SELECT a.id, a.job_id, j.message_id, COALESCE(c.channel_id, '#' || j.channel_id)
 
 -- dataset_transitions_read --
 -- index: message_received (the pushed-down window), job_unique_per_consumer (jobs by message), the job_id index of jobs_jobtransition, pk
+-- settings: enable_hashjoin=off, enable_mergejoin=off
 -- Job history rows with their job's message, channel and consumer ids (as dataset_attempts_read).
 SELECT t.id, t.job_id, j.message_id, COALESCE(c.channel_id, '#' || j.channel_id) AS channel,
        COALESCE(co.consumer_id, '#' || j.consumer_id) AS consumer, t.from_status, t.to_status, t.retry_count,
@@ -132,6 +142,7 @@ SELECT min(id), max(id) FROM jobs_partition
 
 -- archive_messages_read --
 -- index: message_received (received_at < cutoff), job_unique_per_consumer (the per-message EXISTS), pk
+-- settings: enable_hashjoin=off, enable_mergejoin=off
 -- Archivable messages: received before the cutoff, dispatched or with jobs, and every job
 -- DELIVERED, or DEAD since before the dead cutoff; with names, headers (credentials dropped) and
 -- the UTC day of publication (the Parquet partition). Rendered by jdbc_sql_render: the dead cutoff
@@ -153,6 +164,7 @@ SELECT m.id, m.message_id, m.channel_id AS channel_pk, c.channel_id AS channel,
 
 -- archive_jobs_read --
 -- index: pk (Spark's id ranges on jobs_job; messages, channels and consumers by id)
+-- settings: enable_hashjoin=off, enable_mergejoin=off
 -- Jobs of messages received before the cutoff (a cheap superset: Spark semi-joins them to the
 -- archived messages), with channel and consumer ids and the UTC day of publication.
 SELECT j.id, j.message_id, j.status, j.priority, j.retry_count, j.next_attempt_at, j.deadline,
@@ -165,6 +177,7 @@ SELECT j.id, j.message_id, j.status, j.priority, j.retry_count, j.next_attempt_a
 
 -- archive_transitions_read --
 -- index: pk (Spark's id ranges on jobs_jobtransition; jobs, messages and channels by id)
+-- settings: enable_hashjoin=off, enable_mergejoin=off
 -- History rows of the jobs of messages received before the cutoff (superset, as above).
 SELECT t.id, t.job_id, t.from_status, t.to_status, t.retry_count, t.reason, t.at, j.message_id,
        c.channel_id AS channel, to_char(m.received_at AT TIME ZONE 'UTC', 'YYYY-MM-DD') AS day
@@ -174,6 +187,7 @@ SELECT t.id, t.job_id, t.from_status, t.to_status, t.retry_count, t.reason, t.at
 
 -- archive_attempts_read --
 -- index: pk (Spark's id ranges on jobs_deliveryattempt; jobs, messages and channels by id)
+-- settings: enable_hashjoin=off, enable_mergejoin=off
 -- Delivery attempts of the jobs of messages received before the cutoff (superset, as above).
 SELECT a.id, a.job_id, a.attempt, a.started_at, a.duration_ms, a.status_code, a.response_excerpt, a.error,
        a.request_id, a.outcome, j.message_id, c.channel_id AS channel,
@@ -194,12 +208,14 @@ SELECT id FROM jobs_job WHERE message_id = ANY(%(ids)s::bigint[]) ORDER BY id FO
 
 -- prune_counts --
 -- index: job_unique_per_consumer, the job_id indexes of jobs_jobtransition and jobs_deliveryattempt, pk
--- Per message: its jobs, history rows and attempts now, to compare with what was archived.
-WITH jj AS (SELECT id, message_id FROM jobs_job WHERE message_id = ANY(%(ids)s::bigint[])),
-nj AS (SELECT message_id, count(*) AS n FROM jj GROUP BY message_id),
+-- Per message: its jobs, history rows, attempts and DELIVERED or DEAD jobs now, to compare with what
+-- was archived.
+WITH jj AS (SELECT id, message_id, status FROM jobs_job WHERE message_id = ANY(%(ids)s::bigint[])),
+nj AS (SELECT message_id, count(*) AS n, count(*) FILTER (WHERE status IN (%(delivered)s, %(dead)s)) AS f
+         FROM jj GROUP BY message_id),
 nt AS (SELECT jj.message_id, count(*) AS n FROM jobs_jobtransition t JOIN jj ON jj.id = t.job_id GROUP BY jj.message_id),
 na AS (SELECT jj.message_id, count(*) AS n FROM jobs_deliveryattempt a JOIN jj ON jj.id = a.job_id GROUP BY jj.message_id)
-SELECT m.id, COALESCE(nj.n, 0), COALESCE(nt.n, 0), COALESCE(na.n, 0)
+SELECT m.id, COALESCE(nj.n, 0), COALESCE(nt.n, 0), COALESCE(na.n, 0), COALESCE(nj.f, 0)
   FROM broker_message m
   LEFT JOIN nj ON nj.message_id = m.id
   LEFT JOIN nt ON nt.message_id = m.id
@@ -228,3 +244,9 @@ SELECT pg_advisory_unlock(hashtext(%(key)s))
 -- index: none (no table)
 -- Time comes from the database, as everywhere in the broker.
 SELECT now()
+
+-- data_now --
+-- index: none (no table)
+-- The moment the pipeline's reads are as of: now() on a primary (where the replay time is NULL, which
+-- LEAST ignores); on a replica the last replayed commit's time when earlier (pipeline.source.data_now).
+SELECT LEAST(now(), pg_last_xact_replay_timestamp())

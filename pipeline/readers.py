@@ -1,28 +1,39 @@
-"""Partitioned JDBC readers for the broker tables.
+"""Chunked JDBC readers for the broker tables.
 
 Every reader names its columns (statements in ``pipeline/queries.sql``): tokens, signing secrets
 and callback URLs (which may carry credentials) are never selected, so they cannot reach a
-DataFrame, a Parquet file or a report. Reads are split on the primary key (``partitionColumn=id``,
-bounds from the table's min/max id, ``numPartitions`` from ``BROKER_SPARK_JDBC_PARTITIONS``) and
-fetched ``fetchsize`` rows at a time, so big tables stream through several connections instead of
-one giant result set. The bounds only set the stride; the filtering happens in PostgreSQL: time
-bounds are Spark filters on the read, which Spark pushes down into the ``WHERE`` it sends.
+DataFrame, a Parquet file or a report. The time bounds are Spark filters on the read, which Spark
+pushes down into the ``WHERE`` it sends PostgreSQL.
+
+No read holds a snapshot for long (issue 35: a snapshot held for minutes stops vacuum on every
+table and costs each message of the broker). A read is cut into chunks of about
+``BROKER_PIPELINE_CHUNK_ROWS`` rows on an indexed, immutable key (the primary key, or the message
+id of the dataset's reads: ids are handed out in publication order, so a chunk is a short index
+range scan of a narrow stretch of time), and each chunk is one query in its own transaction: Spark
+runs a partition's query on a connection of its own and commits and closes it once its rows are
+fetched. The chunks are ``key >= a AND key < b`` from the read's lowest key, the last one open
+above (``chunk_predicates``; one Spark partition each), so every row falls in exactly one chunk
+however its other columns change meanwhile: nothing is read twice or missed at a chunk's edge, and
+a row committed after its chunk was read is simply later than this read (the next run has it; a
+day is finished, and its facts written, only long after its last publish committed). The chunks
+are coalesced into ``BROKER_SPARK_JDBC_PARTITIONS`` tasks, each reading its chunks one after the
+other: that many connections at a time, whatever the table's size.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import datetime
 
 from django.conf import settings
-from django.db import connection
 
 from pipeline.queries import Q
 from pipeline.session import jdbc_options_build
+from pipeline.source import read_connection, replica_retry
 from pipeline.timeparse import sql_timestamp
 
 FETCHSIZE = 10_000
-MIN_ROWS_PER_PARTITION = 20_000  # below this a table is read through one connection
 
 DELIVERED = 1003  # jobs.models.JobStatus.DELIVERED
 
@@ -36,7 +47,10 @@ ID_BOUNDS = {
     "jobs_deliveryattempt": Q.attempt_id_bounds,
     "jobs_partition": Q.partition_id_bounds,
 }
+# The dataset's tables, read by message id: the table whose rows each read returns.
+LIVE_TABLES = {"jobs": "jobs_job", "attempts": "jobs_deliveryattempt", "transitions": "jobs_jobtransition"}
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]*")
 
 
 def jdbc_sql_render(sql, params: dict | None = None) -> str:
@@ -66,18 +80,44 @@ def jdbc_sql_render(sql, params: dict | None = None) -> str:
     return text
 
 
+def chunk_count(*, low: int | None, high: int | None, rows_per_key: float = 1.0,
+                chunk_rows: int | None = None) -> int:
+    """How many chunks a read of keys ``low..high`` is cut into: about ``chunk_rows`` rows each
+    (``BROKER_PIPELINE_CHUNK_ROWS``), ``rows_per_key`` rows per key value (1 for a primary key;
+    for a read by message id, the table's rows per message)."""
+    if low is None or high is None or high <= low:
+        return 1
+    size = max(1, chunk_rows if chunk_rows is not None else settings.BROKER_PIPELINE_CHUNK_ROWS)
+    keys = high - low + 1
+    return max(1, min(keys, math.ceil(keys * max(rows_per_key, 0.0) / size)))
+
+
+def chunk_predicates(*, column: str, low: int, high: int, chunks: int) -> list[str]:
+    """The ``WHERE`` of each of ``chunks`` chunks of ``column`` from ``low`` (the read's lowest key)
+    up, the last open above (rows committed since the bounds were taken): equal key ranges,
+    disjoint, together covering every key from ``low``. No chunk is open below: from the middle of
+    a table (today's messages), that chunk would scan every older row of the index."""
+    if not _IDENTIFIER.fullmatch(column):
+        raise ValueError(f"not a column name: {column!r}")
+    low, high, chunks = int(low), int(high), max(1, int(chunks))
+    edges = [low + (i * (high + 1 - low)) // chunks for i in range(chunks)]
+    return [f"{column} >= {a} AND {column} < {b}" for a, b in zip(edges, edges[1:])] + [f"{column} >= {edges[-1]}"]
+
+
+@replica_retry
 def table_bounds(*, table: str) -> tuple[int | None, int | None]:
     """min and max id of ``table`` (an index lookup each on the primary key)."""
-    with connection.cursor() as cur:
+    with read_connection().cursor() as cur:
         cur.execute(ID_BOUNDS[table].sql)
         low, high = cur.fetchone()
     return low, high
 
 
+@replica_retry
 def window_bounds(*, ranges: list[tuple[datetime, datetime]]) -> tuple[int | None, int | None]:
     """min and max id of the messages received in any of ``ranges`` (message_received ranges)."""
     low = high = None
-    with connection.cursor() as cur:
+    with read_connection().cursor() as cur:
         for since, until in ranges:
             cur.execute(Q.window_message_bounds.sql, {"since": since, "until": until})
             a, b = cur.fetchone()
@@ -86,26 +126,39 @@ def window_bounds(*, ranges: list[tuple[datetime, datetime]]) -> tuple[int | Non
     return low, high
 
 
+def rows_per_message() -> dict[str, float]:
+    """The dataset tables' rows per message id (``LIVE_TABLES``' keys), from the tables' id spans
+    (the ids follow insertion, deletions thin every table alike): what sizes the chunks of a read
+    split on the message id. Taken once, before any read starts."""
+    low, high = table_bounds(table="broker_message")
+    result = {}
+    for name, table in LIVE_TABLES.items():
+        a, b = table_bounds(table=table)
+        result[name] = 1.0 if low is None or a is None else (b - a + 1) / (high - low + 1)
+    return result
+
+
 def jdbc_read(*, spark, query, params: dict | None = None, bounds_table: str | None = None,
               bounds: tuple[int | None, int | None] | None = None, partition_column: str = "id",
-              num_partitions: int | None = None):
+              rows_per_key: float = 1.0, num_partitions: int | None = None, chunk_rows: int | None = None):
     """Read ``query`` (a registry SELECT exposing ``partition_column``; ``params`` rendered by
-    ``jdbc_sql_render``) as a DataFrame, split into ranges of ``partition_column`` between
-    ``bounds`` (or the id bounds of ``bounds_table``) when they span enough rows (or when
-    ``num_partitions`` is given)."""
-    reader = spark.read.format("jdbc").options(**jdbc_options_build())
-    reader = (reader.option("dbtable", f"({jdbc_sql_render(query, params)}) AS src")
-              .option("fetchsize", str(FETCHSIZE)))
+    ``jdbc_sql_render``) as a DataFrame: in chunks of ``partition_column`` between ``bounds`` (or
+    the id bounds of ``bounds_table``), each its own short query and transaction (``chunk_count``),
+    run by ``num_partitions`` (``BROKER_SPARK_JDBC_PARTITIONS``) tasks at most."""
+    options = jdbc_options_build(planner=getattr(query, "settings", ()))
+    url, table = options.pop("url"), f"({jdbc_sql_render(query, params)}) AS src"
+    properties = {**options, "fetchsize": str(FETCHSIZE)}
+    chunks = 1
     if bounds_table or bounds:
         low, high = bounds if bounds else table_bounds(table=bounds_table)
-        wanted = num_partitions or settings.BROKER_SPARK_JDBC_PARTITIONS or 1
-        if num_partitions is None and low is not None:
-            wanted = min(wanted, max(1, (high - low + 1) // MIN_ROWS_PER_PARTITION))
-        if low is not None and wanted > 1 and high > low:
-            reader = (reader.option("partitionColumn", partition_column)
-                      .option("lowerBound", str(low)).option("upperBound", str(high + 1))
-                      .option("numPartitions", str(wanted)))
-    return reader.load()
+        chunks = chunk_count(low=low, high=high, rows_per_key=rows_per_key, chunk_rows=chunk_rows)
+    if chunks > 1:
+        predicates = chunk_predicates(column=partition_column, low=low, high=high, chunks=chunks)
+        frame = spark.read.jdbc(url, table, predicates=predicates, properties=properties)
+    else:
+        frame = spark.read.jdbc(url, table, properties=properties)
+    tasks = max(1, num_partitions or settings.BROKER_SPARK_JDBC_PARTITIONS or 1)
+    return frame.coalesce(tasks) if chunks > tasks else frame
 
 
 def _window(frame, column: str, since: datetime | None = None, until: datetime | None = None):
@@ -187,13 +240,15 @@ def _in_ranges(frame, column: str, ranges: list[tuple[datetime, datetime]]):
 
 
 def live_read(*, spark, table: str, ranges: list[tuple[datetime, datetime]],
-              bounds: tuple[int | None, int | None]):
+              bounds: tuple[int | None, int | None], rows_per_key: float = 1.0):
     """The dataset's live rows of ``table`` (jobs, attempts or transitions) for the messages
-    received in ``ranges``, split on the message id between ``bounds`` (``window_bounds``)."""
+    received in ``ranges``, in chunks of the message id between ``bounds`` (``window_bounds``;
+    ``rows_per_key``: the table's rows per message, ``rows_per_message``)."""
     query, params = {
         "jobs": (Q.job_facts_read, {"delivered": DELIVERED}),
         "attempts": (Q.dataset_attempts_read, None),
         "transitions": (Q.dataset_transitions_read, None),
     }[table]
-    frame = jdbc_read(spark=spark, query=query, params=params, bounds=bounds, partition_column="message_id")
+    frame = jdbc_read(spark=spark, query=query, params=params, bounds=bounds, partition_column="message_id",
+                      rows_per_key=rows_per_key)
     return _in_ranges(frame, "received_at", ranges)

@@ -35,7 +35,6 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Callable
 
-from django.db import connection
 from django.template.loader import render_to_string
 from django.utils.safestring import mark_safe
 
@@ -47,6 +46,7 @@ from pipeline.latest import pipeline_report_record
 from pipeline.percentiles import exact_percentiles
 from pipeline.queries import Q
 from pipeline.readers import jdbc_read, table_bounds
+from pipeline.source import read_connection, replica_retry
 
 QUEUED, INFLIGHT, DELIVERED, DEAD = (s.value for s in (JobStatus.QUEUED, JobStatus.INFLIGHT,
                                                        JobStatus.DELIVERED, JobStatus.DEAD))
@@ -164,13 +164,20 @@ def report_partitions_build(*, spark):
     """Partition completion times, or (None, why) when there is nothing to measure."""
     from pyspark.sql import functions as F
 
-    if PARTITION_TABLE not in connection.introspection.table_names():
+    if not _partitions_exist():
         return None, f"skipped: table {PARTITION_TABLE} does not exist"
     if table_bounds(table=PARTITION_TABLE)[0] is None:
         return None, ""  # no partition at all: nothing for Spark to read
     frame = jdbc_read(spark=spark, query=Q.partitions_read, bounds_table=PARTITION_TABLE)
     frame = frame.withColumn("completion_s", (F.unix_micros("completed_at") - F.unix_micros("started_at")) / 1e6)
     return frame, ""
+
+
+@replica_retry
+def _partitions_exist() -> bool:
+    conn = read_connection()
+    with conn.cursor() as cur:
+        return PARTITION_TABLE in conn.introspection.table_names(cur)
 
 
 def _rows(frame, order: list[str]) -> list[dict]:

@@ -3,22 +3,40 @@
 The master URL is the only thing that changes between a laptop (``local[*]``) and a cluster
 (``spark://host:7077``, ``yarn``, ``k8s://...``). The PostgreSQL JDBC driver is Debian's
 ``libpostgresql-jdbc-java`` jar, shipped to the executors through ``spark.jars`` (no Maven).
-The JDBC URL comes from the *live* connection settings, so under pytest it points at the test
-database and with the embedded server at its current port.
+The JDBC URL comes from the *live* connection settings of the pipeline's read alias
+(``pipeline.source``: the replica of ``BROKER_PIPELINE_DATABASE_URL``, else the broker's database),
+so under pytest it points at the test database and with the embedded server at its current port.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
+from typing import Sequence
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
 from broker.db.urls import DatabaseUrlError, jdbc_url
+from pipeline.source import read_alias
 
 JDBC_DRIVER = "org.postgresql.Driver"
+# Attempts per Spark task. A cluster retries a failed task (spark.task.maxFailures, 4), a local
+# master by default never does: ``local[N]`` becomes ``local[N,4]``, so a chunk that a replica
+# cancelled (a conflict with recovery, pipeline.source) is read again instead of failing the run.
+TASK_ATTEMPTS = 4
+_LOCAL = re.compile(r"local(?:\[(\d+|\*)\])?")
+
+
+def master_with_retries(master: str) -> str:
+    """``master`` with task retries for a plain local master (``local``, ``local[N]``, ``local[*]``);
+    any other master (one that says its failures, a cluster) unchanged."""
+    match = _LOCAL.fullmatch(master.strip())
+    if not match:
+        return master
+    return f"local[{match.group(1) or 1},{TASK_ATTEMPTS}]"
 
 
 def spark_session_build(*, master: str | None = None, app_name: str = "broker-pipeline",
@@ -39,7 +57,7 @@ def spark_session_build(*, master: str | None = None, app_name: str = "broker-pi
             f"PostgreSQL JDBC driver not found at {jar} (apt-get install libpostgresql-jdbc-java, "
             "or set BROKER_JDBC_JAR)"
         )
-    master = master or settings.SPARK_MASTER
+    master = master_with_retries(master or settings.SPARK_MASTER)
     # Executors run Python only for Python UDFs (none here); use this interpreter locally.
     if master.startswith("local"):
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -72,12 +90,13 @@ def spark_session_build(*, master: str | None = None, app_name: str = "broker-pi
     return spark
 
 
-def jdbc_options_build(*, alias: str = "default") -> dict[str, str]:
-    """url/user/password/driver for Spark's JDBC source, from the connection Django is using: every
-    host of DATABASE_URL in order (``jdbc:postgresql://h1:p1,h2:p2/db?targetServerType=primary`` for
+def jdbc_options_build(*, alias: str | None = None, planner: Sequence[tuple[str, str]] = ()) -> dict[str, str]:
+    """url/user/password/driver for Spark's JDBC source, from the connection Django uses for
+    ``alias`` (default: the pipeline's reads, ``pipeline.source.read_alias``): every host of its URL in order (``jdbc:postgresql://h1:p1,h2:p2/db?targetServerType=primary`` for
     ``target_session_attrs=read-write``), its connect timeout, keepalives and sslmode
-    (``broker.db.urls.jdbc_url``)."""
-    conn = connections[alias]
+    (``broker.db.urls.jdbc_url``). ``planner``: settings for the session (a query's registry
+    ``settings:`` line), as startup options."""
+    conn = connections[alias or read_alias()]
     sd = conn.settings_dict
     if conn.vendor != "postgresql":
         raise ImproperlyConfigured("the Spark pipeline reads PostgreSQL only")
@@ -87,8 +106,10 @@ def jdbc_options_build(*, alias: str = "default") -> dict[str, str]:
     # read from 19.9 to 8.1 s (PostgreSQL formats no timestamps either).
     params = {"ApplicationName": "broker-pipeline", "prepareThreshold": "-1"}
     opts = sd.get("OPTIONS") or {}
-    if opts.get("options"):  # the session options of every broker connection (jit = off: broker.settings)
-        params["options"] = opts["options"]
+    # the session options of every broker connection (jit = off: broker.settings), then the query's
+    startup = [o for o in (opts.get("options"), *(f"-c {name}={value}" for name, value in planner)) if o]
+    if startup:
+        params["options"] = " ".join(startup)
     try:
         url = jdbc_url(sd, params=params)
     except DatabaseUrlError as exc:

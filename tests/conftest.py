@@ -7,7 +7,14 @@ tests/pg_session.py) unless DATABASE_URL is set.
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, settings as hypothesis_settings
 from rest_framework.test import APIClient
+
+# Property tests judge what the code does, never how fast: no per-example deadline and no "input
+# generation is slow" health check, which fail on a busy 2-core machine (CI shares its cores with
+# the suite's servers) while the properties hold.
+hypothesis_settings.register_profile("broker", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+hypothesis_settings.load_profile("broker")
 
 ADMIN_TOKEN = "test-admin-token"
 LOOPBACK_ALLOW = "127.0.0.1,::1,localhost"
@@ -119,3 +126,13 @@ def pytest_collection_modifyitems(config, items):
         wanted = DB_FIXTURES.intersection(getattr(item, "fixturenames", ()))
         if wanted or item.get_closest_marker("django_db"):
             raise pytest.UsageError(f"{item.nodeid}: a unit test may not use the database ({sorted(wanted)})")
+
+
+@pytest.fixture(autouse=True)
+def _event_types_rules():
+    """Each process caches its channels' event types (eventtypes.validation) by a generation number
+    that a test's rolled-back transaction takes back: forget them after every test."""
+    yield
+    from eventtypes.validation import cache_clear
+
+    cache_clear()

@@ -5,7 +5,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
-from web.api import consumers, dlq, messages, metrics, partitions, publishing, registry, sample, status
+from web.api import consumers, dlq, event_types, messages, metrics, partitions, publishing, registry, sample, sources, status
 from web.api.pull import views as pull
 from web.portal import api as portal
 from web.reports import report_latest_view
@@ -26,6 +26,11 @@ urlpatterns = [
     path("channel/<str:channel_id>/messages", messages.MessagesView.as_view()),
     path("channel/<str:channel_id>/message/<str:message_id>", messages.MessageView.as_view()),
     path("channel/<str:channel_id>/messages-status", messages.MessagesStatusView.as_view()),
+    # event types with schemas (issue 37): a type may hold "/", so its route takes a path
+    path("channel/<str:channel_id>/event-types", event_types.EventTypeListView.as_view()),
+    path("channel/<str:channel_id>/event-types/import", event_types.EventTypeImportView.as_view()),
+    path("channel/<str:channel_id>/event-type/<path:event_type>", event_types.EventTypeView.as_view()),
+    path("channel/<str:channel_id>/asyncapi.json", event_types.AsyncApiView.as_view()),
     path("_status", status.StatusView.as_view()),
     path("metrics", metrics.MetricsView.as_view()),
     path("_sample-receiver", sample.SampleReceiverView.as_view()),
@@ -65,6 +70,10 @@ urlpatterns = [
     path("channel/<str:channel_id>/scheduled-message/<str:message_id>", dlq.ScheduledMessageView.as_view()),
     # the Spark pipeline's latest report (staff only)
     path("pipeline/reports/latest/", report_latest_view, name="pipeline-report-latest"),
+    # inbound sources (issue 36): the registry, and the address providers post to
+    path("channel/<str:channel_id>/sources", sources.SourceListView.as_view()),
+    path("channel/<str:channel_id>/source/<str:source_name>", sources.SourceView.as_view()),
+    path("in/<str:source_id>", sources.SourceReceiveView.as_view()),
 ]
 
 handler400 = "web.api.errors.bad_request_view"

@@ -31,6 +31,10 @@ DB_RETRY = 0.5  # seconds a loop waits before its next attempt while the databas
 UNAVAILABLE_SQLSTATES = frozenset({"25006", "57P01", "57P02", "57P03", "57014", "55P03", "40001", "40P01"})
 UNAVAILABLE_CLASSES = ("08", "53")
 READ_ONLY_SQLSTATE = "25006"
+# A prepared statement refused after its result columns changed type (a migration ran meanwhile):
+# the statement is dropped with the transaction's rollback, so trying again succeeds (broker.db.run).
+PLAN_CHANGED_SQLSTATE = "0A000"
+PLAN_CHANGED_MESSAGE = "cached plan must not change result type"
 
 
 def sqlstate_of(exc: BaseException) -> str:
@@ -51,6 +55,8 @@ def database_unavailable(exc: BaseException) -> bool:
     if not isinstance(exc, (DatabaseError, psycopg.Error)):
         return False
     state = sqlstate_of(exc)
+    if state == PLAN_CHANGED_SQLSTATE:  # a prepared statement outlived a migration (broker.db.run): gone on retry
+        return PLAN_CHANGED_MESSAGE in str(exc)
     return state in UNAVAILABLE_SQLSTATES or state[:2] in UNAVAILABLE_CLASSES
 
 

@@ -13,6 +13,13 @@ Two bindings, chosen per call:
 
 ``bound_cursor`` is the push dispatcher's variant: a psycopg cursor with server-side binding in
 Django's transaction, for callers that run several statements with ``prepare=True``.
+
+After a migration changes the type of a column a prepared statement returns, the server refuses to
+run it ("cached plan must not change result type", SQLSTATE 0A000) for as long as the session
+keeps it, which psycopg does for the connection's life (``CONN_MAX_AGE``). ``_run_mapped`` drops
+the session's prepared statements and runs the statement once more (outside a transaction; in one,
+the transaction is already aborted: its rollback drops them, and the error is a "try again",
+``broker.db.errors.database_unavailable``: a request answers 503 with Retry-After, a loop goes on).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import psycopg
 from django.conf import settings
 from django.db import connection, transaction
 
-from broker.db.errors import DB_ERRORS, IllegalTransition, sqlstate_of
+from broker.db.errors import DB_ERRORS, PLAN_CHANGED_MESSAGE, PLAN_CHANGED_SQLSTATE, IllegalTransition, sqlstate_of
 from broker.db.queries import Query
 from broker.queries import Q
 
@@ -115,6 +122,35 @@ def _run_mapped(q: Query | str, params, prepare: bool, fetch):
         with connection.cursor() as cur:
             cur.execute(_sql(q), params)
             return fetch(cur)
+    try:
+        return _run_prepared(q, params, fetch)
+    except DB_ERRORS as exc:
+        if not plan_changed(exc) or connection.in_atomic_block:
+            raise  # (in a transaction: aborted; Django's rollback has psycopg deallocate every statement)
+        prepared_statements_drop()
+        return _run_prepared(q, params, fetch)
+
+
+def plan_changed(exc: BaseException) -> bool:
+    """Whether ``exc`` is the server refusing a prepared statement whose result columns changed type
+    since it was prepared (a migration ran meanwhile)."""
+    if sqlstate_of(exc) != PLAN_CHANGED_SQLSTATE:
+        return False
+    cause = exc if isinstance(exc, psycopg.Error) else exc.__cause__
+    return PLAN_CHANGED_MESSAGE in (getattr(getattr(cause, "diag", None), "message_primary", None) or str(exc))
+
+
+def prepared_statements_drop() -> None:
+    """Drop every prepared statement of Django's connection, on the server and in psycopg's cache
+    of their names, keeping the session (its settings and session locks: the retention sweep's).
+    psycopg's ``rollback()`` does both (``DEALLOCATE ALL``) when a transaction is open, so one is
+    opened for it. Outside a transaction only; the next ``prepare=True`` prepares anew."""
+    raw = connection.connection
+    raw.execute(Q.transaction_begin.sql)
+    raw.rollback()
+
+
+def _run_prepared(q: Query | str, params, fetch):
     # Django turns psycopg's prepared statements off (``prepare_threshold=None``) for the sake of
     # transaction-mode connection poolers; this enables them on the connection for explicit
     # requests only (Django's own queries use client-side binding and are never prepared). Set
@@ -157,6 +193,24 @@ def query_fetchone(q: Query | str, params=None, *, prepare: bool = False) -> tup
 def query_execute(q: Query | str, params=None, *, prepare: bool = False) -> int:
     """Run ``q`` for its effect; returns the number of rows it touched."""
     return _run(q, params, prepare, lambda cur: cur.rowcount)
+
+
+def array_literal(values, *, text: bool = False) -> str:
+    """A PostgreSQL array literal (``{1,2,NULL}``; ``text``: every element double-quoted and escaped)
+    for a bound parameter the statement casts (``%(ids)s::bigint[]``). psycopg dumps a Python list
+    element by element in Python (~1 us each: a push record's 13 arrays of a 50-attempt batch cost
+    more CPU than the rest of its transaction); this is one join. Numbers go as their ``str`` (an
+    int enum's is its value)."""
+    if None not in values:
+        if not text:
+            return "{" + ",".join(map(str, values)) + "}"
+        joined = "".join(values)
+        if '"' not in joined and "\\" not in joined:
+            return '{"' + '","'.join(values) + '"}' if values else "{}"
+    if text:
+        return "{" + ",".join("NULL" if v is None else
+                              '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
+    return "{" + ",".join("NULL" if v is None else str(v) for v in values) + "}"
 
 
 def bound_cursor() -> psycopg.Cursor:

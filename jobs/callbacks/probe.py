@@ -12,6 +12,7 @@ grace period lasts, the previous one's. Its ``webhook-id`` is ``test_<random>``,
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import ssl
 import threading
@@ -40,6 +41,27 @@ class ProbeAnswer:
     duration_ms: float
     body_head: str
     error: str = ""
+    peer: str = ""  # the address that answered
+
+    @property
+    def public(self) -> bool:
+        """Whether the answer came from a public address. Only then is its body worth showing: an
+        endpoint on a private address (allowed by BROKER_CALLBACK_ALLOW, or with the policy off) is
+        one of the operator's own services, whose answers are not the team's to read."""
+        return address_public(self.peer)
+
+
+def address_public(address: str) -> bool:
+    """A global unicast IP address (an IPv4-mapped IPv6 one as its IPv4 form); False for private,
+    loopback, link-local, shared, reserved and anything that is not an address."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0].strip("[]"))
+    except ValueError:
+        return False
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_global and not (ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_multicast
+                                 or ip.is_reserved or ip.is_unspecified)
 
 
 def _client_shared() -> Client:
@@ -98,4 +120,4 @@ def consumer_test_event_send(*, consumer: Consumer) -> ProbeAnswer:
         error = "timeout" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
         return ProbeAnswer(None, (time.monotonic() - started) * 1000.0, "", error[:500])
     head = answer.body[:BODY_HEAD * 4].decode("utf-8", "replace")[:BODY_HEAD]
-    return ProbeAnswer(answer.status, (time.monotonic() - started) * 1000.0, head)
+    return ProbeAnswer(answer.status, (time.monotonic() - started) * 1000.0, head, peer=answer.peer)

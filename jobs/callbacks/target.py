@@ -6,6 +6,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from django.conf import settings
+
+# Headers only the broker sets on a callback: a producer's metadata header of one of these names is
+# not forwarded (the consumer token's header, a setting, is added per target).
+RESERVED_HEADERS = frozenset({
+    "content-type", "content-length", "host", "user-agent", "x-request-id", "x-broker-message-id",
+    "x-broker-channel-id", "x-broker-consumer-id", "x-broker-message-priority", "x-broker-metadata-headers",
+    "webhook-id", "webhook-timestamp", "webhook-signature", "connection", "transfer-encoding",
+    "accept-encoding", "x-broker-message-type", "traceparent", "tracestate",
+})
+
 
 @dataclass
 class Target:
@@ -28,8 +39,15 @@ class Target:
     host: str = field(init=False)
     port: int = field(init=False)
     path: str = field(init=False)
+    # the settings a callback's headers need, read once per target (not once per callback)
+    token_header: str = field(init=False)
+    user_agent: str = field(init=False)
+    reserved: frozenset = field(init=False)  # RESERVED_HEADERS and the token header, lower case
 
     def __post_init__(self) -> None:
+        self.token_header = settings.BROKER_CONSUMER_TOKEN_HEADER or "X-Broker-Consumer-Token"
+        self.user_agent = settings.BROKER_USER_AGENT or "Webhook Message Broker"
+        self.reserved = RESERVED_HEADERS | {self.token_header.lower()}
         parts = urlsplit(self.url)
         self.scheme = parts.scheme
         self.host = parts.hostname or ""

@@ -33,8 +33,8 @@ from jobs.sweeps.retention import END, RETENTION_BATCH, START
 
 logger = logging.getLogger(__name__)
 # every named-query registry (``<package>/queries.sql``): jobs has one per package
-REGISTRIES = ("broker", "consumers", "jobs.advisories", "jobs.partitions", "jobs.publish", "jobs.sweeps", "jobs.ops",
-              "jobs.pull", "jobs.push")
+REGISTRIES = ("broker", "eventtypes", "consumers", "jobs.advisories", "jobs.partitions", "jobs.publish", "jobs.sweeps",
+              "jobs.ops", "jobs.pull", "jobs.push", "sources")  # by name (imported when read): sources sits above jobs
 
 
 @dataclass
@@ -123,7 +123,7 @@ CASES: list[Case] = [
     Case("jobs.pull:claim_pull", lambda s: _claim(s, max_bytes=10_000), id="claim-max-bytes"),
     Case("jobs.pull:claim_pull", lambda s: _claim(s, consumer=s.parts), id="claim-partitioned"),
     Case("jobs.push:claim_push", lambda s: {"limit": 200, "conn_timeout": 30.0, "rational": 2.0, "reason": "push",
-                                       "worker": "w1"}),
+                                       "worker": "w1", "ids": "{%d}" % s.push, "caps": "{10}"}),
     Case("jobs.pull:queued_jobs", lambda s: {"consumer": s.pull, "queued": QUEUED, "limit": 25}),
     Case("jobs.pull:group_due", lambda s: [s.grouped]),
     Case("jobs.pull:group_jobs", lambda s: [s.inflight_jobs, INFLIGHT]),
@@ -149,7 +149,7 @@ CASES: list[Case] = [
         "codes": [204] * len(s.inflight_jobs), "excerpts": [""] * len(s.inflight_jobs),
         "errors": [""] * len(s.inflight_jobs), "request_ids": ["r"] * len(s.inflight_jobs),
         "outcomes": ["delivered"] * len(s.inflight_jobs), "cb_consumers": [s.push], "cb_ok": [False],
-        "cb_fails": [3]}),
+        "cb_fails": [3], "cb_since": [30.5]}),
     Case("jobs.ops:mark_dead", lambda s: {"ids": s.inflight_jobs[:5], "queued": QUEUED, "inflight": INFLIGHT,
                                       "dead": DEAD, "consumer": None, "reason": "operator"}),
     Case("jobs.pull:pull_job", lambda s: [s.queued_job, s.pull]),

@@ -63,6 +63,7 @@ class ReplayResult:
     replayed: int
     skipped: int
     seconds: float = 0.0
+    after: tuple | None = None  # (received_at, id) to go on from when it stopped at its deadline; None: done
 
     def as_json(self) -> dict:
         return {"Replayed": self.replayed, "Skipped": self.skipped}
@@ -80,16 +81,23 @@ def replay_window_check(*, since: datetime, until: datetime | None, now: datetim
 
 
 def consumer_replay(*, consumer: Consumer, since: datetime, until: datetime | None = None,
-                    only_failed: bool = False, source: str = "api", chunk: int = CHUNK) -> ReplayResult:
+                    only_failed: bool = False, source: str = "api", chunk: int = CHUNK,
+                    after: tuple | None = None, deadline: float | None = None,
+                    carried: tuple[int, int] = (0, 0)) -> ReplayResult:
     """Give ``consumer`` a fresh QUEUED job for every message of its channel received in [since,
     until] and still stored: DELIVERED and DEAD jobs go back to QUEUED (retry count 0), messages
     without a job of this consumer get one; with ``only_failed`` only DEAD jobs are replayed.
     Jobs QUEUED or in flight now, and partitioned jobs, are skipped. Call it outside a
-    transaction: each chunk commits on its own."""
+    transaction: each chunk commits on its own.
+
+    In turns (the portal's replay task): ``deadline`` (``time.monotonic()``) stops it after the
+    chunk that passes it, returning the counts so far and ``after``, the keyset to go on from,
+    given back as ``after`` (with the counts as ``carried``: replayed, skipped) to the next turn
+    (``until`` fixed by the first); the turn that ends the window records the advisory."""
     started = time.monotonic()
-    end = replay_window_check(since=since, until=until, now=db_now())
-    after_at, after_id = since, 0
-    walked = queued = 0
+    end = replay_window_check(since=since, until=until, now=db_now()) if after is None else until
+    after_at, after_id = (since, 0) if after is None else after
+    queued, walked = carried[0], carried[0] + carried[1]
     while True:
         chunk_started = time.monotonic()
         part = jobs_replay_chunk(channel_pk=consumer.channel_id, consumer_pk=consumer.pk, after_at=after_at,
@@ -100,6 +108,9 @@ def consumer_replay(*, consumer: Consumer, since: datetime, until: datetime | No
             break
         after_at, after_id = part.after_at, part.after_id
         time.sleep((time.monotonic() - chunk_started) * PAUSE)
+        if deadline is not None and time.monotonic() >= deadline:
+            return ReplayResult(replayed=queued, skipped=walked - queued, seconds=time.monotonic() - started,
+                                after=(after_at, after_id))
     result = ReplayResult(replayed=queued, skipped=walked - queued, seconds=time.monotonic() - started)
     advisory_record(type="replay", channel=consumer.channel.channel_id, consumer=consumer.consumer_id,
                     consumer_pk=consumer.pk,

@@ -17,6 +17,7 @@ from typing import Sequence
 
 from broker.db.run import query_fetchall, query_fetchone
 from broker.errors import Conflict, InvalidInput, TooLarge
+from broker.numbers import whole
 from broker.times import rfc3339
 from broker.xid import job_xid
 from jobs.partitions.gates import GateMove, jobs_move_gate
@@ -97,6 +98,7 @@ def ack_request_parse(data) -> list[AckItem]:
 def gate_parse(gate, raw_payload, where: str = "") -> tuple[int, bytes | None]:
     """A handler-driven gate move's ``Gate`` (integer >= 0) and ``Payload`` (a string as its UTF-8
     bytes, anything else as JSON; absent: the job keeps its payload)."""
+    gate = whole(gate)  # 2.0 is an integer (JSON Schema 2020-12)
     if isinstance(gate, bool) or not isinstance(gate, int) or not 0 <= gate < 2**31:
         raise InvalidInput("invalid_gate", f"{where}Gate must be an integer >= 0")
     if isinstance(raw_payload, str):

@@ -7,6 +7,7 @@ import math
 
 from broker import xid
 from broker.errors import InvalidInput
+from broker.numbers import whole
 
 QUEUED_JOBS_DEFAULT = 25
 QUEUED_JOBS_MAX = 100
@@ -46,7 +47,7 @@ def timeout_parse(value, name: str = "IncrementalTimeout") -> float | None:
 def int_field(fields: dict, name: str, low: int, high: int, detail: str, *, default=None):
     """An integer field of a JSON body within [low, high] (``default`` when absent); else a 400
     ``invalid_<name>`` (a boolean is not an integer)."""
-    value = fields.get(name)
+    value = whole(fields.get(name))  # 2.0 is an integer (JSON Schema 2020-12)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:

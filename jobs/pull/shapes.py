@@ -22,9 +22,14 @@ def seconds_repr(value: float) -> float | int:
 def message_repr(message_id: str, payload: bytes, content_type: str, headers,
                  trace: TraceContext | None = None) -> dict:
     """The spec's Message; a payload that is not UTF-8 goes out as base64 with ``PayloadEncoding``.
-    Its trace context (W3C) is in ``Headers`` as ``traceparent`` and ``tracestate``."""
+    Its trace context (W3C) is in ``Headers`` as ``traceparent`` and ``tracestate``; a message an
+    inbound source published names it in ``Source`` and the provider's delivery id in ``SourceDelivery``."""
     message = {"MessageID": message_id, "Payload": None, "ContentType": content_type,
                "Headers": dict(headers_decode(headers))}
+    source = message["Headers"].get("X-Broker-Source")
+    if source is not None:  # inbound sources: only a source's message carries it (sources migration 0002)
+        message["Source"] = source
+        message["SourceDelivery"] = message["Headers"].get("X-Broker-Source-Delivery")
     if trace is not None and trace.traceparent:
         message["Headers"]["traceparent"] = trace.traceparent
         if trace.tracestate:

@@ -32,6 +32,7 @@ class CircuitTally:
     consumer_pk: int
     ok: bool
     fails: int
+    since: float = 0.0  # seconds since the first of those ``fails`` attempts started (0 without one)
 
 
 def attempt_failed(*, outcome: str, status_code: int | None) -> bool:
@@ -46,20 +47,26 @@ def attempt_failed(*, outcome: str, status_code: int | None) -> bool:
 
 
 def circuit_tallies(attempts) -> list[CircuitTally]:
-    """Per consumer, from (consumer pk, failed, dirty) in finishing order: whether any attempt
-    succeeded, and the failures after the last success. Only the consumers the record has
+    """Per consumer, from (consumer pk, failed, dirty, age) in finishing order (``age``: seconds since
+    the attempt started): whether any attempt succeeded, the failures after the last success and
+    the age of the oldest of them (a timeout has been failing since it started, so an endpoint that
+    hangs for longer than ``circuitBreakerOpenAfterSeconds`` opens its circuit with its first
+    timeouts, not one timeout later). Only the consumers the record has
     something to do for: a failure, or a circuit that was counting or open when the job was
     claimed (``dirty``; a success resets it); all-success batches of healthy consumers add nothing
     to the statement. So a success of a job claimed before the first failure of a run does not
     end the run when it comes back in a later batch; the next job claimed does."""
     tallies: dict[int, CircuitTally] = {}
     wanted: set[int] = set()
-    for consumer_pk, failed, dirty in attempts:
-        tally = tallies.setdefault(consumer_pk, CircuitTally(consumer_pk=consumer_pk, ok=False, fails=0))
+    for consumer_pk, failed, dirty, age in attempts:
+        tally = tallies.get(consumer_pk)
+        if tally is None:
+            tally = tallies[consumer_pk] = CircuitTally(consumer_pk=consumer_pk, ok=False, fails=0)
         if failed:
             tally.fails += 1
+            tally.since = max(tally.since, age)
         else:
-            tally.ok, tally.fails = True, 0
+            tally.ok, tally.fails, tally.since = True, 0, 0.0
         if failed or dirty:
             wanted.add(consumer_pk)
     return [t for t in tallies.values() if t.consumer_pk in wanted]

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import re
 import ssl
 import time
-import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from email.utils import parsedate_to_datetime
@@ -29,16 +30,18 @@ logger = logging.getLogger("jobs.push.dispatcher")  # the name operators filter 
 RETRY_AFTER_CAP = 24 * 3600.0
 
 
-_RESERVED = {
-    "content-type", "content-length", "host", "user-agent", "x-request-id", "x-broker-message-id",
-    "x-broker-channel-id", "x-broker-consumer-id", "x-broker-message-priority", "x-broker-metadata-headers",
-    "webhook-id", "webhook-timestamp", "webhook-signature", "connection", "transfer-encoding",
-    "accept-encoding", "x-broker-message-type", "traceparent", "tracestate",
-}
+_BAD_NAME = re.compile(r"[ :\r\n\t]")
+_UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))  # version and variant bits of a UUID (RFC 9562)
+_UUID4_SET = (0x4000 << 64) | (0x8000 << 48)
+
+
+def request_id() -> str:
+    """A random (version 4) UUID in hex, as ``uuid.uuid4().hex`` writes it, without the UUID object."""
+    return "%032x" % ((int.from_bytes(os.urandom(16), "big") & _UUID4_CLEAR) | _UUID4_SET)
 
 
 def _header_ok(name: str, value: str) -> bool:
-    return bool(name) and not any(c in name for c in " :\r\n\t") and "\r" not in value and "\n" not in value
+    return bool(name) and not _BAD_NAME.search(name) and "\r" not in value and "\n" not in value
 
 
 _KEY_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")  # printable ASCII as-is
@@ -48,27 +51,26 @@ def request_headers(job, target: Target, *, now: float | None = None, worker: st
     """The callback headers: webhook-broker's, the stored metadata headers, the trace context (the
     message's trace id, a span id of this attempt's own: ``span``'s when OpenTelemetry records one)
     and the signature."""
-    token_header = settings.BROKER_CONSUMER_TOKEN_HEADER or "X-Broker-Consumer-Token"
     headers = {
         "Content-Type": job.content_type or "application/octet-stream",
         "X-Broker-Message-ID": job.message_id,
         "X-Broker-Channel-ID": target.channel_id,
         "X-Broker-Consumer-ID": target.consumer_id,
-        token_header: target.token,
+        target.token_header: target.token,
         "X-Broker-Message-Priority": str(job.priority),
-        "X-Request-ID": uuid.uuid4().hex,
-        "User-Agent": settings.BROKER_USER_AGENT or "Webhook Message Broker",
+        "X-Request-ID": request_id(),
+        "User-Agent": target.user_agent,
     }
-    metadata = {}
-    reserved = _RESERVED | {token_header.lower()}
-    for name, value in (job.headers or {}).items():
-        value = str(value)
-        # A producer's metadata header can never replace the broker's own (e.g. the signature).
-        if name.lower() not in reserved and _header_ok(name, value):
-            metadata[name] = value
-    if metadata:
-        headers.update(metadata)
-        headers["X-Broker-Metadata-Headers"] = ",".join(sorted(metadata))
+    if job.headers:
+        reserved, forwarded = target.reserved, []
+        for name, value in job.headers.items():
+            value = str(value)
+            # A producer's metadata header can never replace the broker's own (e.g. the signature).
+            if name.lower() not in reserved and _header_ok(name, value):
+                headers[name] = value
+                forwarded.append(name)
+        if forwarded:
+            headers["X-Broker-Metadata-Headers"] = ",".join(sorted(forwarded))
     trace = getattr(job, "trace", None)
     headers["traceparent"] = traceparent_child(trace.traceparent if trace else "", span)
     if trace is not None and trace.tracestate:
@@ -226,7 +228,7 @@ async def attempt_deliver(client, job, target: Target, *, worker: str) -> "Resul
     span = span_start(f"deliver {target.channel_id}", parent=job.trace, kind="client", attributes={
         "messaging.system": "broker", "messaging.operation.type": "process", "messaging.message.id": job.message_id,
         "messaging.destination.name": target.channel_id, "messaging.consumer.group.name": target.consumer_id,
-        "broker.attempt": job.retry_count + 1})  # trace context: None unless OpenTelemetry is configured
+        "broker.attempt": job.retry_count + 1}) if settings.OTEL_TRACING else None  # only when OpenTelemetry is configured
     try:
         headers = request_headers(job, target, worker=worker, span=span)
         answer = await client.post(scheme=target.scheme, host=target.host, port=target.port,
@@ -236,7 +238,7 @@ async def attempt_deliver(client, job, target: Target, *, worker: str) -> "Resul
                        if code in (429, 503) else None)
         location = answer.headers.get("location") if 300 <= code < 400 else None
         error = f"redirect to {location} not followed" if location else ""
-        excerpt = answer.body[:settings.BROKER_PUSH_EXCERPT_BYTES].decode("utf-8", "replace")
+        excerpt = answer.body[:settings.BROKER_PUSH_EXCERPT_BYTES].decode("utf-8", "replace") if answer.body else ""
         result = Result(status_code=code, duration=0.0, excerpt=excerpt, error=error, retry_after=retry_after)
         if job.partition_key is not None and 200 <= code < 300:  # handler-driven gates
             result.answer = handler_answer(answer.body, job.gate)

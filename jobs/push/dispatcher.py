@@ -19,11 +19,17 @@ visible to the claim at once: with maxInFlight = 10 a consumer's throughput is 1
 round trip + one transaction), not 10 / (round trip + two transactions + a poll). The window is
 what one message costs the database: each transaction pays its statements' fixed costs (the
 triggers' history and counter rows) once for the whole batch; after a quiet spell the first claim
-runs at once, so a single message is never held, and finished attempts of a *saturated* consumer
+runs at once, so a single message is never held, and successful attempts of a *saturated* consumer
 (its last claim took all of its room: more jobs wait for room) are recorded at once, so a
 consumer held back by its maxInFlight gets its room back without waiting for the window.
 Everything is at-least-once: a job whose outcome cannot be recorded stays INFLIGHT until its deadline and
 the sweep queues it again.
+
+Good neighbours (issue 35): each claim holds every consumer to its fair share of this loop's
+callbacks (``jobs.push.claim.fair_caps``, from ``inflight``: callbacks in flight here per
+consumer), the HTTP client opens new connections to one endpoint at ``BROKER_PUSH_CONNECT_RATE``, a
+NOTIFY naming only consumers that wait for room with callbacks still here does not wake the loop
+(``_blocked``), and a failed attempt never cuts the window short.
 """
 
 from __future__ import annotations
@@ -50,13 +56,15 @@ from jobs.callbacks.target import Target
 from jobs.housekeeping import Housekeeping
 from jobs.partitions.leases import lease_seconds, partition_leases_cycle, partition_leases_release
 from jobs.publish.wakeup import CHANNEL
-from jobs.push.claim import PUSH_TRANSACTION_SETUP, jobs_claim_push, saturation_update, window_hold
+from jobs.push.claim import (PUSH_TRANSACTION_SETUP, fair_caps, fair_share, jobs_claim_push, saturation_update,
+                             window_hold)
 from jobs.push.delivery import attempt_deliver, targets_load
 from jobs.push.queries import Q
 from jobs.push.record import outcomes_record
 
 logger = logging.getLogger(__name__)
 LEASE_KICK = 0.2  # seconds: the soonest a NOTIFY brings the next partition lease cycle after the last
+LEASE_KICK_UNUSED = 1.0  # ... when the last cycle found no partition with work (none owned, none free)
 IDLE_AFTER = 10.0  # seconds without a claimed or recorded job: the loop is idle (see BROKER_PUSH_IDLE_POLL)
 
 
@@ -125,8 +133,9 @@ class Engine:
 
     def __init__(self, concurrency: int | None = None) -> None:
         self.size = max(1, int(concurrency or settings.BROKER_PUSH_CONCURRENCY))
-        self.client = HttpClient()
+        self.client = HttpClient(connect_rate=float(settings.BROKER_PUSH_CONNECT_RATE or 0) or None)
         self.done: deque = deque()
+        self.inflight: dict[int, int] = {}  # consumer pk: its callbacks in flight here (coordinator thread only)
         self.targets: dict[int, Target] = {}
         self.pull_pks: set[int] = set()
         self.saturated: set[int] = set()  # consumers whose last claim took all of their room
@@ -143,6 +152,7 @@ class Engine:
         # jobs.partitions: this engine's lease owner id; partitions are claimed only while leased
         self.worker_id = uuid.uuid4().hex
         self.lease_stats = None
+        self.stats: dict = {}
 
     # --- the HTTP side (event loop thread) ---------------------------------------------------
     async def _deliver(self, item) -> None:
@@ -175,8 +185,16 @@ class Engine:
         except BlockingIOError:
             pass
         items = []
+        inflight = self.inflight
         while self.done:
-            items.append(self.done.popleft())
+            item = self.done.popleft()
+            items.append(item)
+            pk = item[0].consumer_pk
+            left = inflight.get(pk, 0) - 1
+            if left > 0:
+                inflight[pk] = left
+            else:
+                inflight.pop(pk, None)
         self._running -= len(items)
         return items
 
@@ -214,7 +232,16 @@ class Engine:
                 return True  # the claim finds out whether the database is back
             self._pull_loaded = time.monotonic()
         share = self.wake_share
-        return any(pk not in self.pull_pks and (share is None or pk % share[1] == share[0]) for pk in notified)
+        return any(pk not in self.pull_pks and (share is None or pk % share[1] == share[0]) and not self._blocked(pk)
+                   for pk in notified)
+
+    def _blocked(self, pk: int) -> bool:
+        """Whether a claim by this loop could give consumer ``pk`` nothing new, so a NOTIFY of its
+        jobs need not wake the loop: its callbacks in flight here fill its fair share, or its last
+        claim took all of its room and some of those callbacks are still here (their outcomes bring
+        the claim that refills it). A consumer waiting at its maxInFlight costs no transaction."""
+        n = self.inflight.get(pk, 0)
+        return n > 0 and (pk in self.saturated or n >= fair_share(inflight=self.inflight, size=self.size))
 
     def _targets_refresh(self, jobs: list) -> None:
         """Load the consumers of ``jobs`` that are new or changed since cached (in the claim's
@@ -228,10 +255,12 @@ class Engine:
 
     def _submit(self, jobs: list) -> None:
         items = []
+        inflight = self.inflight
         for job in jobs:
             target = self.targets.get(job.consumer_pk)
             if target is not None:  # else: consumer deleted since the claim, and its jobs with it
                 items.append((job, target))
+                inflight[job.consumer_pk] = inflight.get(job.consumer_pk, 0) + 1
         self._running += len(items)
         self.client.submit(items, self._deliver)
 
@@ -249,6 +278,7 @@ class Engine:
         # loops each would repeat the same sweeps every second for nothing
         loop = _Loop.begin(claim_for=claim_for, drain_for=drain_for, stop=stop, events=events,
                            housekeeping=housekeeping and (wake_share is None or wake_share[0] == 0))
+        self.stats = loop.stats  # the running loop's counters (tests and benchmarks read them as it runs)
         while True:
             now = time.monotonic()
             try:
@@ -270,7 +300,14 @@ class Engine:
         self._events_run(loop, now)
         self._claiming_check(loop, now)
         self._timers_due(loop, now)
-        loop.pending.extend(self._collect())
+        finished = self._collect()
+        if finished:
+            loop.pending.extend(finished)
+            # a saturated consumer's room is what it waits for: claim with the record. Other outcomes
+            # are only recorded: new jobs come with their NOTIFY (to the loop whose share they are),
+            # so two loops do not both claim after each other's callbacks, in twice the transactions.
+            if not loop.kicked and any(job.consumer_pk in self.saturated for job, _, _ in finished):
+                loop.kicked = True
         if not self._record_and_claim(loop, now):
             return False  # held for the window, or a database error: the finished attempts stay pending
         self._leases_due(loop, now)
@@ -341,8 +378,12 @@ class Engine:
         want_claim = capacity > 0 and (loop.kicked or now >= loop.next_poll)
         if not (loop.pending or want_claim):
             return True
+        delivered: dict[int, int] = {}
+        for job, _, result in loop.pending:
+            if result.status_code is not None and 200 <= result.status_code < 300:
+                delivered[job.consumer_pk] = delivered.get(job.consumer_pk, 0) + 1
         hold = window_hold(last=loop.last_tx, window=loop.window, now=now, saturated=self.saturated,
-                           pending=[job.consumer_pk for job, _, _ in loop.pending])
+                           delivered=delivered, inflight=self.inflight)
         if hold > 0:
             time.sleep(hold)
             return False
@@ -397,7 +438,8 @@ class Engine:
             if pending:
                 retry_delays = outcomes_record(pending, now=now)
             if limit:
-                jobs = jobs_claim_push(limit=limit, worker=self.worker_id)
+                jobs = jobs_claim_push(limit=limit, worker=self.worker_id,
+                                       caps=fair_caps(inflight=self.inflight, size=self.size, limit=limit))
                 self._targets_refresh(jobs)
         return retry_delays, jobs
 
@@ -453,11 +495,15 @@ class Engine:
         if loop.claiming:
             wait_until = min(wait_until, loop.claim_until)
         woke = self._wait(wait_until - time.monotonic())
-        loop.kicked = loop.kicked or woke is not False
         loop.notified = woke == "notify"
+        loop.kicked = loop.kicked or loop.notified  # finished callbacks: see _step
         if loop.notified and loop.claiming:
-            # new jobs may be in a partition nobody leases yet: look soon (at most 5 cycles a second)
-            loop.next_lease = min(loop.next_lease, max(time.monotonic(), loop.last_lease + LEASE_KICK))
+            # new jobs may be in a partition nobody leases yet: look soon (at most 5 cycles a second
+            # while partitions are in use; while the last cycle saw none, at most one a second, so a
+            # busy broker without partitions does not pay four statements per NOTIFY)
+            stats = self.lease_stats
+            kick = LEASE_KICK if stats is None or stats.owned or stats.fair_share else LEASE_KICK_UNUSED
+            loop.next_lease = min(loop.next_lease, max(time.monotonic(), loop.last_lease + kick))
 
     def _lease_cycle(self, *, acquire: bool) -> bool:
         """One partition lease cycle (jobs.partitions); True when partitions were taken."""

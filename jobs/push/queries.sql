@@ -18,8 +18,9 @@
 -- claim_push --
 -- index: job_push_fresh, job_push_retry
 -- hot
--- Claim due QUEUED jobs across every push consumer within maxInFlight and the GCRA pacing of
--- maxDeliveriesPerSecond; partitioned jobs only of partitions %(worker)s holds a live lease on.
+-- Claim due QUEUED jobs across every push consumer within maxInFlight, the GCRA pacing of
+-- maxDeliveriesPerSecond and the claiming loop's fair shares (jobs.push.claim.fair_caps);
+-- partitioned jobs only of partitions %(worker)s holds a live lease on.
 -- Run after push_claim_lock in the dispatcher's transaction. Statuses inlined (generic plans).
 -- Circuit breaker (jobs.push.circuit; circuit states CLOSED 0, OPEN 1, HALF_OPEN 2; ``cb`` is the
 -- consumer's consumers_circuit row, by its primary key consumer_id, NULL while it never failed):
@@ -47,12 +48,13 @@ WITH k AS MATERIALIZED (
      WHERE c.type = 'push' AND NOT c.paused  -- flow control: a paused consumer gets nothing
 ), r AS MATERIALIZED (
     -- room: maxInFlight minus what is in flight now (any process), capped by the GCRA pacing
-    -- of maxDeliveriesPerSecond (bursts of rate/20, at least 1)
+    -- of maxDeliveriesPerSecond (bursts of rate/20, at least 1) and by the claiming loop's fair
+    -- share of its callbacks (q.n: the consumers %(ids)s with a cap %(caps)s). LEAST skips NULLs:
+    -- no pacing, no cap.
     SELECT id, updated_at, rate, ttl, lag, ordered, probing, probe, cb_dirty,
-           LEAST(room, %(limit)s::int,
-                 CASE WHEN rate IS NULL OR rate <= 0 THEN %(limit)s::int
-                      ELSE floor(GREATEST(1, ceil(rate / 20.0)) - COALESCE(lag, 0) * rate)::int END) AS room
-      FROM k
+           LEAST(room, %(limit)s::int, q.n,
+                 CASE WHEN rate > 0 THEN floor(GREATEST(1, ceil(rate / 20.0)) - COALESCE(lag, 0) * rate)::int END) AS room
+      FROM k LEFT JOIN unnest(%(ids)s::int8[], %(caps)s::int[]) q(c, n) ON q.c=id
 ), cand AS MATERIALIZED (
     SELECT x.id, x.priority
       FROM r CROSS JOIN LATERAL (
@@ -129,9 +131,11 @@ SELECT u.id, u.consumer_id, u.priority, u.retry_count, m.message_id, COALESCE(u.
 -- job in flight) goes back to QUEUED without spending a retry; each consumer's consecutive
 -- failures add up (%(cb_ok)s: a success in the batch restarts the count) and reaching the threshold
 -- opens the circuit once the failures have lasted circuit_breaker_open_after_seconds (issue 25: an
--- endpoint that still answers some calls is not cut off). ``since`` moves only when the circuit opens or closes, so the rows returned as
--- changed are the advisories to raise. Returns (partition to settle, NULL, NULL) rows and
--- (NULL, consumer, new state) rows for circuits that changed.
+-- endpoint that still answers some calls is not cut off), counted from the start of the first
+-- failed attempt (%(cb_since)s: a timed-out attempt was failing from its start). ``since`` moves
+-- only when the circuit opens or closes, so the rows returned as changed are the advisories to raise.
+-- Returns (partition to settle, NULL, NULL) rows and (NULL, consumer, new state) rows for circuits
+-- that changed.
 WITH v AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(to_s)s::smallint[], %(delay)s::float8[], %(max_retry)s::int[])
            AS v(id, to_s, delay, max_retry)
@@ -160,9 +164,11 @@ SELECT a.id, a.attempt, now() - a.age * interval '1 second', a.duration_ms, a.st
               %(outcomes)s::text[])
        AS a(id, attempt, age, duration_ms, status_code, excerpt, error, request_id, outcome)
 ), cbx AS (
-    -- circuit breaker: per consumer of the batch, whether an attempt succeeded and how many failed
-    -- after the last success
-    SELECT * FROM unnest(%(cb_consumers)s::bigint[], %(cb_ok)s::bool[], %(cb_fails)s::int[]) AS x(consumer_id, ok, fails)
+    -- circuit breaker: per consumer of the batch, whether an attempt succeeded, how many failed
+    -- after the last success and how long ago the first of those started (a timeout has been
+    -- failing since its attempt began, not since its outcome came back)
+    SELECT * FROM unnest(%(cb_consumers)s::bigint[], %(cb_ok)s::bool[], %(cb_fails)s::int[], %(cb_since)s::float8[])
+           AS x(consumer_id, ok, fails, since)
 ), cbu AS (
     -- the new failure count (nf), start of the run of failures (fs) and state (ns) are computed once
     -- per row, in a sub-SELECT of the SET that reads the row: an UPDATE re-evaluates it on the row as
@@ -176,8 +182,8 @@ SELECT a.id, a.attempt, now() - a.age * interval '1 second', a.duration_ms, a.st
                CASE WHEN s.ns = 1 AND cb.state <> 1
                     THEN now() + k.circuit_breaker_probe_seconds * interval '1 second' ELSE cb.next_probe_at END
           FROM (SELECT CASE WHEN x.ok THEN x.fails ELSE cb.failures + x.fails END AS nf,
-                       CASE WHEN x.ok THEN CASE WHEN x.fails > 0 THEN now() END
-                            ELSE COALESCE(cb.failing_since, now()) END AS fs) n
+                       CASE WHEN x.ok THEN CASE WHEN x.fails > 0 THEN now() - x.since * interval '1 second' END
+                            ELSE COALESCE(cb.failing_since, now() - x.since * interval '1 second') END AS fs) n
                CROSS JOIN LATERAL (
                    SELECT CASE WHEN k.circuit_breaker_failures > 0 AND n.nf >= k.circuit_breaker_failures
                                 AND (cb.state <> 0
@@ -187,16 +193,20 @@ SELECT a.id, a.attempt, now() - a.age * interval '1 second', a.duration_ms, a.st
      WHERE cb.consumer_id = x.consumer_id AND (x.fails > 0 OR cb.failures > 0 OR cb.state <> 0)
     RETURNING cb.consumer_id, cb.state, cb.since = now() AS changed
 ), cbi AS (
-    -- the first failure of a consumer: open at once only with circuit_breaker_open_after_seconds 0
+    -- the first failures of a consumer: open at once only when they began at least
+    -- circuit_breaker_open_after_seconds ago (0: on the failures alone; timeouts: their attempts' start)
     INSERT INTO consumers_circuit (consumer_id, state, since, failures, next_probe_at, failing_since)
     SELECT x.consumer_id,
-           CASE WHEN x.fails >= k.circuit_breaker_failures AND k.circuit_breaker_open_after_seconds <= 0 THEN 1 ELSE 0 END,
-           now(), x.fails, now() + k.circuit_breaker_probe_seconds * interval '1 second', now()
+           CASE WHEN x.fails >= k.circuit_breaker_failures
+                     AND k.circuit_breaker_open_after_seconds <= x.since THEN 1 ELSE 0 END,
+           now(), x.fails, now() + k.circuit_breaker_probe_seconds * interval '1 second',
+           now() - x.since * interval '1 second'
       FROM cbx x JOIN consumers_consumer k ON k.id = x.consumer_id
      WHERE x.fails > 0 AND k.circuit_breaker_failures > 0
        AND NOT EXISTS (SELECT 1 FROM consumers_circuit e WHERE e.consumer_id = x.consumer_id)
     ON CONFLICT (consumer_id) DO UPDATE SET failures = consumers_circuit.failures + EXCLUDED.failures,
-                                            failing_since = COALESCE(consumers_circuit.failing_since, now())
+                                            failing_since = COALESCE(consumers_circuit.failing_since,
+                                                                     EXCLUDED.failing_since)
     RETURNING consumer_id, state
 )
 -- partitions to settle (jobs.partitions): nothing to return for non-partitioned jobs; circuits

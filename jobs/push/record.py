@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from broker.db.run import bound_cursor, transition_errors
+from broker.db.run import array_literal, bound_cursor, transition_errors
 from broker.xid import job_xid
 from jobs.partitions.gates import GateMove, jobs_move_gate
 from jobs.partitions.settle import settle_on_commit
@@ -54,24 +54,30 @@ def jobs_push_record(*, outcomes: Sequence[PushOutcome], circuits: Sequence[Circ
     in the same statement. Returns the circuits whose state changed, as (consumer pk, new state)."""
     if not outcomes:
         return []
-    transitions_check((INFLIGHT, o.to_status) for o in outcomes)
-    params = {
-        "ids": [o.job_id for o in outcomes],
-        "to_s": [o.to_status for o in outcomes],
-        "delay": [o.delay for o in outcomes],
-        "max_retry": [o.max_retry for o in outcomes],
-        "attempts": [o.attempt for o in outcomes],
-        "ages": [o.age for o in outcomes],
-        "durations": [o.duration_ms for o in outcomes],
-        "codes": [o.status_code for o in outcomes],
-        "excerpts": [o.excerpt for o in outcomes],
-        "errors": [o.error for o in outcomes],
-        "request_ids": [o.request_id for o in outcomes],
-        "outcomes": [o.outcome for o in outcomes],
-        "cb_consumers": [t.consumer_pk for t in circuits],
-        "cb_ok": [t.ok for t in circuits],
-        "cb_fails": [t.fails for t in circuits],
-    }
+    columns = {name: [] for name in _COLUMNS}
+    for o in outcomes:
+        for name, attribute in _COLUMNS.items():
+            columns[name].append(getattr(o, attribute))
+    return _record(columns, circuits)
+
+
+# the push record's per-attempt parameters and the PushOutcome fields they hold
+_COLUMNS = {"ids": "job_id", "to_s": "to_status", "delay": "delay", "max_retry": "max_retry", "attempts": "attempt",
+            "ages": "age", "durations": "duration_ms", "codes": "status_code", "excerpts": "excerpt", "errors": "error",
+            "request_ids": "request_id", "outcomes": "outcome"}
+_TEXT_COLUMNS = {"excerpts", "errors", "request_ids", "outcomes"}
+
+
+def _record(columns: dict[str, list], circuits: Sequence[CircuitTally]) -> list[tuple]:
+    """``jobs_push_record`` over its parameters as columns (one list per ``_COLUMNS`` name)."""
+    transitions_check((INFLIGHT, to_status) for to_status in set(columns["to_s"]))
+    params = {name: array_literal(values, text=name in _TEXT_COLUMNS) for name, values in columns.items()}
+    params.update({  # array literals, not lists: psycopg would dump each element in Python (broker.db.run)
+        "cb_consumers": array_literal([t.consumer_pk for t in circuits]),
+        "cb_ok": array_literal([t.ok for t in circuits]),
+        "cb_fails": array_literal([t.fails for t in circuits]),
+        "cb_since": array_literal([t.since for t in circuits]),
+    })
     with transition_errors(), bound_cursor() as cur:
         cur.execute(Q.push_record.sql, params, prepare=True)
         rows = cur.fetchall()
@@ -94,41 +100,55 @@ def outcomes_record(items: list[tuple], *, now: float | None = None) -> list[flo
     if not items:
         return []
     now = time.monotonic() if now is None else now
-    outcomes = []
-    gate_moves = []
+    columns = {name: [] for name in _COLUMNS}
+    (ids, to_s, delays, max_retries, attempts, ages, durations, codes, excerpts, errors, request_ids,
+     outcomes) = columns.values()
+    gate_moves, attempted, retry_delays = [], [], []
     for job, target, result in items:
         outcome = result.outcome
         answer = result.answer
+        failed = attempt_failed(outcome=outcome, status_code=result.status_code)  # (the answer's own outcome)
         if answer is not None and answer.move:
             outcome = "gate"  # recorded below as an attempt; the job moves to the gate first
             gate_moves.append(GateMove(job_id=job.id, gate=answer.gate, payload=answer.payload))
         elif answer is not None:  # the handler reported an error (or a bad answer): a failed attempt
             outcome = "dead" if answer.no_retry else "failed"
             result.error = answer.error
-        record = PushOutcome(
-            job_id=job.id, to_status=DELIVERED, attempt=job.retry_count + 1,
-            age=max(0.0, now - (result.finished - result.duration)), duration_ms=round(result.duration * 1000.0, 3),
-            status_code=result.status_code, excerpt=_clean(result.excerpt), error=_clean(result.error),
-            request_id=result.request_id, outcome=outcome,
-        )
-        if outcome in ("gone", "dead"):
-            record.to_status = DEAD
+        age = max(0.0, now - (result.finished - result.duration))
+        ids.append(job.id)
+        attempts.append(job.retry_count + 1)
+        ages.append(age)
+        durations.append(round(result.duration * 1000.0, 3))
+        codes.append(result.status_code)
+        excerpts.append(_clean(result.excerpt) if result.excerpt else "")
+        errors.append(_clean(result.error) if result.error else "")
+        request_ids.append(result.request_id)
+        outcomes.append(outcome)
+        attempted.append((job.consumer_pk, failed, job.circuit_dirty, age))
+        if outcome == "delivered":
+            to_s.append(DELIVERED)
+            delays.append(None)
+            max_retries.append(None)
+        elif outcome in ("gone", "dead"):
+            to_s.append(DEAD)
+            delays.append(None)
+            max_retries.append(None)
         elif outcome == "gate":
-            record.to_status, record.delay = QUEUED, 0.0  # no-op: jobs_move_gate moved it
-        elif outcome != "delivered":
+            to_s.append(QUEUED)  # no-op: jobs_move_gate moved it
+            delays.append(0.0)
+            max_retries.append(None)
+        else:
             delay = backoff_delay(job.retry_count + 1, target.backoff)
             if result.retry_after is not None:
                 delay = max(delay, result.retry_after)
-            record.to_status, record.delay = QUEUED, delay
-            record.max_retry = max_retry_for(target.max_retry)
-        outcomes.append(record)
+            to_s.append(QUEUED)
+            delays.append(delay)
+            max_retries.append(max_retry_for(target.max_retry))
+            retry_delays.append(delay)
     jobs_move_gate(moves=gate_moves)  # before the record, which then leaves them alone
-    tallies = circuit_tallies(
-        (job.consumer_pk, attempt_failed(outcome=result.outcome, status_code=result.status_code),
-         job.circuit_dirty) for job, _target, result in items)
-    circuit_changes_advise(changes=jobs_push_record(outcomes=outcomes, circuits=tallies))
+    circuit_changes_advise(changes=_record(columns, circuit_tallies(attempted)))
     attempts_log(items)
-    return [o.delay for o in outcomes if o.delay is not None and o.outcome != "gate"]
+    return retry_delays
 
 
 def attempts_log(items: list[tuple]) -> None:

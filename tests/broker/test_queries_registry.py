@@ -82,7 +82,7 @@ def test_jobs_queries_are_written_out_whole():
 def test_every_registry_is_listed_and_every_name_is_used_once():
     """A queries.sql the plan check and the plan tests do not know would have its hot statements
     unchecked; a name used twice across packages would make "where is X" two answers."""
-    found = {".".join(p.parent.relative_to(ROOT).parts) for app in ("broker", "consumers", "jobs")
+    found = {".".join(p.parent.relative_to(ROOT).parts) for app in ("broker", "eventtypes", "consumers", "jobs", "sources")
              for p in (ROOT / app).rglob("queries.sql")}
     assert found == set(REGISTRIES)
     names = [q.name for q in _all_queries()]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 
 from broker.models import Channel, Producer
 from consumers.models import Consumer
@@ -79,3 +79,21 @@ def test_secrets_only_with_the_flag(registry):
                 "paused=true", "ordered=true", "connectionTimeout=4", "maxRetry=3", "shop=12.5,40",
                 "orders=259200", "circuitBreakerOpenAfterSeconds=3", "messageTypes=order.*,invoice.paid"):
         assert key in full, key
+
+
+def test_a_partial_export_fails_unless_allowed(registry, make, tmp_path):
+    """A consumer id on two channels is written once (the seed format names consumers by id): the
+    file is still written, the command says what it left out and exits non-zero (``CommandError``:
+    exit 1 from manage.py), unless ``--allow-partial``. A complete export says nothing and passes."""
+    err = io.StringIO()
+    call_command("broker_export", stdout=io.StringIO(), stderr=err)
+    assert err.getvalue() == ""
+    make.consumer("auditor", channel="orders", token="twin-token", type="pull", callback=None)
+    path, err = tmp_path / "registry.ini", io.StringIO()
+    with pytest.raises(CommandError, match="partial export: 1 left out"):
+        call_command("broker_export", "--output", str(path), stdout=io.StringIO(), stderr=err)
+    assert "left out: consumer auditor of channel orders" in err.getvalue()
+    assert "[auditor]\ntoken=\nchannel=audit\n" in path.read_text()  # what could be written was
+    err = io.StringIO()
+    call_command("broker_export", "--allow-partial", stdout=io.StringIO(), stderr=err)
+    assert "left out: consumer auditor of channel orders" in err.getvalue()

@@ -28,6 +28,9 @@ from broker.models import Channel, Message, Producer, ScheduledMessage
 from broker.registry import Precondition, channel_upsert, producer_upsert
 from broker.xid import job_xid
 from consumers.models import Consumer
+from eventtypes.rules import mode_parse
+from eventtypes.services import event_types_list
+from eventtypes.validation import rules_changed
 from jobs.models import Job
 from jobs.ops.dashboard import SCHEDULED_SCOPE
 from jobs.publish.scheduled import scheduled_message_cancel
@@ -36,6 +39,7 @@ from jobs.state.transitions import DEAD, INFLIGHT, QUEUED
 from web.admin.helpers import (ChannelFilter, ReadOnlyAdmin, ServiceFormAdmin, ViewOnlyAdmin, admin_url,
                                changelist_url, json_block, mask, payload_preview, table, url_id_validator)
 from web.admin.jobs import job_admin_url, status_badge
+from web.admin.sources import sources_of_channel_table
 
 logger = logging.getLogger("web.admin.channels")
 
@@ -61,6 +65,9 @@ class RegistryForm(forms.ModelForm):
 
 
 class ChannelForm(RegistryForm):
+    event_types_mode = forms.ChoiceField(
+        label="Event types", required=False, choices=[("open", "open"), ("closed", "closed")],
+        help_text="open: a message whose type has no event type passes; closed: it is refused (422).")
     retention_text = forms.CharField(
         label="Retention", required=False, strip=True,
         help_text="How long a message whose jobs are all finished stays stored: 90s, 15m, 12h, 7d "
@@ -74,6 +81,7 @@ class ChannelForm(RegistryForm):
         super().__init__(*args, **kwargs)
         if self.instance.pk and self.instance.retention is not None:
             self.fields["retention_text"].initial = duration_format(self.instance.retention)
+        self.fields["event_types_mode"].initial = self.instance.event_types if self.instance.pk else "open"
 
     def clean_retention_text(self):
         try:  # the PUT's rules (broker.durations)
@@ -146,7 +154,7 @@ class ChannelAdmin(RegistryAdmin):
     form = ChannelForm
     key_field = "channel_id"
     upsert = staticmethod(channel_upsert)
-    extra_fields = ("footprint", "consumers_table")
+    extra_fields = ("footprint", "consumers_table", "event_types_table", "sources_table")
     list_display = ("channel_id", "name", "token_col", "consumers_col", "messages_col", "scheduled_col", "created_at")
     search_fields = ("channel_id", "name")
     ordering = ("channel_id",)
@@ -154,10 +162,23 @@ class ChannelAdmin(RegistryAdmin):
     def get_fields(self, request, obj=None):
         fields = list(super().get_fields(request, obj))
         fields.insert(fields.index("new_token") + 1, "retention_text")
+        fields.insert(fields.index("retention_text") + 1, "event_types_mode")
         return tuple(fields)
 
     def upsert_extra(self, data) -> dict:
-        return {"settings": {"retention": data.get("retention_text")}}
+        mode = mode_parse(data.get("event_types_mode"))
+        return {"settings": {"retention": data.get("retention_text"), **({"event_types": mode} if mode else {})}}
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        rules_changed()  # the channel's eventTypes: this process's publishes see it at once
+
+    @admin.display(description="event types")
+    def event_types_table(self, obj):
+        """The channel's event types (issue 37), each linked to its page."""
+        rows = [[format_html('<a href="{}">{}</a>', admin_url(t), t.name), t.version, "yes" if t.deprecated else "",
+                 Truncator(t.description).chars(80)] for t in event_types_list(channel_pks=[obj.pk])]
+        return table(["event type", "version", "deprecated", "description"], rows, empty="No event types.")
 
     @admin.display(description="footprint")
     def footprint(self, obj):
@@ -207,6 +228,10 @@ class ChannelAdmin(RegistryAdmin):
                             f"{n.get(DEAD, 0):,}"),
             ])
         return table(["consumer", "type", "queued", "in flight", "dead"], rows, empty="No consumers.")
+
+    @admin.display(description="inbound sources")
+    def sources_table(self, obj):
+        return sources_of_channel_table(obj)
 
 
 @admin.register(Producer)

@@ -6,12 +6,14 @@ Views translate HTTP to service calls and back; they hold no business logic.
 
 from __future__ import annotations
 
+from django.conf import settings
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework.response import Response
 
 from broker.errors import InvalidInput, NotFound, TooLarge
 from broker.models import Channel
+from broker.numbers import whole, whole_text
 from broker.tokens import token_require
 from web.api.errors import ERROR_RESPONSE
 from web.api.pagination import CURSOR_MAX_LENGTH, CURSOR_PATTERN
@@ -60,7 +62,7 @@ def form_value(request, name: str) -> str | None:
         return None
     if isinstance(value, (dict, list)):
         raise InvalidInput("invalid_field", f"{name} must be a string")
-    return str(value)
+    return str(whole(value))  # a JSON 2.0 reads as "2": an integer (JSON Schema 2020-12, OpenAPI 3.1)
 
 
 def form_number(request, name: str, cast, in_range, *, range_text: str = "is out of range"):
@@ -70,7 +72,7 @@ def form_number(request, name: str, cast, in_range, *, range_text: str = "is out
     if raw is None or raw.strip() == "":
         return None
     try:
-        value = cast(raw)
+        value = cast(whole_text(raw) if cast is int else raw)  # "5.0": the integer 5 (JSON Schema 2020-12)
     except ValueError:
         raise InvalidInput(f"invalid_{name}", f"{name} must be {'an integer' if cast is int else 'a number'}") from None
     if not in_range(value):
@@ -116,6 +118,14 @@ def channel_rows_by_status(request, channel_id: str, model):
     if statuses:
         qs = qs.filter(status__in=statuses)
     return qs
+
+
+def public_url(request, path: str) -> str:
+    """``path`` on the broker's public address (BROKER_PUBLIC_URL, or its earlier name
+    BROKER_PORTAL_URL: the portal's links and the inbound sources' addresses), else on the scheme
+    and host this request came to."""
+    base = settings.BROKER_PUBLIC_URL or settings.BROKER_PORTAL_URL
+    return f"{base}{path}" if base else request.build_absolute_uri(path)
 
 
 def with_last_modified(body: dict, obj, status: int = 200) -> Response:

@@ -274,7 +274,7 @@ class ConsumerResumeView(ConsumerPauseView):
 REPLAY_REQUEST = {  # what replay_request_parse reads (the schema marks since required: 400 invalid_since without it)
     "type": "object", "required": ["since"],
     "properties": {"since": {"type": "string", "format": "date-time"},
-                   "until": {"type": "string", "format": "date-time", "nullable": True,
+                   "until": {"type": ["string", "null"], "format": "date-time",
                              "description": "default now; not before since"},
                    "onlyFailed": {"type": "boolean", "default": False}},
 }

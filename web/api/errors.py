@@ -24,11 +24,13 @@ class ErrorSerializer(serializers.Serializer):
 
     error = serializers.CharField(help_text="machine-readable code, e.g. channel_not_found")
     detail = serializers.CharField(help_text="human-readable explanation")
+    path = serializers.CharField(required=False, help_text="schema_validation_failed: JSON pointer of the fault in "
+                                                           "the payload (empty: the payload itself)")
 
 
 ERROR_RESPONSE = OpenApiResponse(ErrorSerializer, description='{"error": code, "detail": text}')
 _ERROR_SCHEMA = {"type": "object", "required": ["error", "detail"],
-                 "properties": {"error": {"type": "string"}, "detail": {"type": "string"}}}
+                 "properties": {"error": {"type": "string"}, "detail": {"type": "string"}, "path": {"type": "string"}}}
 # Paths the HMAC signature check never applies to (its default BROKER_HMAC_EXEMPT_PATHS).
 _UNSIGNED_PATHS = ("/_status", "/metrics", "/api/")
 
@@ -64,6 +66,7 @@ STATUS = {
     errors.Conflict: 409,
     errors.PreconditionFailed: 412,
     errors.TooLarge: 413,
+    errors.Unprocessable: 422,
     errors.UnsupportedMediaType: 415,
     errors.Locked: 423,
     errors.RateLimited: 429,
@@ -83,7 +86,11 @@ def domain_error_response(exc: errors.DomainError) -> Response:
     retry_after = getattr(exc, "retry_after", None)
     if retry_after is not None:
         headers["Retry-After"] = str(retry_after)
-    return error_response(status_for(exc), exc.code, exc.detail, headers)
+    response = error_response(status_for(exc), exc.code, exc.detail, headers)
+    path = getattr(exc, "path", None)
+    if path is not None:  # where in the input (a JSON pointer): schema_validation_failed
+        response.data["path"] = path
+    return response
 
 
 def error_response(status_code: int, code: str, detail: str, headers: dict | None = None) -> Response:

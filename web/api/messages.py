@@ -12,12 +12,13 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from broker.counters import JOB, MESSAGE, counts_for
-from broker.errors import NotFound
+from broker.errors import NotFound, Unprocessable
 from broker.message_types import message_type_parse, ttl_parse
 from broker.models import Message, ScheduledMessage
 from broker.tracing import trace_context_parse
 from broker.xid import job_xid
 from consumers.models import Consumer
+from eventtypes.validation import message_validate
 from jobs.models import Job, JobStatus
 from jobs.publish import scheduled as scheduling
 from jobs.publish.messages import messages_publish, partition_headers
@@ -48,7 +49,9 @@ class MessagesView(APIView):
         description='JSON list of {"MessageID"?, "Priority"?, "ContentType"?, "PartitionKey"?, "Gate"?, "Type"?, '
                     '"TTL"?, "traceparent"?, "tracestate"?, "Payload"}. X-Broker-Message-Type / X-Broker-Message-TTL '
                     "and the traceparent / tracestate headers apply to items without their own. Answers per "
-                    "message: created or duplicate. 201 when at least one was created.",
+                    "message: created, duplicate, or invalid (its type's event type refuses it: error "
+                    "schema_validation_failed or unknown_event_type, detail, path; the others are published). "
+                    "201 when at least one was created.",
         parameters=[*PUBLISH_PARAMS, *PARTITION_PARAMS, *FILTER_EXPIRY_PARAMS, *TRACE_PARAMS],
         request=batch_request(settings.BROKER_MAX_BATCH_MESSAGES),
         responses={200: OBJ, 201: OBJ, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 409: ERROR, 413: ERROR,
@@ -68,18 +71,35 @@ class MessagesView(APIView):
             m.type = m.type if m.type is not None else message_type
             m.ttl = m.ttl if m.ttl is not None else ttl
             m.trace = m.trace or trace  # trace context: the request's for items without their own
-        results = messages_publish(ctx=ctx, messages=messages)
-        created = sum(1 for _, ok in results if ok)
-        body = {
-            "Created": created,
-            "Duplicates": len(results) - created,
-            "Result": [
-                {"MessageID": mid, "Status": "created" if ok else "duplicate",
-                 "Location": message_url(channel_id, quote(mid, safe="-_.~"))}
-                for mid, ok in results
-            ],
-        }
+        refusals = batch_validate(channel_id, messages)  # event types (issue 37): those items alone fail
+        valid = [m for i, m in enumerate(messages) if i not in refusals]
+        published = iter(messages_publish(ctx=ctx, messages=valid) if valid else [])
+        result = []
+        for i, m in enumerate(messages):
+            if i in refusals:
+                refusal = refusals[i]
+                result.append({"MessageID": m.message_id, "Status": "invalid", "error": refusal.code,
+                               "detail": refusal.detail, "path": refusal.path})
+                continue
+            mid, ok = next(published)
+            result.append({"MessageID": mid, "Status": "created" if ok else "duplicate",
+                           "Location": message_url(channel_id, quote(mid, safe="-_.~"))})
+        created = sum(1 for r in result if r["Status"] == "created")
+        body = {"Created": created, "Duplicates": sum(1 for r in result if r["Status"] == "duplicate"),
+                "Invalid": len(refusals), "Result": result}
         return Response(body, status=201 if created else 200)
+
+
+def batch_validate(channel_id: str, messages: list) -> dict[int, Unprocessable]:
+    """Each message of a batch held to the channel's event types (``message_validate``): the refusal
+    of each one that fails, by its index."""
+    refusals = {}
+    for i, m in enumerate(messages):
+        try:
+            message_validate(channel_id=channel_id, message_type=m.type, payload=m.payload, content_type=m.content_type)
+        except Unprocessable as exc:
+            refusals[i] = exc
+    return refusals
 
 
 class MessageView(APIView):

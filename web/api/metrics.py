@@ -18,6 +18,7 @@ from jobs.models import JobStatus
 from jobs.ops.plans import plan_regressions_count
 from jobs.push.circuit import circuits_open
 from jobs.sweeps import retention
+from web.api.sources import SourceCollector
 
 
 class DatabaseCollector:
@@ -125,4 +126,5 @@ class MetricsView(APIView):
     def get(self, request):
         registry = CollectorRegistry()
         registry.register(DatabaseCollector())
+        registry.register(SourceCollector())  # inbound sources: broker_source_requests_total
         return HttpResponse(generate_latest(registry), content_type="text/plain; version=0.0.4; charset=utf-8")

@@ -19,7 +19,9 @@ from rest_framework.views import APIView
 
 from broker.errors import DomainError, InvalidInput, TooLarge
 from broker.message_types import message_type_parse, ttl_parse
+from broker.numbers import whole
 from broker.tracing import trace_context_parse
+from eventtypes.validation import message_validate
 from jobs.publish.auth import PublishContext, publish_authenticate
 from jobs.publish.grouped import message_publish_grouped
 from jobs.publish.messages import NewMessage, partition_headers, partition_parse
@@ -131,6 +133,7 @@ def broadcast_post(request, channel_id: str) -> HttpResponse:
                    "producer_token": meta.get("HTTP_X_BROKER_PRODUCER_TOKEN")}
     try:  # a large body is read only once the credentials passed (read_body)
         message, scheduled_for = broadcast_message(request, credentials_check=lambda: publish_authenticate(**credentials))
+        broadcast_event_check(channel_id, message)
     except DomainError:
         publish_authenticate(**credentials)  # refusals of the credentials come first
         raise
@@ -144,6 +147,13 @@ def broadcast_post(request, channel_id: str) -> HttpResponse:
         mid = message_publish_grouped(**credentials, message=message)
         response["Location"] = message_url(channel_id, quote(mid, safe="-_.~"))
     return response
+
+
+def broadcast_event_check(channel_id: str, message: NewMessage) -> None:
+    """Event types (issue 37): 422 when the message breaks its channel's event types, before any
+    transaction; a scheduled message is checked now, when it is created (not again when due)."""
+    message_validate(channel_id=channel_id, message_type=message.type, payload=message.payload,
+                     content_type=message.content_type)
 
 
 def broadcast_message(request, *, credentials_check=None) -> tuple[NewMessage, str]:
@@ -178,7 +188,10 @@ class BroadcastView(APIView):
 
     @extend_schema(
         summary="Publish a message",
-        description="The body is stored as-is with its Content-Type. 201 with Location of the message.",
+        description="The body is stored as-is with its Content-Type. 201 with Location of the message. When the "
+                    "channel has an event type for X-Broker-Message-Type with a schema, the payload must be JSON "
+                    "that validates (422 schema_validation_failed with detail and path, a JSON pointer); on a "
+                    "closed channel a type without an event type is 422 unknown_event_type.",
         parameters=[
             *PUBLISH_PARAMS,
             OpenApiParameter("X-Broker-Message-ID", MESSAGE_ID, OpenApiParameter.HEADER),
@@ -194,7 +207,7 @@ class BroadcastView(APIView):
         ],
         request=publish_request(PAYLOAD),
         responses={201: OpenApiResponse(description="Created; Location header"), 400: ERROR, 401: ERROR,
-                   403: ERROR, 404: ERROR, 409: ERROR, 412: ERROR, 413: ERROR, 429: ERROR},
+                   403: ERROR, 404: ERROR, 409: ERROR, 412: ERROR, 413: ERROR, 422: ERROR, 429: ERROR},
     )
     def post(self, request, channel_id: str):
         return broadcast_post(request, channel_id)
@@ -228,13 +241,13 @@ def batch_parse(raw: bytes) -> list[NewMessage]:
             raise TooLarge("payload_too_large", f"message {i} is larger than {settings.BROKER_MAX_PAYLOAD_BYTES} bytes")
         if content_type is not None and not isinstance(content_type, str):
             raise InvalidInput("invalid_batch", f"message {i}: ContentType must be a string")
-        priority = item.get("Priority", 0)
+        priority = whole(item.get("Priority", 0))  # 2.0 is an integer (JSON Schema 2020-12, OpenAPI 3.1)
         if isinstance(priority, bool) or not isinstance(priority, int) or not -(2**31) <= priority < 2**31:
             raise InvalidInput("invalid_priority", f"message {i}: Priority must be an integer")
         mid = item.get("MessageID")
         if mid is not None and not isinstance(mid, str):
             raise InvalidInput("invalid_message_id", f"message {i}: MessageID must be a string")
-        key, gate = item.get("PartitionKey"), item.get("Gate")  # partitions, per message
+        key, gate = item.get("PartitionKey"), whole(item.get("Gate"))  # partitions, per message
         if key is not None or gate is not None:
             key, gate = partition_parse(
                 key if isinstance(key, str) or key is None else "",

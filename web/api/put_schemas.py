@@ -19,7 +19,7 @@ TEXT = {"type": "string", "maxLength": 255, "pattern": NO_NUL}
 TOKEN = {**TEXT, "description": "secret the channel/producer/consumer presents (1-255 characters, no NUL); "
                                 "absent or empty on create: one is generated; absent on update: unchanged"}
 NAME = {**TEXT, "description": "display name (default: the id; empty: unchanged)"}
-SECONDS = {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1e9, "exclusiveMaximum": True}
+SECONDS = {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1e9}  # OpenAPI 3.1: numeric bounds
 COUNT = {"type": "integer", "minimum": 1, "maximum": INT32_MAX}
 COUNT_OR_ZERO = {"type": "integer", "minimum": 0, "maximum": INT32_MAX}
 TTL = {"type": "integer", "minimum": 1, "maximum": 31_536_000}
@@ -38,6 +38,9 @@ CHANNEL_PUT = {
                       "anyOf": [{"type": "integer", "minimum": RETENTION_MIN, "maximum": RETENTION_MAX},
                                 {"type": "string", "pattern": "^[1-9][0-9]{0,2}[smhdSMHD]$"},
                                 {"type": "string", "enum": ["none", ""]}]},
+        "eventTypes": {"type": "string", "enum": ["open", "closed", ""],
+                       "description": "open: a message whose type has no event type passes; closed: refused "
+                                      "(422 unknown_event_type); empty: unchanged"},
     },
 }
 
@@ -46,7 +49,7 @@ PRODUCER_PUT = {
     "properties": {
         "token": TOKEN,
         "name": NAME,
-        "rateLimitPerSecond": {"type": "number", "minimum": 0, "maximum": 1e9, "exclusiveMaximum": True,
+        "rateLimitPerSecond": {"type": "number", "minimum": 0, "exclusiveMaximum": 1e9,
                                "description": "messages per second (token bucket); 0 clears the limit"},
         "burst": {**COUNT, "description": "bucket size (default max(1, rateLimitPerSecond))"},
     },
@@ -55,7 +58,7 @@ PRODUCER_PUT = {
 # A content filter (consumers.filters): two levels are described here ($or / $and of body/headers
 # filters); the API accepts nesting up to 8 levels, at most 100 conditions and 16 KiB.
 _SCALAR = {"anyOf": [{"type": "string", "maxLength": 256, "pattern": NO_NUL}, {"type": "number"},
-                     {"type": "boolean"}], "nullable": True}
+                     {"type": "boolean"}, {"type": "null"}]}
 _HEADER_TEXT = {"type": "string", "maxLength": 256, "pattern": NO_NUL}
 
 
@@ -70,7 +73,7 @@ def _operators(value: dict, order: dict) -> dict:
 
 
 _ORDERED = {"anyOf": [{"type": "number"}, {"type": "string", "maxLength": 256, "pattern": NO_NUL}]}
-# Key rules (OpenAPI 3.0 has no propertyNames; JSON Schema tools such as schemathesis read it)
+# Key rules (propertyNames: JSON Schema 2020-12, which OpenAPI 3.1 schemas are)
 _BODY_PATH = {"pattern": r"^[^$.\u0000][^.\u0000]*(\.[^.\u0000]+)*$", "minLength": 1, "maxLength": 255}
 _HEADER_NAME = {"pattern": r"^[!-#%-9;-~][!-9;-~]*$", "minLength": 1, "maxLength": 255}
 FILTER_BODY = {"type": "object", "minProperties": 1, "maxProperties": 5, "propertyNames": _BODY_PATH,
@@ -120,7 +123,7 @@ CONSUMER_PUT = {
                                     {"type": "string", "maxLength": 0}]},
         "circuitBreakerFailures": {**COUNT_OR_ZERO, "description": "consecutive failed attempts before the circuit "
                                                                    "may open; default 10, 0 = off"},
-        "circuitBreakerOpenAfterSeconds": {"type": "number", "minimum": 0, "maximum": 1e9, "exclusiveMaximum": True,
+        "circuitBreakerOpenAfterSeconds": {"type": "number", "minimum": 0, "exclusiveMaximum": 1e9,
                                            "description": "and no successful attempt for this long (default 10; "
                                                           "0: on the failures alone)"},
         "circuitBreakerProbeSeconds": {**SECONDS, "description": "seconds between probes while open (default 30)"},
@@ -129,7 +132,7 @@ CONSUMER_PUT = {
                            "description": "pull consumers only; fixed once set"},
         "priorityGroups": {"type": "string", "pattern": r"^[a-zA-Z0-9/_=-]{1,16}$",
                            "description": "one group name (pull consumers with a priorityPolicy)"},
-        "priorityTimeout": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 31_536_000},
+        "priorityTimeout": {"type": "number", "exclusiveMinimum": 0, "maximum": 31_536_000},
         "messageTypes": {"type": "string", "pattern": rf"^({MESSAGE_TYPE}(,{MESSAGE_TYPE})*)?$",
                          "description": "comma-separated type patterns: a type, prefix.*, or *; empty: all"},
         "filter": {"description": "content filter: the object (JSON body) or its JSON text (form field); "

@@ -11,6 +11,8 @@ from broker.errors import NotFound
 from broker.message_types import ttl_parse
 from broker.models import Channel, Producer
 from broker.registry import Precondition, channel_upsert, producer_upsert
+from eventtypes.rules import mode_parse
+from eventtypes.validation import rules_changed
 from jobs.sweeps.retention import channel_footprint
 from web.api.common import (ADMIN_PARAM, ERROR, LIST, OBJ, PAGE_PARAMS, PRECONDITION, channel_or_404, form_number,
                             form_value, with_last_modified)
@@ -106,19 +108,27 @@ class ChannelView(APIView):
         description="Form fields (or JSON): token, name, messageTTL (seconds 1..31536000: default TTL of its "
                     "messages; 'none' clears it), retention (how long a message whose jobs are all finished "
                     "stays stored: a duration such as 90s, 15m, 12h, 7d or seconds, 1s..3650d; empty or 'none': "
-                    "BROKER_RETENTION). Update needs If-Unmodified-Since.",
+                    "BROKER_RETENTION), eventTypes (open: a message type without an event type passes, "
+                    "closed: 422 unknown_event_type). Update needs If-Unmodified-Since.",
         request=put_request(CHANNEL_PUT), **PUT_SCHEMA,
     )
     def put(self, request, channel_id: str):
         require_registry(request)  # the credentials before the body is read
-        return registry_put(request, channel_upsert, channel_repr, channel_id=channel_id,
-                            settings=channel_settings_parse(request))
+        settings = channel_settings_parse(request)
+        response = registry_put(request, channel_upsert, channel_repr, channel_id=channel_id, settings=settings)
+        if "event_types" in settings:
+            rules_changed()  # this process's next publish sees the channel's eventTypes at once
+        return response
 
 
 def channel_settings_parse(request) -> dict:
-    """Fields of the channel PUT: messageTTL (expiry: seconds; 'none' clears it; absent: unchanged) and
-    retention (a duration; empty or 'none' clears it: BROKER_RETENTION applies; absent: unchanged)."""
+    """Fields of the channel PUT: messageTTL (expiry: seconds; 'none' clears it; absent: unchanged),
+    retention (a duration; empty or 'none' clears it: BROKER_RETENTION applies; absent: unchanged) and
+    eventTypes (open or closed; absent or empty: unchanged)."""
     fields: dict = {}
+    mode = mode_parse(form_value(request, "eventTypes"))  # issue 37: open or closed
+    if mode is not None:
+        fields["event_types"] = mode
     retention = form_value(request, "retention")
     if retention is not None:
         fields["retention"] = retention_parse(retention)

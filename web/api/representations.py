@@ -41,6 +41,10 @@ def channel_repr(c) -> dict:
         "MessageTTL": c.message_ttl,  # expiry: default TTL (seconds) of its messages; null: none
         # how long a finished message stays stored ("7d"); null: BROKER_RETENTION (Footprint.Retention)
         "Retention": None if c.retention is None else duration_format(c.retention),
+        # event types (issue 37): open (a type without an event type passes) or closed (422)
+        "EventTypes": c.event_types,
+        "EventTypesURL": f"{base}/event-types",
+        "AsyncAPIURL": f"{base}/asyncapi.json",
     }
 
 

@@ -3,14 +3,13 @@ consumer's portal for the team behind it, or ends every link and session of that
 
 from __future__ import annotations
 
-from django.conf import settings
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from broker.times import rfc3339
-from web.api.common import ADMIN_PARAM, ERROR, form_value
+from web.api.common import ADMIN_PARAM, ERROR, form_value, public_url
 from web.api.consumers import consumer_for_admin
 from web.api.put_schemas import put_request
 from web.portal.links import portal_link_create, portal_links_revoke
@@ -42,9 +41,10 @@ class PortalLinkSerializer(serializers.Serializer):
 
 
 def link_url(request, token: str) -> str:
-    """The link: on BROKER_PORTAL_URL when set, else on the scheme and host this request came to."""
+    """The link: on the broker's public address (BROKER_PUBLIC_URL, or its earlier name
+    BROKER_PORTAL_URL) when set, else on the scheme and host this request came to."""
     path = f"/portal/open/{token}"
-    return f"{settings.BROKER_PORTAL_URL}{path}" if settings.BROKER_PORTAL_URL else request.build_absolute_uri(path)
+    return public_url(request, path)
 
 
 def made_by(request) -> str:

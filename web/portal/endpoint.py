@@ -2,7 +2,8 @@
 rate a team may change (``Save endpoint``: ``consumers.services.consumer_upsert`` under the page's
 load time as If-Unmodified-Since, as the admin), ``Rotate secret`` (the previous secret keeps
 signing for ``BROKER_SECRET_ROTATION_GRACE``; the new one is shown once, on the answer to the
-rotation) and ``Send test event`` (a signed callback whose answer is shown on the page)."""
+rotation) and ``Send test event`` (a signed callback whose answer is shown on the page: its status
+and timing, and its body when a public address answered)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,14 @@ from django.contrib import messages
 from django.utils import timezone
 from django.utils.http import http_date
 
-from broker.errors import DomainError, PreconditionFailed
+from broker.errors import DomainError, PreconditionFailed, RateLimited
 from broker.registry import Precondition
 from consumers.filters import filter_text
 from consumers.services import consumer_rotate_secret, consumer_upsert
 from jobs.callbacks.probe import consumer_test_event_send
 from web.portal.access import page_redirect, page_render, portal_page
 from web.portal.forms import EndpointForm
-from web.portal.links import PortalAccess, portal_change_record
+from web.portal.links import PortalAccess, portal_change_record, portal_test_event_rate_take
 
 # a refusal's code -> the field it is about (others are shown above the form)
 ERROR_FIELDS = {"invalid_callback_url": "callback_url", "callback_url_not_allowed": "callback_url",
@@ -76,9 +77,20 @@ def rotate_secret_view(request, access: PortalAccess):
 
 @portal_page(methods=("POST",))
 def test_event_view(request, access: PortalAccess):
+    """``Send test event``: rate-limited per consumer (each holds a web thread up to the probe's
+    timeout); the answer's body is shown only when a public address answered (``ProbeAnswer.public``),
+    else only its status and timing."""
     consumer = access.consumer
     if consumer.is_pull:
         return None
+    try:
+        portal_test_event_rate_take(consumer=consumer)
+    except RateLimited as exc:
+        messages.warning(request, f"Too many test events for this consumer: try again in {exc.retry_after} s.")
+        response = _page(request, access)
+        response.status_code = 429
+        response["Retry-After"] = str(exc.retry_after)
+        return response
     answer = consumer_test_event_send(consumer=consumer)
     portal_change_record(access=access, action="test_event", status_code=answer.status_code,
                          duration_ms=round(answer.duration_ms, 1), error=answer.error)

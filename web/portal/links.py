@@ -21,15 +21,16 @@ from broker.errors import RateLimited
 from consumers.models import Advisory, Consumer
 from jobs.advisories.record import advisory_record
 from web.portal.models import PortalLink, PortalOpenCount, PortalSession, Scope
-from web.portal.rules import access_state, link_label, rate_minute, rate_retry_after, token_hash, token_new
+from web.portal.rules import (TEST_EVENTS_PER_MINUTE, access_state, link_label, rate_minute, rate_retry_after, seen_every,
+                              session_idle, token_hash, token_new)
 
 KEEP_ENDED = timedelta(days=30)  # ended links (and their sessions) stay this long, for the admin
 TOKEN_MAX = 128  # characters of a token or cookie worth hashing; longer ones name nothing
 
 
 class PortalDenied(Exception):
-    """No portal for this request: ``reason`` is ``invalid`` (no such link or session), ``expired``
-    or ``revoked``."""
+    """No portal for this request: ``reason`` is ``invalid`` (no such link or session), ``expired``,
+    ``revoked`` or ``idle`` (a session left without a request for ``BROKER_PORTAL_IDLE``)."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -92,25 +93,36 @@ def portal_sessions_revoke(*, session_ids) -> int:
     return PortalSession.objects.filter(pk__in=list(session_ids), revoked_at__isnull=True).update(revoked_at=Now())
 
 
-def portal_open_rate_take(*, address: str, now: float | None = None) -> None:
-    """Count one link opening from ``address`` in the current minute; RateLimited (429) past
-    ``BROKER_PORTAL_OPENS_PER_MINUTE``. In the database so every web process shares the count;
-    one conditional increment (or insert) per opening, older minutes deleted as a new one starts.
-    Hand-written: the limiting libraries keep counts in Django's cache, which is per process here."""
+def portal_rate_take(*, key: str, limit: int, what: str, now: float | None = None) -> None:
+    """Count one use of ``key`` in the current minute; RateLimited (429) past ``limit``. In the
+    database so every web process shares the count; one conditional increment (or insert) per use,
+    older minutes deleted as a new one starts. Hand-written: the limiting libraries keep counts in
+    Django's cache, which is per process here."""
     now = time.time() if now is None else now
     minute = rate_minute(now)
-    limit = int(settings.BROKER_PORTAL_OPENS_PER_MINUTE)
-    counts = PortalOpenCount.objects.filter(address=address[:64], minute=minute)
+    counts = PortalOpenCount.objects.filter(address=key[:64], minute=minute)
     if not counts.update(count=F("count") + 1):
         try:
             with transaction.atomic():
                 PortalOpenCount.objects.filter(minute__lt=minute - 1).delete()
-                PortalOpenCount.objects.create(address=address[:64], minute=minute, count=1)
+                PortalOpenCount.objects.create(address=key[:64], minute=minute, count=1)
         except IntegrityError:  # another process created this minute's row first
             counts.update(count=F("count") + 1)
     if counts.values_list("count", flat=True).first() > limit:
-        raise RateLimited("rate_limited", "too many portal links opened from this address; try again shortly",
-                          retry_after=rate_retry_after(now))
+        raise RateLimited("rate_limited", f"too many {what}; try again shortly", retry_after=rate_retry_after(now))
+
+
+def portal_open_rate_take(*, address: str, now: float | None = None) -> None:
+    """Count one link opening from ``address``: at most ``BROKER_PORTAL_OPENS_PER_MINUTE`` a minute."""
+    portal_rate_take(key=address, limit=int(settings.BROKER_PORTAL_OPENS_PER_MINUTE),
+                     what="portal links opened from this address", now=now)
+
+
+def portal_test_event_rate_take(*, consumer: Consumer) -> None:
+    """Count one test event of ``consumer``: at most ``TEST_EVENTS_PER_MINUTE`` a minute, whoever
+    sends them (each holds a web thread up to the probe's timeout)."""
+    portal_rate_take(key=f"test-event:{consumer.pk}", limit=TEST_EVENTS_PER_MINUTE,
+                     what="test events for this consumer")
 
 
 def _state(row, *, link: PortalLink) -> str:
@@ -120,13 +132,11 @@ def _state(row, *, link: PortalLink) -> str:
     return access_state(expires_at=link.expires_at, revoked_at=revoked, now=row.now)
 
 
-def portal_link_open(*, token: str, address: str) -> tuple[str, PortalLink]:
-    """Open a link (rate-limited per client address): a new session scoped to the link's consumer.
-    Returns the session's cookie value and the link (consumer and channel selected); PortalDenied
-    when the link does not exist (or its consumer is gone), has expired or was revoked."""
-    portal_open_rate_take(address=address)
+def portal_link_find(*, token: str | None) -> PortalLink:
+    """The open link ``token`` names (consumer and channel selected); PortalDenied when there is
+    none (or its consumer is gone), it has expired or was revoked. Opens nothing."""
     link = None
-    if len(token) <= TOKEN_MAX:
+    if token and len(token) <= TOKEN_MAX:
         link = (PortalLink.objects.select_related("consumer__channel").annotate(now=Now())
                 .filter(token_hash=token_hash(token)).first())
     if link is None:
@@ -134,14 +144,33 @@ def portal_link_open(*, token: str, address: str) -> tuple[str, PortalLink]:
     state = _state(link, link=link)
     if state != "active":
         raise PortalDenied(state)
+    return link
+
+
+def portal_link_check(*, token: str, address: str) -> PortalLink:
+    """A link followed (a GET: a person, or a mail scanner or a chat's link preview): rate-limited
+    per client address like an opening, and checked; no session is made (``portal_link_open`` makes
+    one, on the person's button)."""
+    portal_open_rate_take(address=address)
+    return portal_link_find(token=token)
+
+
+def portal_link_open(*, token: str, address: str) -> tuple[str, PortalLink]:
+    """Open a link (rate-limited per client address): a new session scoped to the link's consumer.
+    Returns the session's cookie value and the link (consumer and channel selected); PortalDenied
+    when the link does not exist (or its consumer is gone), has expired or was revoked."""
+    portal_open_rate_take(address=address)
+    link = portal_link_find(token=token)
     key = token_new()
     PortalSession.objects.create(link=link, key_hash=token_hash(key), created_at=Now(), last_seen_at=Now())
     return key, link
 
 
 def portal_session_find(*, key: str | None) -> PortalAccess:
-    """The portal session a cookie value names, still open; PortalDenied otherwise. Marks it seen
-    (at most once a minute: one conditional UPDATE)."""
+    """The portal session a cookie value names, still open; PortalDenied otherwise (``idle`` when
+    no request came for ``BROKER_PORTAL_IDLE``). Marks it seen (at most once a minute, or twice
+    per idle time when that is shorter: one conditional UPDATE), so an idle end comes that late at
+    most."""
     if not key or len(key) > TOKEN_MAX:
         raise PortalDenied("invalid")
     row = (PortalSession.objects.select_related("link__consumer__channel")
@@ -152,8 +181,16 @@ def portal_session_find(*, key: str | None) -> PortalAccess:
     state = _state(row, link=row.link)
     if state != "active":
         raise PortalDenied(state)
-    PortalSession.objects.filter(pk=row.pk, last_seen_at__lt=Now() - timedelta(minutes=1)).update(last_seen_at=Now())
+    idle = settings.BROKER_PORTAL_IDLE
+    if session_idle(last_seen_at=row.last_seen_at, now=row.now, idle=idle):
+        raise PortalDenied("idle")
+    PortalSession.objects.filter(pk=row.pk, last_seen_at__lt=Now() - seen_every(idle)).update(last_seen_at=Now())
     return PortalAccess(session=row, link=row.link, consumer=row.link.consumer)
+
+
+def portal_session_end(*, access: PortalAccess) -> None:
+    """Sign out: the session ends now (its link stays open: opening it again starts another)."""
+    PortalSession.objects.filter(pk=access.session.pk, revoked_at__isnull=True).update(revoked_at=Now())
 
 
 def portal_change_record(*, access: PortalAccess, action: str, **detail) -> None:

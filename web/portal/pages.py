@@ -19,7 +19,6 @@ from jobs.ops.consumer_stats import consumer_stats
 from jobs.ops.dashboard import minute_series
 from jobs.ops.dead_jobs import dead_jobs_listed, jobs_requeue_dead
 from jobs.ops.deliveries import consumer_attempt_figures, consumer_attempts
-from jobs.publish.replay import consumer_replay
 from jobs.push.circuit import circuit_state
 from web import svg
 from web.admin.consumer_forms import ReplayForm
@@ -28,6 +27,7 @@ from web.admin.jobs import status_badge
 from web.portal.access import denied_page, page_redirect, page_render, portal_page
 from web.portal.forms import OutcomeForm
 from web.portal.links import PortalAccess, portal_change_record, portal_changes
+from web.portal.replays import portal_replay_start, portal_replays
 
 PAGE = 25  # rows per page of deliveries and dead letters
 
@@ -116,19 +116,21 @@ def requeue_all_view(request, access: PortalAccess):
 
 @portal_page(methods=("GET", "POST"))
 def replay_view(request, access: PortalAccess):
-    """``Replay`` since a time: ``jobs.publish.replay.consumer_replay``, as the API and the admin (its
-    advisory names the link as its source)."""
+    """``Replay`` since a time: queued as a task (``web.portal.replays``: the same replay as the API's,
+    in turns, one at a time per consumer); the page shows it queued, running and done."""
     form = ReplayForm(request.POST or None, label_suffix="") if access.can_manage else None
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         try:
-            result = consumer_replay(consumer=access.consumer, since=data["since"], until=data.get("until"),
-                                     only_failed=data["only_failed"], source=access.label)
+            replay = portal_replay_start(access=access, since=data["since"], until=data.get("until"),
+                                         only_failed=data["only_failed"])
         except DomainError as exc:
             form.add_error(None, exc.detail)
         else:
-            messages.success(request, f"Replayed {result.replayed:,} message{'' if result.replayed == 1 else 's'} "
-                                      f"({result.skipped:,} skipped).")
+            messages.success(request, f"Replay {replay.pk} {'done' if replay.state == 'done' else 'started'}: "
+                                      f"{replay.replayed:,} message{'' if replay.replayed == 1 else 's'} replayed"
+                                      f"{'' if replay.state == 'done' else ' so far'}.")
             return page_redirect(access, "replay")
     return page_render(request, access, "replay.html", "replay", title="Replay", form=form,
-                   replays=portal_changes(consumer_pk=access.consumer.pk, types=("replay",), limit=10))
+                       portal_replays=portal_replays(consumer_pk=access.consumer.pk),
+                       replays=portal_changes(consumer_pk=access.consumer.pk, types=("replay",), limit=10))

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from broker.durations import duration_format, duration_parse
 from broker.errors import InvalidInput
 
+TEST_EVENTS_PER_MINUTE = 5  # per consumer: each holds a web thread up to the probe's 10 s timeout
 TTL_DEFAULT = 3600  # seconds: a link opens the portal for an hour unless asked otherwise
 TTL_MAX = 30 * 86400
 SCOPES = ("manage", "read")
@@ -71,3 +72,28 @@ def rate_retry_after(unix_time: float) -> int:
 def link_label(link_pk: int) -> str:
     """How advisories name a link (``source`` of a replay it started)."""
     return f"portal link {link_pk}"
+
+
+def session_idle(*, last_seen_at: datetime, now: datetime, idle: timedelta) -> bool:
+    """Whether a session last seen at ``last_seen_at`` has been left idle too long by ``now``."""
+    return now - last_seen_at > idle
+
+
+def seen_every(idle: timedelta) -> timedelta:
+    """How often a session's ``last_seen_at`` is written: once a minute, or twice per idle time
+    when that is shorter (so the idle end comes at most that late)."""
+    return min(timedelta(minutes=1), idle / 2)
+
+
+def time_ago(seconds: float) -> str:
+    """How long ago (or, negative, how far ahead) as people say it: ``just now``, ``12 s ago``,
+    ``12 min ago``, ``3 h ago``, ``2 days ago``; ``in 5 min`` for the future."""
+    ahead, seconds = seconds < 0, abs(seconds)
+    if seconds < 1:
+        return "just now"
+    for size, unit in ((86400, "day"), (3600, "h"), (60, "min"), (1, "s")):
+        if seconds >= size:
+            n = int(seconds // size)
+            text = f"{n} {unit}{'s' if unit == 'day' and n != 1 else ''}"
+            return f"in {text}" if ahead else f"{text} ago"
+    return "just now"  # pragma: no cover

@@ -104,6 +104,7 @@ def broadcast_native(native: Native, req: Request, request: NativeRequest, chann
     to the publishing thread; False (the full way) for anything else."""
     try:
         message, scheduled_for = publishing.broadcast_message(request)
+        publishing.broadcast_event_check(channel_id, message)  # (a 422 is the full stack's, credentials first)
     except DomainError:
         return False  # the full stack answers it (credentials first)
     if scheduled_for or message.partition_key is not None or not settings.BROKER_PUBLISH_GROUP:

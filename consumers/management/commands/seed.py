@@ -23,4 +23,5 @@ class Command(BaseCommand):
         self.stdout.write(
             f"seeded {len(plan.channels)} channels, {len(plan.producers)} producers, "
             f"{len(plan.consumers)} consumers (new: {created['channels']}/{created['producers']}/{created['consumers']})"
+            + (f", {len(plan.event_types)} event types (new: {created.get('event_types', 0)})" if plan.event_types else "")
         )

@@ -149,6 +149,51 @@ def test_total_deadline_covers_a_slow_drip(client):
     assert time.monotonic() - start < 3
 
 
+def _concurrently(client, port, n: int, *, timeout: float) -> list:
+    """``n`` POSTs started at once on the client's loop; their answers or exceptions, in order."""
+    async def one():
+        return await client.post(scheme="http", host="127.0.0.1", port=port, path="/cb", headers={}, body=b"x",
+                                 timeout=timeout)
+
+    async def all_of():
+        return await asyncio.gather(*(one() for _ in range(n)), return_exceptions=True)
+
+    return asyncio.run_coroutine_threadsafe(all_of(), client.loop)
+
+
+def test_new_connections_to_one_endpoint_are_paced_and_the_rest_wait_for_them():
+    """Eight callbacks at once to an endpoint that never answers: two connections at once, then two a
+    second (each request waits, without CPU, inside its own deadline: those that got none time out)."""
+    server = RawServer(lambda n, r: (b"", False))  # reads, never answers
+    client = Client(connect_rate=2.0, connect_burst=2)
+    try:
+        started = time.monotonic()
+        future = _concurrently(client, server.port, 8, timeout=1.6)
+        key = ("http", "127.0.0.1", server.port)
+        while not future.done():
+            opened = client.connects[key]
+            assert opened <= 2 + 2.0 * (time.monotonic() - started) + 1, opened
+            time.sleep(0.02)
+        results = future.result()
+        assert all(isinstance(r, TimeoutError) for r in results), results
+        assert 4 <= client.connects[key] <= 6  # 2 at once + 2 a second over 1.6 s (give or take a tick)
+    finally:
+        client.stop()
+
+
+def test_a_request_waiting_for_a_connection_takes_one_given_back():
+    """One token for five callbacks to an endpoint that answers: the four others take the connection
+    as it comes back (keep-alive), without waiting for tokens."""
+    server = RawServer(lambda n, r: (b"HTTP/1.1 204 No Content\r\n\r\n", False))
+    client = Client(connect_rate=0.1, connect_burst=1)  # a second token would take 10 s
+    try:
+        results = _concurrently(client, server.port, 5, timeout=5.0).result(8)
+        assert [r.status for r in results] == [204] * 5
+        assert server.connections == 1 and len(server.requests) == 5
+    finally:
+        client.stop()
+
+
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
 def test_tls_certificates_are_verified(client, tmp_path):
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"

@@ -149,13 +149,24 @@ def test_which_attempts_count(outcome, code, failed):
 
 
 def test_tallies_count_failures_after_the_last_success():
-    got = circuit_tallies([(1, True, False), (2, True, False), (1, False, False), (1, True, False), (2, True, False),
-                           (1, True, False)])
-    assert got == [CircuitTally(consumer_pk=1, ok=True, fails=2), CircuitTally(consumer_pk=2, ok=False, fails=2)]
+    got = circuit_tallies([(1, True, False, 0.1), (2, True, False, 0.1), (1, False, False, 0.1), (1, True, False, 0.1),
+                           (2, True, False, 0.1), (1, True, False, 0.1)])
+    assert got == [CircuitTally(consumer_pk=1, ok=True, fails=2, since=0.1),
+                   CircuitTally(consumer_pk=2, ok=False, fails=2, since=0.1)]
+
+
+def test_tallies_date_a_run_of_failures_from_its_oldest_attempt():
+    """A timeout has been failing since its attempt began: the run's age is its oldest attempt's,
+    and a success starts it over."""
+    got = circuit_tallies([(1, True, False, 30.0), (1, True, False, 29.5), (2, True, False, 30.0),
+                           (2, False, False, 0.01), (2, True, False, 0.02)])
+    assert got == [CircuitTally(consumer_pk=1, ok=False, fails=2, since=30.0),
+                   CircuitTally(consumer_pk=2, ok=True, fails=1, since=0.02)]
 
 
 def test_tallies_leave_out_healthy_consumers_unless_their_circuit_was_counting():
-    got = circuit_tallies([(1, False, False), (1, False, False), (2, False, True), (3, True, False), (3, False, False)])
+    got = circuit_tallies([(1, False, False, 0.1), (1, False, False, 0.1), (2, False, True, 0.1), (3, True, False, 0.1),
+                           (3, False, False, 0.1)])
     assert got == [CircuitTally(consumer_pk=2, ok=True, fails=0), CircuitTally(consumer_pk=3, ok=True, fails=0)]
 
 

@@ -34,6 +34,13 @@ def spark(request, tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
+def small_chunks(settings):
+    """Every read cut into many chunks (each its own JDBC query and transaction), so each figure
+    the Spark tests check also checks that the chunks' edges lose and repeat nothing."""
+    settings.BROKER_PIPELINE_CHUNK_ROWS = 40
+
+
+@pytest.fixture(autouse=True)
 def pipeline_dir(tmp_path, settings):
     """Reports, facts, the default archive and the latest-report pointer go to a temporary folder
     (never the facts of another database under .data)."""

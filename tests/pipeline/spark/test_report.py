@@ -218,7 +218,7 @@ def test_admin_link_serves_the_latest_report(spark, tmp_path, pipeline_dir, admi
     assert 'href="/pipeline/reports/latest/"' in link
 
 
-def test_readers_split_on_id_and_never_read_secrets(spark):
+def test_readers_read_in_chunks_and_never_read_secrets(spark, settings):
     from pipeline import readers
     from pipeline.session import jdbc_options_build
 
@@ -228,7 +228,13 @@ def test_readers_split_on_id_and_never_read_secrets(spark):
     assert [row.jit for row in jit.load().collect()] == ["off"]
     now = datetime.now(timezone.utc)
     workload_report(now=now, messages_per_channel=10, out_of_scope=0)
+    settings.BROKER_PIPELINE_CHUNK_ROWS = 5
+    low, high = readers.table_bounds(table="jobs_job")
     jobs = readers.jobs_read(spark=spark, num_partitions=3)
+    chunks = readers.chunk_count(low=low, high=high)
+    assert chunks == 8 and Job.objects.count() == 40
+    # eight queries (chunks), read by three tasks
+    assert f"[numPartitions={chunks}]" in jobs._jdf.queryExecution().executedPlan().toString()
     assert jobs.rdd.getNumPartitions() == 3
     assert jobs.count() == Job.objects.count()
     assert sorted(r["id"] for r in jobs.select("id").collect()) == sorted(Job.objects.values_list("id", flat=True))

@@ -1,5 +1,6 @@
-"""The import contracts of ``.importlinter`` (layers web > pipeline > jobs > consumers > broker; no
-HTTP below web; the order of the packages inside jobs; the portal on top of web), checked by import-linter in every test run
+"""The import contracts of ``.importlinter`` (layers web > pipeline > jobs > consumers > eventtypes >
+broker; no HTTP below web; the order of the packages inside jobs; the portal on top of web; the JSON
+Schema library only in eventtypes), checked by import-linter in every test run
 (``make test``, ``.ci/run``).
 
 The second test runs the same contracts over a throw-away tree whose packages break each one, so
@@ -26,7 +27,7 @@ def lint_imports(cwd: Path, *pythonpath: Path) -> subprocess.CompletedProcess:
 def test_the_apps_keep_their_layers_and_domain_code_does_not_speak_http():
     result = lint_imports(ROOT, ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "Contracts: 5 kept, 0 broken." in result.stdout, result.stdout
+    assert "Contracts: 6 kept, 0 broken." in result.stdout, result.stdout
 
 
 def test_each_contract_fails_on_a_violation(tmp_path):
@@ -35,6 +36,9 @@ def test_each_contract_fails_on_a_violation(tmp_path):
         "broker/models.py": "import web.urls\n",  # a lower layer importing the top one
         "consumers/__init__.py": "",
         "consumers/services.py": "from django.http import JsonResponse\n",  # django.http below web
+        "eventtypes/__init__.py": "",
+        "eventtypes/rules.py": "import consumers.services\n",  # event types below consumers importing them
+        "web/api/event_types.py": "import jsonschema_rs\n",  # a validator compiled outside eventtypes
         "jobs/__init__.py": "",
         # every layer of the jobs contract, one of them importing a higher one
         **{f"jobs/{name}/__init__.py": "" for name in ("management", "push", "pull", "ops", "sweeps", "publish",
@@ -58,7 +62,9 @@ def test_each_contract_fails_on_a_violation(tmp_path):
     result = lint_imports(tmp_path, tmp_path, ROOT)
     out = result.stdout + result.stderr
     assert result.returncode != 0, out
-    assert "Contracts: 0 kept, 5 broken." in out, out
+    assert "Contracts: 0 kept, 6 broken." in out, out
+    assert "eventtypes.rules -> consumers.services" in out, out
+    assert "web.api.event_types -> jsonschema_rs" in out, out
     assert "web.admin -> web.portal.pages" in out, out
     assert "broker.models -> web.urls" in out, out
     assert "jobs.pull.claim -> rest_framework" in out, out

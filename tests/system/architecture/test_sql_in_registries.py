@@ -1,6 +1,6 @@
 """Every SQL statement lives in its app's registry (``<app>/queries.sql``, loaded by name through
 ``broker.db.queries``), never as a string in Python: no statement literal, and none assembled
-with an f-string, ``%`` or ``.format()``, in the .py files of broker, consumers, jobs, pipeline and web.
+with an f-string, ``%`` or ``.format()``, in the .py files of broker, eventtypes, consumers, jobs, pipeline, sources and web.
 
 A statement here is a string (docstrings aside: they may quote SQL to explain it) holding an
 upper-case ``SELECT``, ``UPDATE ... SET``, ``INSERT INTO``, ``DELETE FROM``, ``SET <name> =`` or
@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
-APPS = ("broker", "consumers", "jobs", "pipeline", "web")
+APPS = ("broker", "eventtypes", "consumers", "jobs", "pipeline", "sources", "web")
 
 STATEMENT = re.compile(r"\bSELECT\s+\S|\bUPDATE\s+\S+\s+SET\b|\bINSERT\s+INTO\b|\bDELETE\s+FROM\b"
                        r"|\bSET\s+\w+\s*(=|TO\b)|\bLISTEN\s+\S")

@@ -47,7 +47,9 @@ UNSTATED = {
     "partition_not_schedulable": None,  # X-Broker-Scheduled-For excludes X-Broker-Partition-Key
     "invalid_window": None,  # replay: until before since, or since after now
     "duplicate_job": None,  # an ack names a job twice
-    "invalid_filter": None,  # filter key names (propertyNames) or a form field's JSON text
+    "invalid_filter": None,  # a form field's JSON text
+    # event types (issue 37): whether a schema is a valid JSON Schema, an example fits it, a document has webhooks
+    "invalid_schema": None, "invalid_example": None, "invalid_document": None,
     # the state of the consumer or the job (answered 400 as webhook-broker does, not 409)
     "priority_policy_immutable": None, "group_missing": None, "invalid_group": None,
     "not_overflow_consumer": None, "not_pinned_consumer": None,

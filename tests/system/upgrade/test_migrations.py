@@ -1,12 +1,17 @@
-"""Safe migrations, enforced (docs/upgrades.md "Writing a migration"): every migration of the project
-numbered after ``broker.upgrades.CHECKED_AFTER`` must be online-safe by two maintained tools:
+"""Safe migrations, enforced (docs/upgrades.md "Writing a migration"): every migration of every app of
+the project (``broker.upgrades.project_apps``: the installed apps whose code is in this repository)
+numbered after ``broker.upgrades.CHECKED_AFTER`` must be online-safe by three maintained tools and the
+lock table:
 
 - django-pg-zero-downtime-migrations (the schema editor ``migrate`` runs with,
   ``broker.schema_editor``): no ``UnsafeOperationWarning``, and no statement of its online forms that
   scans or rewrites an existing table under a lock blocking writes, nor an UPDATE/DELETE over one;
 - django-migration-linter: no backward-incompatible change (a column dropped or renamed, a NOT NULL
   column without a default, a type change: old code still runs against the new schema during a
-  rolling deploy) and no index built or dropped without CONCURRENTLY.
+  rolling deploy) and no index built or dropped without CONCURRENTLY;
+- squawk (``squawk-cli``, a maintained PostgreSQL migration linter) over the editor's statements,
+  its safety rules (``SQUAWK_OFF`` lists the style rules left out, and why);
+- ``broker/upgrade_locks.tsv``: a statement it does not list is unsafe until listed.
 
 An exception is a migration that contains ``IgnoreMigration()`` (django-migration-linter's marker)
 and a ``# safe: <why>`` comment. Sample migrations show each check catching what it must (a check
@@ -14,12 +19,16 @@ that cannot fail proves nothing) and the editor's online forms, lock timeout and
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from django.apps import apps
 from django.db import connection, models
 from django.db.migrations import AddConstraint, AddField, AddIndex, AlterField, Migration, RemoveField, RunSQL
 from django.db.migrations.executor import MigrationExecutor
@@ -30,10 +39,27 @@ from django_migration_linter.sql_analyser.analyser import analyse_sql_statements
 from django_migration_linter.sql_analyser.postgresql import PostgresqlAnalyser
 
 from broker import schema_editor
-from broker.upgrades import CHECKED_AFTER, is_checked, migration_plan
+from broker.upgrades import CHECKED_AFTER, ROOT, is_checked, migration_plan, project_apps
 
 # the linter's lock warnings count as errors (its backward-compatibility checks are errors already)
 LOCK_CHECKS = ["CREATE_INDEX", "CREATE_INDEX_EXCLUSIVE", "DROP_INDEX", "REINDEX"]
+SQUAWK = Path(sys.executable).with_name("squawk")  # the binary the squawk-cli wheel installs
+SQUAWK_OFF = [  # squawk's rules left out, each for a reason; the others (locks, rewrites, compatibility) count
+    "require-lock-timeout", "require-statement-timeout",  # the editor sets both per statement (broker.schema_editor)
+    "prefer-robust-stmts",  # IF NOT EXISTS: the editor retries a statement whose lock was not granted, not a half-run one
+    "prefer-bigint-over-int", "prefer-bigint-over-smallint", "prefer-text-field", "prefer-identity",  # style: Django's types
+    "prefer-timestamptz",  # style (Django writes timestamptz with USE_TZ)
+]
+
+
+def squawk_issues(sql: list[str]) -> list[str]:
+    """squawk's findings (rule: message) for these statements, its style rules left out."""
+    text = "".join(statement.strip().rstrip(";") + ";\n" for statement in sql)
+    run = subprocess.run([str(SQUAWK), "--reporter", "json", "--stdin-filepath", "migration.sql",
+                          "--exclude", ",".join(SQUAWK_OFF)], input=text, capture_output=True, text=True, timeout=60)
+    if run.returncode not in (0, 1) or not run.stdout.strip():
+        raise AssertionError(f"squawk failed (exit {run.returncode}): {run.stderr[-2000:]}")
+    return [f"squawk {v['rule_name']}: {v['message']}" for v in json.loads(run.stdout)]
 
 
 def checked_migrations():
@@ -55,6 +81,24 @@ def linter_issues(sql: list[str], migration) -> list[str]:
     return [f"{i.code}: {i.message}" for i in errors + data_errors + [w for w in warnings if w.code in LOCK_CHECKS]]
 
 
+def test_every_installed_app_with_migrations_is_checked():
+    """The apps checked are every installed app of this repository that has migrations, found
+    here another way (the migration loader's apps whose module file is in the repository, not in
+    a virtualenv): an app left out of ``project_apps`` (the portal once was) fails here."""
+    loader = MigrationLoader(None, ignore_no_migrations=True)
+    ours = set()
+    for label in loader.migrated_apps:
+        module = Path(apps.get_app_config(label).module.__file__).resolve()
+        if module.is_relative_to(ROOT.resolve()) and "site-packages" not in module.parts:
+            ours.add(label)
+    assert ours, "no app of this repository has migrations?"
+    assert set(project_apps()) == ours, f"apps with migrations not checked: {sorted(ours - set(project_apps()))}"
+    assert {"broker", "consumers", "jobs", "portal"} <= ours
+    portal = [name for (app, name) in loader.disk_migrations if app == "portal"]
+    assert portal and all(is_checked("portal", name) for name in portal), "an app without a baseline: all checked"
+    assert not is_checked("django_q", "0001_initial") and not is_checked("auth", "0013_sample")
+
+
 def test_the_baseline_names_the_last_migrations_of_the_previous_release():
     """CHECKED_AFTER matches the migrations on disk: nothing of the project above it is unchecked,
     and each app's baseline migration exists (a typo would check nothing)."""
@@ -71,9 +115,9 @@ def test_the_baseline_names_the_last_migrations_of_the_previous_release():
 def test_new_migrations_are_online_safe():
     """The CI gate: every checked migration passes both tools (or is an exception with its reason)."""
     linter = MigrationLinter(no_cache=True, analyser_string="postgresql", all_warnings_as_errors=False, warnings_as_errors_tests=LOCK_CHECKS,
-                             include_apps=list(CHECKED_AFTER),
+                             include_apps=project_apps(),
                              ignore_name=[name for (app, name) in MigrationLoader(None).disk_migrations
-                                          if app in CHECKED_AFTER and not is_checked(app, name)])
+                                          if app in project_apps() and not is_checked(app, name)])
     executor = MigrationExecutor(connection)
     problems = []
     for migration in checked_migrations():
@@ -82,12 +126,21 @@ def test_new_migrations_are_online_safe():
             if not re.search(r"#\s*safe:\s*\S", source):
                 problems.append(f"{migration.app_label}.{migration.name}: IgnoreMigration() without a '# safe: why' comment")
             continue
-        problems += [f"{migration.app_label}.{migration.name}: {p}" for p in migration_plan(executor, migration).problems()]
+        plan = migration_plan(executor, migration)
+        problems += [f"{migration.app_label}.{migration.name}: {p}" for p in plan.problems()]
+        problems += [f"{migration.app_label}.{migration.name}: {p}"
+                     for p in squawk_issues([s.sql for s in plan.steps if not _new_table(s, plan)])]
         before = linter.nb_erroneous
         linter.lint_migration(migration)
         if linter.nb_erroneous > before:
             problems.append(f"{migration.app_label}.{migration.name}: django-migration-linter errors (printed above)")
     assert not problems, "unsafe migrations (docs/upgrades.md, 'Writing a migration'):\n" + "\n".join(problems)
+
+
+def _new_table(step, plan) -> bool:
+    """A statement on a table the same migration creates (no rows, no readers yet)."""
+    created = {s.table for s in plan.steps if s.lock.endswith("(new table)")}
+    return bool(step.table) and step.table in created
 
 
 # --- the checks themselves, on sample migrations against jobs_job -----------------------------------------
@@ -109,27 +162,43 @@ def _check(*operations):
     return plan, linter_issues([s.sql for s in plan.steps], migration)
 
 
+def _raw(sql: str) -> list:
+    return [RunSQL(sql, RunSQL.noop)]
+
+
 SAMPLES = {
-    # name: (operations, caught by our check (editor warning or lock rule), caught by the linter)
-    "index": ([AddIndex("job", models.Index(fields=["created_at"], name="sample_created"))], False, False),
-    "nullable column": ([AddField("job", "sample", models.IntegerField(null=True))], False, False),
-    "column with a database default": ([AddField("job", "sample", models.IntegerField(db_default=0))], False, False),
-    "not null without a database default": ([AddField("job", "sample", models.IntegerField(default=0))], True, True),
-    "type change": ([AlterField("job", "priority", models.BigIntegerField(default=0))], True, True),
-    "column dropped (contract before expand)": ([RemoveField("job", "last_reason")], False, True),
-    "one-statement backfill": ([RunSQL("UPDATE jobs_job SET priority = 0", RunSQL.noop)], True, False),
+    # name: (operations, caught by our check (editor warning or lock table), by django-migration-linter, by squawk)
+    "index": ([AddIndex("job", models.Index(fields=["created_at"], name="sample_created"))], False, False, False),
+    "nullable column": ([AddField("job", "sample", models.IntegerField(null=True))], False, False, False),
+    "column with a database default": ([AddField("job", "sample", models.IntegerField(db_default=0))], False, False,
+                                       False),
+    "not null without a database default": ([AddField("job", "sample", models.IntegerField(default=0))], True, True,
+                                            True),
+    "type change": ([AlterField("job", "priority", models.BigIntegerField(default=0))], True, True, True),
+    "column dropped (contract before expand)": ([RemoveField("job", "last_reason")], False, True, True),
+    "one-statement backfill": (_raw("UPDATE jobs_job SET priority = 0"), True, False, False),
     "index without CONCURRENTLY in RunSQL": ([RunSQL("CREATE INDEX sample_raw ON jobs_job (created_at)",
-                                                     "DROP INDEX sample_raw")], True, True),
+                                                     "DROP INDEX sample_raw")], True, True, True),
+    "stored generated column (a rewrite)": (_raw("ALTER TABLE jobs_job ADD COLUMN sample_g integer "
+                                                 "GENERATED ALWAYS AS (priority * 2) STORED"), True, False, True),
+    "foreign key without NOT VALID": (_raw("ALTER TABLE jobs_job ADD CONSTRAINT sample_fk FOREIGN KEY (consumer_id) "
+                                           "REFERENCES consumers_consumer (id)"), True, False, True),
+    "a table rewritten by CLUSTER": (_raw("CLUSTER jobs_job USING jobs_job_pkey"), True, False, False),
+    "a statement the lock table does not list": (_raw("LOCK TABLE jobs_job IN EXCLUSIVE MODE"), True, False, False),
 }
 
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("name", list(SAMPLES))
 def test_each_check_catches_what_it_must(name):
-    operations, ours, linter = SAMPLES[name]
+    """What each tool catches, measured (docs/upgrades.md, "Which tool"): a check that cannot fail
+    proves nothing, and one tool's gap is another's catch."""
+    operations, ours, linter, squawk = SAMPLES[name]
     plan, issues = _check(*operations)
-    assert bool(plan.problems()) == ours, (plan.problems(), [s.sql for s in plan.steps])
-    assert bool(issues) == linter, (issues, [s.sql for s in plan.steps])
+    statements = [s.sql for s in plan.steps]
+    assert bool(plan.problems()) == ours, (plan.problems(), statements)
+    assert bool(issues) == linter, (issues, statements)
+    assert bool(squawk_issues(statements)) == squawk, (squawk_issues(statements), statements)
 
 
 @pytest.mark.django_db

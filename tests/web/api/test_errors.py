@@ -13,7 +13,8 @@ from web.api.errors import domain_error_response, exception_handler, status_for
 EXPECTED = {
     errors.InvalidInput: 400, errors.Unauthenticated: 401, errors.Forbidden: 403, errors.NotFound: 404,
     errors.Conflict: 409, errors.PreconditionFailed: 412, errors.TooLarge: 413,
-    errors.UnsupportedMediaType: 415, errors.Locked: 423, errors.RateLimited: 429, errors.Unavailable: 503,
+    errors.UnsupportedMediaType: 415, errors.Unprocessable: 422, errors.Locked: 423, errors.RateLimited: 429,
+    errors.Unavailable: 503,
 }
 
 
@@ -32,7 +33,7 @@ def test_every_domain_error_class_has_its_status():
 
 
 @pytest.mark.parametrize("cls", list(EXPECTED), ids=lambda c: c.__name__)
-def test_answer_is_the_json_error_body(cls):
+def test_answer_is_the_json_error_body(cls):  # (Unprocessable adds "path" when it has one: tests/eventtypes)
     response = exception_handler(_make(cls, "thing_wrong", "the thing is wrong"), {})
     assert response.status_code == EXPECTED[cls]
     assert response.data == {"error": "thing_wrong", "detail": "the thing is wrong"}
@@ -56,3 +57,10 @@ def test_rate_limited_keeps_retry_after_as_given():
     exc = errors.RateLimited("rate_limited", "slow down", retry_after=3)
     assert exc.retry_after == 3 and exc.code == "rate_limited" and str(exc) == "slow down"
     assert domain_error_response(exc)["Retry-After"] == "3"
+
+
+def test_an_unprocessable_payload_names_the_place():
+    response = exception_handler(errors.Unprocessable("schema_validation_failed", "no", path="/a/0"), {})
+    assert response.status_code == 422
+    assert response.data == {"error": "schema_validation_failed", "detail": "no", "path": "/a/0"}
+    assert "path" not in exception_handler(errors.Unprocessable("unknown_event_type", "no"), {}).data

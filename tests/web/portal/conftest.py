@@ -23,3 +23,11 @@ def link_path(body: dict) -> str:
     """The link's path (the test servers' host differs from the one the API saw)."""
     return urlsplit(body["URL"]).path
 
+
+
+def link_open(client, body: dict):
+    """What a person does with a link: follow it (GET: checked, no session, on to /portal/open),
+    then press "Open the portal" (POST: the session); the POST's answer (302 to the overview)."""
+    followed = client.get(link_path(body))
+    assert followed.status_code == 302 and followed["Location"] == "/portal/open", followed.content
+    return client.post("/portal/open")

@@ -7,7 +7,7 @@ import pytest
 from django.test import Client
 
 from web.portal.models import PortalLink, PortalSession
-from tests.web.portal.conftest import link_make, link_path
+from tests.web.portal.conftest import link_make, link_open
 
 pytestmark = pytest.mark.django_db
 
@@ -16,7 +16,7 @@ def test_links_sessions_and_changes_are_shown_and_revoked_in_the_admin(world, ap
     body = link_make(api, scope="read")
     manage = link_make(api)
     team = Client()
-    assert team.get(link_path(manage)).status_code == 302
+    assert link_open(team, manage).status_code == 302
     assert team.post("/portal/channel/ch1/consumer/c1/endpoint/rotate-secret").status_code == 200
     link = PortalLink.objects.get(scope="manage")
 
@@ -39,7 +39,7 @@ def test_links_sessions_and_changes_are_shown_and_revoked_in_the_admin(world, ap
 def test_ending_one_session_leaves_the_link_open(world, api, admin_client):
     body = link_make(api)
     first, second = Client(), Client()
-    assert first.get(link_path(body)).status_code == 302 and second.get(link_path(body)).status_code == 302
+    assert link_open(first, body).status_code == 302 and link_open(second, body).status_code == 302
     session = PortalSession.objects.order_by("id").first()
     r = admin_client.post("/admin/portal/portalsession/", {"action": "revoke", "_selected_action": [session.pk]})
     assert r.status_code == 302

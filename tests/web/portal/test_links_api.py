@@ -10,7 +10,7 @@ from django.test import Client
 
 from consumers.models import Advisory
 from web.portal.models import PortalLink, PortalSession
-from tests.web.portal.conftest import C1, link_make, link_path
+from tests.web.portal.conftest import C1, link_make, link_open, link_path
 
 pytestmark = pytest.mark.django_db
 
@@ -78,7 +78,7 @@ def test_delete_revokes_every_link_and_session_of_the_consumer_at_once(world, ap
     first, second = link_make(api), link_make(api, scope="read")
     other = link_make(api, "/channel/ch1/consumer/c2")
     browser = Client()
-    assert browser.get(link_path(first)).status_code == 302
+    assert link_open(browser, first).status_code == 302
     assert browser.get("/portal/channel/ch1/consumer/c1/").status_code == 200
 
     assert api.delete(f"{C1}/portal-links").status_code == 204

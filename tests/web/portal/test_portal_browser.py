@@ -1,8 +1,10 @@
 """The delivery portal end to end in headless Chromium (Debian's package, driven by Playwright; the
 admin e2e tests' launch settings), against the live server, a real push dispatcher loop and a real
-HTTP receiver on 127.0.0.1. A team opens its link, sees its endpoint failing, fixes the callback
+HTTP receiver on 127.0.0.1. A team follows its link and presses "Open the portal", sees its endpoint
+failing (times in whole seconds, the full value on hover), fixes the callback
 URL, requeues its dead letters and sees them delivered, rotates the signing secret (both secrets
-verify during the grace period, with the standardwebhooks package) and sends a test event; a read
+verify during the grace period, with the standardwebhooks package), sends a test event (status and
+timing only: the receiver is on a private address), replays (a task) and signs out; a read
 link has no form, another consumer's pages are out of reach, and revocation ends an open session.
 Every control is found by its role and accessible name. Screenshots go to artifacts/ (git-ignored).
 """
@@ -29,7 +31,7 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),  # the live server's and the dispatcher's threads see committed rows
     pytest.mark.skipif(chromium_missing(), reason="Debian's chromium is not installed (apt-get install chromium)"),
 ]
-PAGES = ("Overview", "Deliveries", "Dead letters", "Replay", "Endpoint")
+PAGES = ("Overview", "Deliveries", "Dead letters", "Replay", "Endpoint", "Event catalog")
 
 
 def jobs_in(status: int, consumer: str = "c1") -> int:
@@ -59,10 +61,15 @@ def test_a_team_fixes_its_endpoint_and_recovers_its_dead_letters(page, live_serv
         assert make.publish(body=f'{{"order": {i}}}'.encode(), HTTP_X_BROKER_MESSAGE_ID=f"m{i}").status_code == 201
     receiver.wait(lambda: jobs_in(DEAD) == 3, what="3 dead letters")
 
-    # the link opens the overview; the token is gone from the address bar
+    # following the link opens nothing by itself (a mail scanner's GET); the button opens the
+    # overview, and the token is gone from the address bar
     link = link_make(api)
     page.goto(live_server.url + link_path(link))
-    assert page.url == f"{live_server.url}/portal/channel/ch1/consumer/c1/"
+    assert page.url == f"{live_server.url}/portal/open"
+    assert "consumer c1 on channel ch1" in page.locator("#portal-start").inner_text()
+    assert "broker_portal" not in {c["name"] for c in page.context.cookies(live_server.url + "/portal/")}
+    page.get_by_role("button", name="Open the portal").click()
+    expect(page).to_have_url(f"{live_server.url}/portal/channel/ch1/consumer/c1/")
     assert page.locator("h1").inner_text() == "Overview"
     assert page.locator("#dead-count").inner_text() == "3"
     assert [a.inner_text() for a in page.get_by_role("navigation", name="Portal pages").get_by_role("link").all()] \
@@ -73,6 +80,12 @@ def test_a_team_fixes_its_endpoint_and_recovers_its_dead_letters(page, live_serv
     failed = page.locator("#attempts tbody tr.outcome-failed")
     assert failed.count() == 6  # 3 messages x (first attempt + 1 retry)
     assert "503" in failed.first.inner_text() and "down for maintenance" in failed.first.inner_text()
+    # times in whole seconds with a relative hint; the full value on hover
+    when = failed.first.locator("time")
+    assert when.get_attribute("title").endswith("Z") and "." in when.get_attribute("title")
+    shown = when.inner_text()  # under a second old on a quick machine: "just now", else "3 s ago"
+    assert " UTC (" in shown and (shown.endswith(" ago)") or shown.endswith("(just now)")) and "." not in shown
+    when.hover()  # (the browser shows the title as its tooltip)
     page.screenshot(path=str(artifacts / "portal-deliveries.png"), full_page=True)
     failed.first.get_by_role("link").click()
     assert "DEAD" in page.locator("#job-fields").inner_text()
@@ -115,10 +128,12 @@ def test_a_team_fixes_its_endpoint_and_recovers_its_dead_letters(page, live_serv
     for secret in (old_secret, new_secret):
         assert Webhook(secret).verify(delivery.body, delivery.headers) == {"order": 99}
 
-    # a test event: its answer on the page, signed with both secrets too
+    # a test event: its status and timing on the page (its body not: 127.0.0.1 is a private
+    # address), signed with both secrets too
     page.get_by_role("button", name="Send test event").click()
     assert page.locator("#test-event-status").inner_text() == "200"
-    assert page.locator("#test-event-body").inner_text() == "thanks"
+    assert page.locator("#test-event-body").count() == 0 and "thanks" not in page.content()
+    assert "private address" in page.locator("#test-event-body-hidden").inner_text()
     assert page.locator("#test-event-latency").inner_text().endswith(" ms")
     assert new_secret not in page.content()  # shown once only
     [event] = [r for r in receiver.at("/up") if r.headers.get("x-broker-event") == "test"]
@@ -130,13 +145,20 @@ def test_a_team_fixes_its_endpoint_and_recovers_its_dead_letters(page, live_serv
     since = (datetime.now(timezone.utc) - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M")
     assert page.evaluate(UNNAMED) == []
     page.get_by_label("Since (UTC)", exact=True).fill(since)
-    page.get_by_role("button", name="Replay", exact=True).click()
-    expect(page.locator("ul.messagelist")).to_contain_text("Replayed 4 messages")
+    page.get_by_role("button", name="Replay", exact=True).click()  # a task (run at once by the tests' sync queue)
+    expect(page.locator("ul.messagelist")).to_contain_text("done: 4 messages replayed")
+    assert "done" in page.locator("#portal-replays tbody tr").first.inner_text()
     assert f"portal link {Advisory.objects.filter(type='portal_endpoint_updated').get().data['link']}" \
         in page.locator("#replays").inner_text()
     receiver.wait(lambda: len(receiver.at("/up")) >= 9, what="the replayed messages")  # 4 + 4 + the test event
     recorded = set(Advisory.objects.filter(consumer_id="c1", type__startswith="portal_").values_list("type", flat=True))
     assert recorded == {"portal_endpoint_updated", "portal_dead_requeued", "portal_secret_rotated", "portal_test_event"}
+
+    # signing out ends the session at once
+    page.get_by_role("button", name="Sign out").click()
+    assert "signed out" in page.locator("#portal-refusal").inner_text()
+    answer = page.goto(live_server.url + "/portal/channel/ch1/consumer/c1/")
+    assert answer.status == 403
 
 
 def test_a_read_link_has_no_form_other_consumers_are_out_of_reach_and_revocation_ends_it(
@@ -148,10 +170,12 @@ def test_a_read_link_has_no_form_other_consumers_are_out_of_reach_and_revocation
     page = context.new_page()
     page.set_default_timeout(15_000)
     page.goto(live_server.url + link_path(link_make(api, scope="read")))
+    page.get_by_role("button", name="Open the portal").click()
     assert "Read-only link" in page.locator("#user-tools").text_content()
-    for name in PAGES:  # everything visible, nothing to change
+    for name in PAGES:  # everything visible, nothing to change (but signing out)
         nav(page, name)
-        assert page.locator("form").count() == 0 and page.get_by_role("button").count() == 0, name
+        assert page.locator("#content form").count() == 0, name
+        assert [b.inner_text() for b in page.get_by_role("button").all()] == ["Sign out"], name
     nav(page, "Dead letters")
     assert page.locator("#dead-letters tbody tr").count() == 1
 

@@ -25,12 +25,13 @@ WHEN = datetime(2026, 3, 4, 5, 6, 7, 890123, tzinfo=timezone.utc)
 
 def test_channel_and_producer_shapes():
     channel = SimpleNamespace(channel_id="ch1", name="One", token="t", updated_at=WHEN, message_ttl=60,
-                              retention=5400)
+                              retention=5400, event_types="closed")
     assert channel_repr(channel) == {
         "ID": "ch1", "Name": "One", "Token": "t", "ChangedAt": "2026-03-04T05:06:07Z",
         "ConsumersURL": "/channel/ch1/consumers", "MessagesURL": "/channel/ch1/messages",
         "BroadcastURL": "/channel/ch1/broadcast", "MessagesStatusURL": "/channel/ch1/messages-status", "MessageTTL": 60,
-        "Retention": "90m"}
+        "Retention": "90m", "EventTypes": "closed", "EventTypesURL": "/channel/ch1/event-types",
+        "AsyncAPIURL": "/channel/ch1/asyncapi.json"}
     assert channel_repr(SimpleNamespace(**{**vars(channel), "retention": None}))["Retention"] is None
     producer = SimpleNamespace(producer_id="p1", name="P", token="pt", updated_at=WHEN, rate_limit_per_second=None,
                                burst=None)

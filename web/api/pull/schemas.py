@@ -100,5 +100,5 @@ ADVISORIES_LIMIT = limit_param(ADVISORIES_DEFAULT, ADVISORIES_MAX)
 # jobs.pull.purge.older_than_parse: an RFC 3339 time, or an age in seconds (below 1e10)
 OLDER_THAN = OpenApiParameter(
     "olderThan", {"anyOf": [{"type": "string", "format": "date-time"},
-                            {"type": "number", "minimum": 0, "maximum": 1e10, "exclusiveMaximum": True}]},
+                            {"type": "number", "minimum": 0, "exclusiveMaximum": 1e10}]},
     description="only jobs created before this RFC 3339 time, or more than this many seconds ago")

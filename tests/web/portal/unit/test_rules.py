@@ -70,3 +70,23 @@ def test_rate_windows_are_whole_minutes():
 
 def test_advisories_name_a_link_by_its_id():
     assert link_label(7) == "portal link 7"
+
+
+def test_time_ago_reads_as_people_say_it():
+    from web.portal.rules import time_ago
+
+    assert [time_ago(s) for s in (0, 0.4, 1, 59, 60, 12 * 60 + 30, 3 * 3600 + 5, 86400, 2 * 86400 + 7)] == [
+        "just now", "just now", "1 s ago", "59 s ago", "1 min ago", "12 min ago", "3 h ago", "1 day ago", "2 days ago"]
+    assert time_ago(-300) == "in 5 min" and time_ago(-3 * 86400) == "in 3 days"
+
+
+def test_idle_sessions_and_how_often_a_session_is_marked_seen():
+    from datetime import datetime, timedelta, timezone
+
+    from web.portal.rules import seen_every, session_idle
+
+    now = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    idle = timedelta(minutes=30)
+    assert not session_idle(last_seen_at=now - timedelta(minutes=30), now=now, idle=idle)
+    assert session_idle(last_seen_at=now - timedelta(minutes=30, seconds=1), now=now, idle=idle)
+    assert seen_every(idle) == timedelta(minutes=1) and seen_every(timedelta(seconds=40)) == timedelta(seconds=20)
