@@ -56,12 +56,15 @@ class _Cache:
 _cache = _Cache()
 
 
-def message_validate(*, channel_id: str, message_type: str | None, payload: bytes, content_type: str) -> None:
+def message_validate(*, channel_id: str, message_type: str | None, payload: bytes, content_type: str,
+                     rules: ChannelRules | None = None) -> None:
     """Hold one message to its channel's event types: 422 ``schema_validation_failed`` (with
     ``path``, a JSON pointer into the payload) when its type has a schema the payload breaks or the
     payload is not JSON; 422 ``unknown_event_type`` on a ``closed`` channel for a type it has no
-    event type for (or no type). A channel that does not exist passes (the publish answers 404)."""
-    rules = channel_rules(channel_id)
+    event type for (or no type). A channel that does not exist passes (the publish answers 404).
+    ``rules``: the channel's, as ``channel_rules_held`` gave them (else read as needed)."""
+    if rules is None:
+        rules = channel_rules(channel_id)
     if not rules.types and not rules.closed:
         return
     entry = rules.types.get(message_type) if message_type is not None else None
@@ -99,6 +102,18 @@ def channel_rules(channel_id: str) -> ChannelRules:
     if rules is None or rules.generation != cache.generation:  # (!=: a restored database may go back)
         rules = _load(channel_id)
     return rules
+
+
+def channel_rules_held(channel_id: str, *, within: float = 2 * CHECK_INTERVAL) -> ChannelRules | None:
+    """The channel's rules as this process holds them, without a query, when the generation was read
+    less than ``within`` seconds ago and the channel loaded at it; else None. For a caller that must
+    not block (the web server's event loop): it has ``channel_rules`` called elsewhere meanwhile (a
+    change is then still seen within a second) and leaves the other cases to it."""
+    cache = _cache
+    if time.monotonic() - cache.checked_at >= within:
+        return None
+    rules = cache.channels.get(channel_id)
+    return rules if rules is not None and rules.generation == cache.generation else None
 
 
 def _load(channel_id: str) -> ChannelRules:

@@ -45,7 +45,9 @@ from jobs.publish.grouped import WAIT_MAX, PublishItem, publish_admission, publi
 from web.api import publishing
 from web.api.fast_lane import FastLane, allow_header
 from web.api.representations import message_url
+from web.api.sources import SourceReceiveView
 from web.server.http import Request, Server
+from web.server.inbound import ROUTE as INBOUND_ROUTE, source_receive_native
 
 logger = logging.getLogger("broker.web.native")
 ERRORS_CACHED = 512  # rendered refusals kept (their text is the same for every request of a kind)
@@ -124,6 +126,7 @@ def broadcast_native(native: Native, req: Request, request: NativeRequest, chann
 NATIVE_ROUTES = [
     NativeRoute("POST", re.compile(r"^/channel/(?P<channel_id>[^/]+)/broadcast\Z"), broadcast_native,
                 publishing.BroadcastView, on_loop=True),
+    NativeRoute("POST", INBOUND_ROUTE, source_receive_native, SourceReceiveView, on_loop=True),  # web.server.inbound
 ]
 
 
