@@ -97,6 +97,18 @@ def source_request_too_large(*, source_id: str, remote: str = "") -> TooLarge:
     return refusal
 
 
+def source_request_admit(*, source_id: str, remote: str = "") -> None:
+    """What a front end checks before reading a large body (the provider's signature, the credential,
+    needs the body): 404 for an unknown id, 403 ``source_disabled`` (counted) for a disabled source."""
+    source = source_lookup(source_id=source_id) if SOURCE_ID.fullmatch(source_id or "") else None
+    if source is None:
+        raise NotFound("source_not_found", "no source has this address")
+    if not source.enabled:
+        refusal = Forbidden("source_disabled", "this source is disabled")
+        source_request_count(source_pk=source.pk, outcome=refusal.code, detail=refusal.detail, remote=remote)
+        raise refusal
+
+
 def _too_large() -> TooLarge:
     return TooLarge("payload_too_large", f"body is larger than {settings.BROKER_MAX_PAYLOAD_BYTES} bytes")
 

@@ -149,11 +149,12 @@ def broadcast_post(request, channel_id: str) -> HttpResponse:
     return response
 
 
-def broadcast_event_check(channel_id: str, message: NewMessage) -> None:
+def broadcast_event_check(channel_id: str, message: NewMessage, *, rules=None) -> None:
     """Event types (issue 37): 422 when the message breaks its channel's event types, before any
-    transaction; a scheduled message is checked now, when it is created (not again when due)."""
+    transaction; a scheduled message is checked now, when it is created (not again when due).
+    ``rules``: the channel's as held (``channel_rules_held``), else read as needed."""
     message_validate(channel_id=channel_id, message_type=message.type, payload=message.payload,
-                     content_type=message.content_type)
+                     content_type=message.content_type, rules=rules)
 
 
 def broadcast_message(request, *, credentials_check=None) -> tuple[NewMessage, str]:

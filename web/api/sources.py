@@ -25,7 +25,7 @@ from broker.errors import DomainError, TooLarge
 from broker.registry import Precondition
 from broker.times import rfc3339
 from sources.models import Source
-from sources.receive import source_request_receive, source_request_too_large
+from sources.receive import source_request_admit, source_request_receive, source_request_too_large
 from sources.registry import source_delete, source_of, source_upsert
 from sources.rules import FIELDS, RESPONSE_BODY_MAX, SECRET_MAX, dedupe_spec, settings_parse, type_spec
 from sources.tallies import (ACCEPTED, CHALLENGE, DUPLICATE, OUTCOMES, REFUSALS_KEPT, source_counts,
@@ -290,7 +290,8 @@ class SourceReceiveView(APIView):
     def post(self, request, source_id: str):
         remote = request.META.get("REMOTE_ADDR", "")
         try:
-            body = read_body(request, settings.BROKER_MAX_PAYLOAD_BYTES)
+            body = read_body(request, settings.BROKER_MAX_PAYLOAD_BYTES,  # (an unknown id: 404 before reading)
+                             credentials_check=lambda: source_request_admit(source_id=source_id, remote=remote))
         except TooLarge:
             raise source_request_too_large(source_id=source_id, remote=remote) from None
         answer = source_request_receive(source_id=source_id, headers=request_headers(request.META), body=body,

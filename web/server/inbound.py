@@ -2,8 +2,9 @@
 
 The common case costs no Django request, no thread and no query of its own: the source and its
 channel's event types as this process holds them (``sources.lookup.source_cached``,
-``eventtypes.validation.channel_rules_held``; a pool thread reads them again when due, so the loop
-never waits for them and a change is still seen within about a second), its signature, delivery id
+``eventtypes.validation.channel_rules_held``; read again in the server's pool when due,
+``web.server.current``: the loop never waits for them, and a change is still seen within about a
+second), its signature, delivery id
 and type checked on the loop (``sources.receive.source_request_prepare``, the full stack's own code:
 an HMAC costs microseconds), and the message handed to the process's publishing thread (the group
 commit) as a single publish is (``web.server.native.broadcast_native``). The provider is answered
@@ -22,16 +23,13 @@ what it meets. A publish refused at once by admission (503 ``overloaded``) is an
 
 from __future__ import annotations
 
-import logging
 import re
-import time
 import weakref
 from collections import Counter
 
 from django.conf import settings
 from django.http import HttpResponse
 
-from broker.db.errors import DB_ERRORS
 from broker.errors import DomainError, Unavailable
 from eventtypes.validation import channel_rules
 from jobs.publish.grouped import WAIT_MAX, PublishItem, publish_admission, publish_submit
@@ -40,12 +38,10 @@ from sources.receive import SourceAnswer, WouldBlock, source_request_prepare
 from sources.tallies import ACCEPTED, DUPLICATE, source_request_count
 from web.api.fast_lane import allow_header
 from web.api.sources import SourceReceiveView, request_headers
+from web.server.current import refresh_soon
 
 ROUTE = re.compile(r"^/in/(?P<source_id>[^/]+)\Z")  # web.urls: path("in/<str:source_id>")
 ANSWERS_KEPT = 256  # rendered accepted answers kept (one per source's answer and scheme)
-REFRESH_EVERY = 0.25  # seconds between two pool tasks that read a source (and its event types) again if due
-REFRESHED_KEPT = 10_000  # sources whose last refresh is remembered (a flood of ids: forgotten at once)
-logger = logging.getLogger("broker.web.inbound")
 
 
 class Inbound:
@@ -57,7 +53,6 @@ class Inbound:
         self.pending: dict[int, tuple[PublishItem, object, object, SourceAnswer]] = {}
         self.answers: dict[tuple, tuple[bytes, bytes]] = {}
         self.lane = None  # the FastLane the answers were rendered with (a settings change makes another)
-        self.refreshed: dict[str, float] = {}  # source id -> when a refresh was last asked for
         native.server.tick_hooks.append(self._tick)
 
     def submit(self, req, request, received) -> None:
@@ -93,18 +88,6 @@ class Inbound:
         for (pk, outcome), n in counts.items():
             source_request_count(source_pk=pk, outcome=outcome, n=n)
 
-    def keep_current(self, source) -> None:
-        """Have the source and its channel's event types read again in a pool thread when due, at
-        most every REFRESH_EVERY per source while its requests come: the loop never waits for them
-        and serves from what is held (``source_cached``, ``channel_rules_held``)."""
-        now = time.monotonic()
-        if now - self.refreshed.get(source.source_id, float("-inf")) < REFRESH_EVERY:
-            return
-        if len(self.refreshed) >= REFRESHED_KEPT:
-            self.refreshed.clear()
-        self.refreshed[source.source_id] = now
-        self.native.server.executor.submit(_refresh, source.source_id, source.channel_id)
-
     def respond(self, req, request, answer: SourceAnswer) -> None:
         """``answer`` as ``SourceReceiveView`` gives it (DRF's Allow, the middleware's headers)."""
         native = self.native
@@ -139,15 +122,6 @@ class Inbound:
             self.native.refuse(req, request.django(), refusal, SourceReceiveView)
 
 
-def _refresh(source_id: str, channel_id: str) -> None:
-    """(pool thread) The source and its channel's event types, read again if due."""
-    try:
-        source_lookup(source_id=source_id)
-        channel_rules(channel_id)
-    except DB_ERRORS:  # the database cannot serve now: what is held ages out, and the full way answers
-        logger.debug("could not read source %s again", source_id, exc_info=True)
-
-
 _inbound: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Native -> Inbound
 
 
@@ -159,7 +133,8 @@ def source_receive_native(native, req, request, source_id: str) -> bool:
     inbound = _inbound.get(native)
     if inbound is None:
         inbound = _inbound[native] = Inbound(native)
-    inbound.keep_current(source)
+    refresh_soon(native, ("source", source_id), source_lookup, source_id=source_id)  # (read only when due)
+    refresh_soon(native, ("event types", source.channel_id), channel_rules, source.channel_id)
     try:
         received = source_request_prepare(source=source, headers=request_headers(request.META), body=request.body,
                                           blocking=False)

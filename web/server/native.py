@@ -41,11 +41,13 @@ from django.http import HttpResponse
 from django.http.request import HttpHeaders
 
 from broker.errors import DomainError, Unavailable
+from eventtypes.validation import channel_rules, channel_rules_held
 from jobs.publish.grouped import WAIT_MAX, PublishItem, publish_admission, publish_submit
 from web.api import publishing
 from web.api.fast_lane import FastLane, allow_header
 from web.api.representations import message_url
 from web.api.sources import SourceReceiveView
+from web.server.current import refresh_soon
 from web.server.http import Request, Server
 from web.server.inbound import ROUTE as INBOUND_ROUTE, source_receive_native
 
@@ -106,7 +108,11 @@ def broadcast_native(native: Native, req: Request, request: NativeRequest, chann
     to the publishing thread; False (the full way) for anything else."""
     try:
         message, scheduled_for = publishing.broadcast_message(request)
-        publishing.broadcast_event_check(channel_id, message)  # (a 422 is the full stack's, credentials first)
+        refresh_soon(native, ("event types", channel_id), channel_rules, channel_id)  # (in the pool: no query here)
+        rules = channel_rules_held(channel_id)
+        if rules is None:
+            return False  # not held current: the full way reads them
+        publishing.broadcast_event_check(channel_id, message, rules=rules)  # (a 422 is the full stack's, credentials first)
     except DomainError:
         return False  # the full stack answers it (credentials first)
     if scheduled_for or message.partition_key is not None or not settings.BROKER_PUBLISH_GROUP:

@@ -8,6 +8,7 @@ full way."""
 from __future__ import annotations
 
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -16,12 +17,14 @@ from django.core.wsgi import get_wsgi_application
 from broker.errors import Unavailable
 from broker.models import Message
 from jobs.publish.grouped import _publisher
+from eventtypes import validation
 from eventtypes.validation import channel_rules
-from sources.lookup import source_lookup
+from sources.lookup import source_lookup, sources_cache_clear
 from sources.models import Source
 from sources.tallies import source_counts, source_tallies_close, source_tallies_flush
 from tests.sources.conftest import GITHUB_SECRET, _fresh_source_cache, github_headers, slack_headers  # noqa: F401
 from tests.web.server.test_native import post, shape
+from web.server import current
 from web.server import inbound as inbound_module
 from web.server.native import NATIVE_ROUTES, Native
 
@@ -192,3 +195,29 @@ def test_a_publish_the_thread_refuses_is_answered_by_the_full_way(broker, make):
     assert routes.handled - handled == 1  # taken on the loop, then answered by the full way
     assert answer.status == 404 and json.loads(answer.body)["error"] == "source_not_found"
     assert not Message.objects.exists()
+
+
+def test_what_is_not_held_goes_the_full_way_and_is_read_again_in_the_pool(broker, make):
+    """The loop never queries: a source or event types not held current go the full way (which reads
+    them), and a request that finds them held but due has them read again in the server's pool."""
+    served, routes = broker
+    source_id = source(make)
+    sources_cache_clear()
+    validation.cache_clear()
+    handled = routes.handled
+    assert post(served, f"/in/{source_id}", *signed(b"{}", "d-1")).status == 200  # nothing held
+    assert routes.handled == handled
+    source_lookup(source_id=source_id, fresh=True)
+    validation.cache_clear()  # the source held, its channel's event types not
+    assert post(served, f"/in/{source_id}", *signed(b"{}", "d-2")).status == 200
+    assert routes.handled == handled  # the full way; it read them for this process, the pool too
+    assert validation.channel_rules_held("ch1") is not None
+    validation._cache.checked_at -= validation.CHECK_INTERVAL  # due: read again in the pool, answered meanwhile
+    current._asked.clear()
+    assert post(served, f"/in/{source_id}", *signed(b"{}", "d-3")).status == 200
+    assert routes.handled == handled + 1
+    deadline = time.monotonic() + 10
+    while time.monotonic() - validation._cache.checked_at > validation.CHECK_INTERVAL:
+        assert time.monotonic() < deadline, "the pool did not read the event types again"
+        time.sleep(0.01)
+    assert Message.objects.count() == 3

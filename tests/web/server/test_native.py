@@ -16,6 +16,7 @@ from django.core.wsgi import get_wsgi_application
 
 from broker.errors import Unavailable
 from broker.models import Message
+from eventtypes.validation import channel_rules
 from jobs.publish import grouped
 from tests.conftest import ADMIN_TOKEN
 from tests.web.server.conftest import Reader
@@ -39,6 +40,8 @@ def broker(serve, make):
 
 
 def post(served, path: str, body: bytes, headers: dict, *, host: str = "127.0.0.1"):
+    if path.startswith("/channel/"):  # the channel's event types held, as while publishes come: taken on the loop
+        channel_rules(path.split("/")[2])
     raw = [f"POST {path} HTTP/1.1", f"Host: {host}", f"Content-Length: {len(body)}"]
     raw += [f"{k}: {v}" for k, v in headers.items()]
     sock = served.connect()
