@@ -32,7 +32,10 @@ def refresh_soon(native, key, read, *args, **kwargs) -> None:
     if len(asked) >= KEPT:
         asked.clear()
     asked[key] = now
-    native.server.executor.submit(_read, read, args, kwargs)
+    try:
+        native.server.executor.submit(_read, read, args, kwargs)
+    except RuntimeError:  # the pool is shut down (the worker stops): what is held ages out
+        pass
 
 
 def _read(read, args: tuple, kwargs: dict) -> None:

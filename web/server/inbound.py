@@ -81,7 +81,13 @@ class Inbound:
                 outcome = DUPLICATE  # the trigger skipped it: a delivery id within the window
             else:  # refused, nothing stored: the full stack publishes it again and answers what it meets
                 req.native = None
-                self.native.server.wsgi_submit(req.conn, req)
+                try:
+                    self.native.server.wsgi_submit(req.conn, req)
+                except RuntimeError:  # the pool is shut down (the worker stops): 503, the provider retries
+                    self.native.server.wsgi_done()
+                    self.native.refuse(req, request.django(), Unavailable(
+                        "database_unavailable", "the database is unavailable, retry shortly", retry_after=1),
+                        SourceReceiveView)
                 continue
             counts[(received.source.pk, outcome)] += 1
             self.respond(req, request, received.answer)
