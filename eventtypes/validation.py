@@ -62,7 +62,7 @@ def message_validate(*, channel_id: str, message_type: str | None, payload: byte
     ``path``, a JSON pointer into the payload) when its type has a schema the payload breaks or the
     payload is not JSON; 422 ``unknown_event_type`` on a ``closed`` channel for a type it has no
     event type for (or no type). A channel that does not exist passes (the publish answers 404).
-    ``rules``: the channel's, already in hand (``rules_held``); else ``channel_rules`` reads them."""
+    ``rules``: the channel's, as ``channel_rules_held`` gave them (else read as needed)."""
     if rules is None:
         rules = channel_rules(channel_id)
     if not rules.types and not rules.closed:
@@ -104,18 +104,16 @@ def channel_rules(channel_id: str) -> ChannelRules:
     return rules
 
 
-def rules_held(channel_id: str) -> ChannelRules | None:
-    """The channel's rules when this process holds them current (the generation read less than
-    CHECK_INTERVAL ago, and the channel's rules of that generation), without a database read; None
-    otherwise. For a caller that must not block (the web server's event loop): on None it leaves the
-    publish to a thread that calls ``message_validate``, which reads them for the next one."""
+def channel_rules_held(channel_id: str, *, within: float = 2 * CHECK_INTERVAL) -> ChannelRules | None:
+    """The channel's rules as this process holds them, without a query, when the generation was read
+    less than ``within`` seconds ago and the channel loaded at it; else None. For a caller that must
+    not block (the web server's event loop): it has ``channel_rules`` called elsewhere meanwhile (a
+    change is then still seen within a second) and leaves the other cases to it."""
     cache = _cache
-    if time.monotonic() - cache.checked_at >= CHECK_INTERVAL:
+    if time.monotonic() - cache.checked_at >= within:
         return None
     rules = cache.channels.get(channel_id)
-    if rules is None or rules.generation != cache.generation:
-        return None
-    return rules
+    return rules if rules is not None and rules.generation == cache.generation else None
 
 
 def _load(channel_id: str) -> ChannelRules:

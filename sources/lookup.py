@@ -20,6 +20,7 @@ from sources.rules import spec_parse, DEDUPE_KINDS, TYPE_KINDS, dedupe_spec, typ
 
 SOURCES_PRODUCER = "broker-sources"  # the broker-owned producer every source publishes as
 FRESH_FOR = 0.9  # seconds a cached source (or its absence) is used without reading it again
+STALE_MAX = 2 * FRESH_FOR  # seconds a held source serves a caller that must not block while it is read again
 CACHE_MAX = 10_000  # entries; beyond, the cache starts over (a flood of unknown ids)
 
 
@@ -98,6 +99,13 @@ class SourceCache:
             self._entries[source_id] = (now, snapshot)
         return snapshot
 
+    def cached(self, source_id: str, within: float) -> SourceSnapshot | None:
+        """The source as held, if it is held and was read less than ``within`` ago; else None (never reads)."""
+        entry = self._entries.get(source_id)
+        if entry is not None and time.monotonic() - entry[0] < within:
+            return entry[1]
+        return None
+
     def forget(self, source_id: str) -> None:
         """Drop one entry (this process changed or deleted the source: its next request reads it)."""
         self._entries.pop(source_id, None)
@@ -114,6 +122,14 @@ def source_lookup(*, source_id: str, fresh: bool = False) -> SourceSnapshot | No
     """The source whose URL id is ``source_id`` (None when there is none), at most FRESH_FOR
     seconds old unless ``fresh``."""
     return _cache.get(source_id, fresh=fresh)
+
+
+def source_cached(*, source_id: str, within: float = STALE_MAX) -> SourceSnapshot | None:
+    """The source as this process holds it when it was read less than ``within`` seconds ago,
+    without any query (None: not held, too old, or no such source). For a caller that must not
+    block (the web server's event loop): it has ``source_lookup`` called elsewhere meanwhile (so a
+    change is still seen within about a second) and leaves the other cases to it."""
+    return _cache.cached(source_id, within)
 
 
 def source_forget(*, source_id: str) -> None:

@@ -33,7 +33,7 @@ from broker.db.errors import DB_ERRORS, database_unavailable, sqlstate_of
 from broker.errors import DomainError, Forbidden, InvalidInput, NotFound, TooLarge, Unavailable
 from broker.message_types import message_type_parse
 from broker.tracing import trace_context_parse
-from eventtypes.validation import message_validate
+from eventtypes.validation import channel_rules_held, message_validate
 from jobs.publish.grouped import message_publish_grouped
 from jobs.publish.messages import NewMessage
 from sources.lookup import SOURCES_PRODUCER, SourceSnapshot, source_lookup
@@ -86,14 +86,6 @@ def source_request_receive(*, source_id: str, headers: Mapping[str, str], body: 
     return answer
 
 
-def source_address_check(*, source_id: str) -> None:
-    """Before a large body is read (issue 38 item 4, credentials first): 404 when no source has this
-    address, so an unknown id never makes the broker read up to BROKER_MAX_PAYLOAD_BYTES. (A known
-    source's credential is its signature, over the body: that body is read.)"""
-    if not SOURCE_ID.fullmatch(source_id or "") or source_lookup(source_id=source_id) is None:
-        raise NotFound("source_not_found", "no source has this address")
-
-
 def source_request_too_large(*, source_id: str, remote: str = "") -> TooLarge:
     """The refusal of a body over BROKER_MAX_PAYLOAD_BYTES that a front end saw coming from its
     Content-Length (before reading it), counted like the others; unknown id: 404."""
@@ -105,41 +97,93 @@ def source_request_too_large(*, source_id: str, remote: str = "") -> TooLarge:
     return refusal
 
 
+def source_request_admit(*, source_id: str, remote: str = "") -> None:
+    """What a front end checks before reading a large body (the provider's signature, the credential,
+    needs the body): 404 for an unknown id, 403 ``source_disabled`` (counted) for a disabled source."""
+    source = source_lookup(source_id=source_id) if SOURCE_ID.fullmatch(source_id or "") else None
+    if source is None:
+        raise NotFound("source_not_found", "no source has this address")
+    if not source.enabled:
+        refusal = Forbidden("source_disabled", "this source is disabled")
+        source_request_count(source_pk=source.pk, outcome=refusal.code, detail=refusal.detail, remote=remote)
+        raise refusal
+
+
 def _too_large() -> TooLarge:
     return TooLarge("payload_too_large", f"body is larger than {settings.BROKER_MAX_PAYLOAD_BYTES} bytes")
 
 
-def _receive(source: SourceSnapshot, headers: Mapping[str, str], raw: bytes) -> tuple[SourceAnswer, str]:
+@dataclass(frozen=True)
+class Received:
+    """A verified request, ready to publish: its ``message`` (None: answered without one, Slack's URL
+    check) and the ``answer`` the provider gets once it is stored (or known to be a redelivery)."""
+
+    source: SourceSnapshot  # the one it verified against (read again if a secret just rotated)
+    message: NewMessage | None
+    answer: SourceAnswer
+    outcome: str = ACCEPTED  # (a request answered without a message: its tally's outcome)
+
+
+class WouldBlock(Exception):
+    """(``source_request_prepare(blocking=False)``) What is left needs a query: the caller leaves
+    the request to ``source_request_receive``."""
+
+
+def source_request_prepare(*, source: SourceSnapshot, headers: Mapping[str, str], body: bytes,
+                           blocking: bool = True) -> Received:
+    """Everything before the publish, without writing anything: the checks, the signature, the
+    message (its type, its delivery id), the channel's event types. Raises the refusal's DomainError
+    (not counted: the caller counts). ``blocking=False`` (a caller that must not wait for the
+    database, such as the web server's event loop): never queries; a refused signature is refused
+    as the source is held (never read again) and channel event types not held current raise
+    ``WouldBlock``; the caller leaves those to ``source_request_receive``."""
     if not source.enabled:
         raise Forbidden("source_disabled", "this source is disabled")
-    if len(raw) > settings.BROKER_MAX_PAYLOAD_BYTES:
+    if len(body) > settings.BROKER_MAX_PAYLOAD_BYTES:
         raise _too_large()
-    source = _verified(source, headers, raw)
-    body = Body(raw)
+    if blocking:
+        source = _verified(source, headers, body)
+    else:
+        _verify(source, headers, body)
+    parsed = Body(body)
     if source.verify == "slack":  # Slack's URL check when the address is set: echo, publish nothing
-        document = body.json()
+        document = parsed.json()
         if isinstance(document, dict) and document.get("type") == "url_verification":
             challenge = document.get("challenge")
-            return SourceAnswer(200, "application/json", json.dumps({"challenge": challenge}).encode()), CHALLENGE
+            return Received(source, None, SourceAnswer(200, "application/json",
+                                                       json.dumps({"challenge": challenge}).encode()), CHALLENGE)
     content_type = (headers.get("content-type") or "").strip() or "application/octet-stream"
     if len(content_type) > CONTENT_TYPE_MAX:
         raise InvalidInput("invalid_content_type", f"Content-Type is longer than {CONTENT_TYPE_MAX} characters")
-    message_type = spec_read(source.message_type, headers, body)
+    message_type = spec_read(source.message_type, headers, parsed)
     try:
         message_type = message_type_parse(message_type, field=f"the message type ({':'.join(source.message_type)})")
     except InvalidInput as exc:
         raise InvalidInput("invalid_message_type", exc.detail) from None
     message_headers = {SOURCE_HEADER: source.name, SOURCE_REF: str(source.pk)}
-    delivery = spec_read(source.dedupe, headers, body)
+    delivery = spec_read(source.dedupe, headers, parsed)
     if delivery is not None:
         message_headers[DELIVERY_HEADER] = delivery_shown(delivery)
-    message = NewMessage(payload=raw, content_type=content_type, type=message_type, headers=message_headers,
+    message = NewMessage(payload=body, content_type=content_type, type=message_type, headers=message_headers,
                          trace=trace_context_parse(headers.get("traceparent"), headers.get("tracestate")))
-    fresh = _publish(source, message)
+    # held to the channel's event types, as every publish is (422 schema_validation_failed / unknown_event_type)
+    rules = None if blocking else channel_rules_held(source.channel_id)
+    if rules is None and not blocking:
+        raise WouldBlock("the channel's event types are not held current")
+    message_validate(channel_id=source.channel_id, message_type=message.type, payload=message.payload,
+                     content_type=message.content_type, rules=rules)
     content = source.response_body.encode()
-    answer = SourceAnswer(source.response_status,
-                          (source.response_content_type or "text/plain; charset=utf-8") if content else None, content)
-    return answer, ACCEPTED if fresh else DUPLICATE
+    return Received(source, message, SourceAnswer(
+        source.response_status, (source.response_content_type or "text/plain; charset=utf-8") if content else None,
+        content))
+
+
+def _receive(source: SourceSnapshot, headers: Mapping[str, str], raw: bytes) -> tuple[SourceAnswer, str]:
+    received = source_request_prepare(source=source, headers=headers, body=raw)
+    if received.message is None:
+        return received.answer, received.outcome
+    fresh = _publish(received.source, received.message)
+    return received.answer, ACCEPTED if fresh else DUPLICATE
 
 
 def _verified(source: SourceSnapshot, headers: Mapping[str, str], body: bytes) -> SourceSnapshot:
@@ -171,10 +215,7 @@ def _verify(source: SourceSnapshot, headers: Mapping[str, str], body: bytes) -> 
 def _publish(source: SourceSnapshot, message: NewMessage) -> bool:
     """Publish through the group commit; True when stored, False for a redelivery (the trigger
     skipped it). A cached token that no longer matches (a channel token changed) is read again
-    once; a source deleted or disabled since it was cached answers 404 / 403. Held to the channel's
-    event types first, as every publish is (422 ``schema_validation_failed`` / ``unknown_event_type``)."""
-    message_validate(channel_id=source.channel_id, message_type=message.type, payload=message.payload,
-                     content_type=message.content_type)
+    once; a source deleted or disabled since it was cached answers 404 / 403."""
     for attempt in (1, 2):
         try:
             # inside a caller's transaction (tests) a refusal of the trigger must not abort it

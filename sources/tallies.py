@@ -60,14 +60,14 @@ class Tally:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def record(self, *, source_pk: int, outcome: str, detail: str = "", remote: str = "") -> None:
+    def record(self, *, source_pk: int, outcome: str, detail: str = "", remote: str = "", n: int = 1) -> None:
         code = outcome_code(outcome)
         refusal = (time.time(), outcome, detail[:255], remote[:64]) if code > REFUSED_FROM else None
         if connection.in_atomic_block:
-            _write({(source_pk, code): 1}, {source_pk: [refusal]} if refusal else {})
+            _write({(source_pk, code): n}, {source_pk: [refusal]} if refusal else {})
             return
         with self._lock:
-            self._counts[(source_pk, code)] += 1
+            self._counts[(source_pk, code)] += n
             if refusal:
                 self._refusals[source_pk].append(refusal)
             if self._thread is None or not self._thread.is_alive():
@@ -138,9 +138,10 @@ def _write(counts: dict, refusals: dict) -> int:
 _tally = Tally()
 
 
-def source_request_count(*, source_pk: int, outcome: str, detail: str = "", remote: str = "") -> None:
-    """Count one request of a source by its outcome (a refusal also joins its last refusals)."""
-    _tally.record(source_pk=source_pk, outcome=outcome, detail=detail, remote=remote)
+def source_request_count(*, source_pk: int, outcome: str, detail: str = "", remote: str = "", n: int = 1) -> None:
+    """Count one request of a source by its outcome (a refusal also joins its last refusals); ``n``:
+    as many requests of the same outcome at once (a batch of the group commit)."""
+    _tally.record(source_pk=source_pk, outcome=outcome, detail=detail, remote=remote, n=n)
 
 
 def source_tallies_flush() -> int:

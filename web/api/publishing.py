@@ -21,7 +21,7 @@ from broker.errors import DomainError, InvalidInput, TooLarge
 from broker.message_types import message_type_parse, ttl_parse
 from broker.numbers import whole
 from broker.tracing import trace_context_parse
-from eventtypes.validation import ChannelRules, message_validate
+from eventtypes.validation import message_validate
 from jobs.publish.auth import PublishContext, publish_authenticate
 from jobs.publish.grouped import message_publish_grouped
 from jobs.publish.messages import NewMessage, partition_headers, partition_parse
@@ -133,7 +133,7 @@ def broadcast_post(request, channel_id: str) -> HttpResponse:
                    "producer_token": meta.get("HTTP_X_BROKER_PRODUCER_TOKEN")}
     try:  # a large body is read only once the credentials passed (read_body)
         message, scheduled_for = broadcast_message(request, credentials_check=lambda: publish_authenticate(**credentials))
-        event_type_check(channel_id, message)
+        broadcast_event_check(channel_id, message)
     except DomainError:
         publish_authenticate(**credentials)  # refusals of the credentials come first
         raise
@@ -149,10 +149,10 @@ def broadcast_post(request, channel_id: str) -> HttpResponse:
     return response
 
 
-def event_type_check(channel_id: str, message: NewMessage, *, rules: ChannelRules | None = None) -> None:
+def broadcast_event_check(channel_id: str, message: NewMessage, *, rules=None) -> None:
     """Event types (issue 37): 422 when the message breaks its channel's event types, before any
     transaction; a scheduled message is checked now, when it is created (not again when due).
-    ``rules``: the channel's as held (the native route, which must not read the database)."""
+    ``rules``: the channel's as held (``channel_rules_held``), else read as needed."""
     message_validate(channel_id=channel_id, message_type=message.type, payload=message.payload,
                      content_type=message.content_type, rules=rules)
 

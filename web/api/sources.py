@@ -25,7 +25,7 @@ from broker.errors import DomainError, TooLarge
 from broker.registry import Precondition
 from broker.times import rfc3339
 from sources.models import Source
-from sources.receive import source_address_check, source_request_receive, source_request_too_large
+from sources.receive import source_request_admit, source_request_receive, source_request_too_large
 from sources.registry import source_delete, source_of, source_upsert
 from sources.rules import FIELDS, RESPONSE_BODY_MAX, SECRET_MAX, dedupe_spec, settings_parse, type_spec
 from sources.tallies import (ACCEPTED, CHALLENGE, DUPLICATE, OUTCOMES, REFUSALS_KEPT, source_counts,
@@ -39,9 +39,7 @@ from web.api.put_schemas import put_request
 from web.api.representations import changed_at
 from web.auth import require_registry
 
-# (no "%" either in the schema: a name is a path segment, and a client that does not percent-encode
-# it would send "%20" for what the server then reads as a blank)
-NAME_SCHEMA = {"type": "string", "minLength": 1, "maxLength": 255, "pattern": r"^[^/%\u0000-\u0020\u007f]+$"}
+NAME_SCHEMA = {"type": "string", "minLength": 1, "maxLength": 255, "pattern": r"^[^/\u0000-\u0020\u007f]+$"}
 ID_SCHEMA = {"type": "string", "minLength": 1, "maxLength": 64, "pattern": r"^[A-Za-z0-9_-]+$"}
 CHANNEL = OpenApiParameter("channel_id", {"type": "string", "minLength": 1, "maxLength": 255,
                                           "pattern": r"^[^/\u0000]+$"}, OpenApiParameter.PATH)
@@ -292,8 +290,8 @@ class SourceReceiveView(APIView):
     def post(self, request, source_id: str):
         remote = request.META.get("REMOTE_ADDR", "")
         try:
-            body = read_body(request, settings.BROKER_MAX_PAYLOAD_BYTES,
-                             credentials_check=lambda: source_address_check(source_id=source_id))
+            body = read_body(request, settings.BROKER_MAX_PAYLOAD_BYTES,  # (an unknown id: 404 before reading)
+                             credentials_check=lambda: source_request_admit(source_id=source_id, remote=remote))
         except TooLarge:
             raise source_request_too_large(source_id=source_id, remote=remote) from None
         answer = source_request_receive(source_id=source_id, headers=request_headers(request.META), body=body,

@@ -16,10 +16,7 @@ Same answers as the full stack (status, body, every header; tests/web/server com
 checks the full stack makes first (``FastLane.admits``: allowed hosts, SSL redirect, user agent,
 the HMAC signature) and a request they would refuse goes the full way; so does a request whose
 message is refused before it is queued (a 400 or 413: the full stack checks the credentials first),
-a scheduled one, one whose channel's event types this process does not hold current
-(``eventtypes.validation.rules_held``: the event loop never reads the database; the full way reads
-them, so at most one publish per process and CHECK_INTERVAL goes that way) or that breaks them (a
-422), and anything a handler declines. Answers are rendered by the same code as the fast
+a scheduled one, and anything a handler declines. Answers are rendered by the same code as the fast
 lane's (``FastLane.answer`` / ``refusal`` / ``finish``); the 201 of a publish from a template made by
 that code (``_created_template``), remade when a setting changes.
 
@@ -44,12 +41,15 @@ from django.http import HttpResponse
 from django.http.request import HttpHeaders
 
 from broker.errors import DomainError, Unavailable
-from eventtypes.validation import rules_held
+from eventtypes.validation import channel_rules, channel_rules_held
 from jobs.publish.grouped import WAIT_MAX, PublishItem, publish_admission, publish_submit
 from web.api import publishing
 from web.api.fast_lane import FastLane, allow_header
 from web.api.representations import message_url
+from web.api.sources import SourceReceiveView
+from web.server.current import refresh_soon
 from web.server.http import Request, Server
+from web.server.inbound import ROUTE as INBOUND_ROUTE, source_receive_native
 
 logger = logging.getLogger("broker.web.native")
 ERRORS_CACHED = 512  # rendered refusals kept (their text is the same for every request of a kind)
@@ -108,17 +108,15 @@ def broadcast_native(native: Native, req: Request, request: NativeRequest, chann
     to the publishing thread; False (the full way) for anything else."""
     try:
         message, scheduled_for = publishing.broadcast_message(request)
+        refresh_soon(native, ("event types", channel_id), channel_rules, channel_id)  # (in the pool: no query here)
+        rules = channel_rules_held(channel_id)
+        if rules is None:
+            return False  # not held current: the full way reads them
+        publishing.broadcast_event_check(channel_id, message, rules=rules)  # (a 422 is the full stack's, credentials first)
     except DomainError:
         return False  # the full stack answers it (credentials first)
     if scheduled_for or message.partition_key is not None or not settings.BROKER_PUBLISH_GROUP:
         return False  # (publish_grouped_here: the event loop's thread is never inside a transaction)
-    rules = rules_held(channel_id)
-    if rules is None:
-        return False  # the channel's event types not held current: the full way reads them (for the next)
-    try:
-        publishing.event_type_check(channel_id, message, rules=rules)
-    except DomainError:
-        return False  # a 422: the full stack answers it (credentials first)
     meta = request.META
     refusal = publish_admission() or native.loop_refusal()
     if refusal is not None:
@@ -134,6 +132,7 @@ def broadcast_native(native: Native, req: Request, request: NativeRequest, chann
 NATIVE_ROUTES = [
     NativeRoute("POST", re.compile(r"^/channel/(?P<channel_id>[^/]+)/broadcast\Z"), broadcast_native,
                 publishing.BroadcastView, on_loop=True),
+    NativeRoute("POST", INBOUND_ROUTE, source_receive_native, SourceReceiveView, on_loop=True),  # web.server.inbound
 ]
 
 
