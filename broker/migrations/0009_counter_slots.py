@@ -1,6 +1,6 @@
-"""The counter deltas' table is SQL's alone from here (jobs migration 0023 partitions it by time
-slot and indexes it on (scope, owner_id, status)): the model becomes unmanaged, its index is the
-migration's."""
+"""The counter deltas' table is SQL's from here (jobs migration 0023 partitions it by time slot and
+indexes it on (scope, owner_id, status)): its index leaves the model's state. The model stays
+managed, so Django's flush still empties it."""
 
 from django.db import migrations
 
@@ -13,6 +13,5 @@ class Migration(migrations.Migration):
     operations = [
         migrations.SeparateDatabaseAndState(state_operations=[
             migrations.RemoveIndex(model_name="counterdelta", name="counterdelta_owner"),
-            migrations.AlterModelOptions(name="counterdelta", options={"managed": False}),
         ]),
     ]

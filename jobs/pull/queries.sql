@@ -82,7 +82,7 @@ WITH fl AS MATERIALIZED (
                    AND o.id <> j.id AND (o.status = 1002 OR (o.status = 1001 AND o.id < j.id))))))
          ORDER BY j.priority DESC, j.id
          LIMIT 1000  -- bound: jobs.pull.claim.PULL_BATCH_MAX
-           FOR UPDATE SKIP LOCKED) x LIMIT (SELECT room.n FROM room))
+           FOR UPDATE SKIP LOCKED) x LIMIT (SELECT room.n FROM room)) y
         UNION ALL
         SELECT * FROM (SELECT * FROM (
         SELECT j.id, j.priority, j.message_id, j.payload FROM jobs_job j
@@ -97,7 +97,7 @@ WITH fl AS MATERIALIZED (
                    AND o.id <> j.id AND (o.status = 1002 OR (o.status = 1001 AND o.id < j.id))))))
          ORDER BY j.priority DESC, j.id
          LIMIT 1000  -- bound: jobs.pull.claim.PULL_BATCH_MAX
-           FOR UPDATE SKIP LOCKED) x LIMIT (SELECT room.n FROM room))
+           FOR UPDATE SKIP LOCKED) x LIMIT (SELECT room.n FROM room)) y
         UNION ALL
         SELECT * FROM (SELECT * FROM (
         SELECT j.id, j.priority, j.message_id, j.payload FROM jobs_job j
@@ -112,7 +112,7 @@ WITH fl AS MATERIALIZED (
                    AND o.id <> j.id AND (o.status = 1002 OR (o.status = 1001 AND o.id < j.id))))))
          ORDER BY j.next_attempt_at
          LIMIT 1000  -- bound: jobs.pull.claim.PULL_BATCH_MAX
-           FOR UPDATE SKIP LOCKED) x LIMIT (SELECT room.n FROM room))
+           FOR UPDATE SKIP LOCKED) x LIMIT (SELECT room.n FROM room)) y
     ) b
      ORDER BY b.priority DESC, b.id
      LIMIT (SELECT room.n FROM room)
