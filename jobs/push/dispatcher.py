@@ -151,13 +151,19 @@ class Engine:
         # Its backend is also this engine's owner row (jobs.push.owners): when the process goes,
         # however it goes, its claims go back to the queue at the next housekeeping run anywhere.
         self.owner_id = owner_id_new()
-        self.listener = Listener([CHANNEL], application_name="broker-push-listen",
-                                 on_connect=lambda conn: push_owner_register(conn=conn, owner_id=self.owner_id))
+        self.listener = Listener([CHANNEL], application_name="broker-push-listen", on_connect=self._listener_connected)
         self.wake_share: tuple[int, int] | None = None  # (slot, slots): see _worth_claiming
         # jobs.partitions: this engine's lease owner id; partitions are claimed only while leased
         self.worker_id = uuid.uuid4().hex
         self.lease_stats = None
         self.stats: dict = {}
+
+    def _listener_connected(self, conn) -> None:
+        """Register this engine's owner row on the new backend, then LISTEN once more so the session's
+        last statement says what it is for (pg_stat_activity.query: operators and the chaos test
+        find the listeners by it)."""
+        push_owner_register(conn=conn, owner_id=self.owner_id)
+        self.listener.listen(*self.listener.channels)
 
     # --- the HTTP side (event loop thread) ---------------------------------------------------
     async def _deliver(self, item) -> None:

@@ -39,7 +39,9 @@ from web.api.put_schemas import put_request
 from web.api.representations import changed_at
 from web.auth import require_registry
 
-NAME_SCHEMA = {"type": "string", "minLength": 1, "maxLength": 255, "pattern": r"^[^/\u0000-\u0020\u007f]+$"}
+# (no "%" either in the schema: a name is a path segment, and a client that does not percent-encode
+# it would send "%20" for what the server then reads as a blank)
+NAME_SCHEMA = {"type": "string", "minLength": 1, "maxLength": 255, "pattern": r"^[^/%\u0000-\u0020\u007f]+$"}
 ID_SCHEMA = {"type": "string", "minLength": 1, "maxLength": 64, "pattern": r"^[A-Za-z0-9_-]+$"}
 CHANNEL = OpenApiParameter("channel_id", {"type": "string", "minLength": 1, "maxLength": 255,
                                           "pattern": r"^[^/\u0000]+$"}, OpenApiParameter.PATH)
