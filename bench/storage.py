@@ -215,11 +215,13 @@ def main() -> None:
                                                 + " -c shared_preload_libraries=pg_stat_statements")
     problems: list[str] = []
     holder = None
+    own = False
     try:
         url = os.environ.get("DATABASE_URL")
         if url and not statements_loaded(url):  # (the smoke test's server): one of our own that has them
             print("storage: DATABASE_URL's server does not preload pg_stat_statements: an embedded one instead")
             url = None
+        own = url is None  # a server this run starts, and stops
         url = url or server_ensure(base).url
         django_setup(url)
         from django.core.management import call_command
@@ -264,7 +266,7 @@ def main() -> None:
     finally:
         if holder is not None:
             holder.close()
-        if not os.environ.get("DATABASE_URL"):
+        if own:  # (not DATABASE_URL: django_setup has set it to the embedded server's)
             server_stop(base)
     smoke_problems_exit(problems=problems)
 
