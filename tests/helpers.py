@@ -88,3 +88,15 @@ class LoopbackServer:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def admin_form_data(response, **changes) -> dict:
+    """An admin change form's current values with ``changes``, as a browser posts them back (an
+    unchecked box is not sent at all)."""
+    form = response.context["adminform"].form
+    data = {}
+    for name, field in form.fields.items():
+        value = form.initial.get(name, field.initial)
+        data[name] = "" if value is None else (value.pk if hasattr(value, "pk") else value)
+    data.update(changes)
+    return {name: value for name, value in data.items() if value is not False}

@@ -18,6 +18,12 @@ statement's transaction and resets them after it; the plan tests and ``manage.py
 EXPLAIN it under them), and every other comment line is its documentation. The SQL runs to the next name line; ``--``
 comments inside it stay part of it. A missing ``index:``, an empty body or a name used twice is
 an error when the file is loaded, so a broken registry never gets as far as a request.
+
+A block whose first comment line is ``-- fragment`` is not a statement but a piece of one: a
+predicate several statements (or branches of one) share, written once. A statement names it as
+``{{name}}`` where it goes; the loaded statement (``sql`` and ``text``) has it written out, so what
+is sent, EXPLAINed and PREPAREd is whole. A fragment never used, or a name no fragment has, is an
+error when the file is loaded.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ _INDEX = re.compile(r"^--\s*index:\s*(.*?)\s*$")
 _HOT = re.compile(r"^--\s*hot\s*$")
 _SETTINGS = re.compile(r"^--\s*settings:\s*(.*?)\s*$")
 _SETTING = re.compile(r"^([a-z_]+)\s*=\s*([A-Za-z0-9_.]+)$")
+_FRAGMENT = re.compile(r"^--\s*fragment\s*$")
+_USE = re.compile(r"\{\{([A-Za-z_][A-Za-z0-9_]*)\}\}")
 
 
 # One token of SQL text: a string literal (E'...' with backslash escapes, or '...' with '' inside),
@@ -89,11 +97,33 @@ def queries_parse(text: str, *, source: str = "<queries>") -> dict[str, Query]:
             blocks[-1][2].append(line.rstrip())
         elif line.strip() and not line.strip().startswith("--"):
             raise QueryFileError(f"{source}:{number}: SQL before the first '-- name --' line")
+    names = [name for name, _, _ in blocks]
+    for name, number, _ in blocks:
+        if names.count(name) > 1:
+            raise QueryFileError(f"{source}:{number}: query {name!r} is defined twice")
+    fragments: dict[str, str] = {}
+    for name, number, lines in blocks:
+        first = next((line.strip() for line in lines if line.strip()), "")
+        if _FRAGMENT.match(first):
+            body = [line for line in lines if line.strip() and not line.strip().startswith("--")]
+            fragments[name] = "\n".join(lines[lines.index(body[0]):]).strip() if body else ""
+            if not fragments[name]:
+                raise QueryFileError(f"{source}:{number}: fragment {name!r} has no SQL")
+    used: set[str] = set()
+
+    def fill(match: re.Match) -> str:
+        if match.group(1) not in fragments:
+            raise QueryFileError(f"{source}: no fragment named {match.group(1)!r}")
+        used.add(match.group(1))
+        return fragments[match.group(1)] + "\n"  # (a comment on its last line ends there)
+
     queries: dict[str, Query] = {}
     for name, number, lines in blocks:
-        if name in queries:
-            raise QueryFileError(f"{source}:{number}: query {name!r} is defined twice")
-        queries[name] = _block(name, lines, where=f"{source}:{number}")
+        if name in fragments:
+            continue
+        queries[name] = _block(name, _USE.sub(fill, "\n".join(lines)).split("\n"), where=f"{source}:{number}")
+    if unused := sorted(set(fragments) - used):
+        raise QueryFileError(f"{source}: fragment {unused[0]!r} is never used")
     return queries
 
 

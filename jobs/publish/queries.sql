@@ -66,6 +66,25 @@ RETURNING g.n;
 -- is slow while its backend works on it, 'active'; stuck when it is idle or gone).
 SELECT state FROM pg_stat_activity WHERE pid = %(pid)s::int;
 
+-- job_wanted --
+-- fragment
+-- The end of insert_one's and insert_messages's ``jobs_created``: which consumers (``c``) of a stored
+-- message (``src``, with its payload as jsonb and headers by lower-case name when the channel has a
+-- filtered consumer) get a job, in message order, and the statement's answer.
+(c.message_types IS NULL OR cardinality(c.message_types) = 0 OR EXISTS (
+               SELECT 1 FROM unnest(c.message_types) p
+                WHERE p = '*' OR CASE WHEN right(p, 2) = '.*'
+                                      THEN src.type = left(p, -2) OR starts_with(src.type, left(p, -1))
+                                      ELSE src.type = p END))  -- the consumer's messageTypes
+       AND CASE WHEN c.filter_plan IS NULL THEN true  -- filters: only filtered consumers evaluate one
+                ELSE broker_filter_match(c.filter_plan, src.body, COALESCE(src.headers, '{}')) END
+     ORDER BY src.id, c.id  -- job ids follow message order: pulls are "oldest first" by job id
+    RETURNING consumer_id
+)
+-- the consumers that got jobs, for the wake-up sent after the commit (broker.db.notify: no NOTIFY
+-- inside the durable transaction)
+SELECT m.message_id, (SELECT array_agg(DISTINCT consumer_id) FROM jobs_created) FROM m
+
 -- insert_one --
 -- index: message_unique_per_channel
 -- hot
@@ -94,20 +113,9 @@ WITH m AS (
     INSERT INTO jobs_job (message_id, consumer_id, channel_id, status, priority, retry_count,
                           next_attempt_at, incremental_timeout, status_changed_at, created_at, expires_at)
     SELECT src.id, c.id, c.channel_id, 1001, src.priority, 0, now(), 0, now(), now(), src.expires_at
-      FROM m src JOIN consumers_consumer c ON c.channel_id = src.channel_id LEFT JOIN b ON true
-     WHERE (c.message_types IS NULL OR cardinality(c.message_types) = 0 OR EXISTS (
-               SELECT 1 FROM unnest(c.message_types) p
-                WHERE p = '*' OR CASE WHEN right(p, 2) = '.*'
-                                      THEN src.type = left(p, -2) OR starts_with(src.type, left(p, -1))
-                                      ELSE src.type = p END))  -- the consumer's messageTypes
-       AND CASE WHEN c.filter_plan IS NULL THEN true  -- filters: only filtered consumers evaluate one
-                ELSE broker_filter_match(c.filter_plan, b.body, COALESCE(b.headers, '{}')) END
-     ORDER BY src.id, c.id  -- job ids follow message order: pulls are "oldest first" by job id
-    RETURNING consumer_id
-)
--- the consumers that got jobs, for the wake-up sent after the commit (broker.db.notify: no NOTIFY
--- inside the durable transaction)
-SELECT m.message_id, (SELECT array_agg(DISTINCT consumer_id) FROM jobs_created) FROM m;
+      FROM (SELECT m.*, b.body, b.headers FROM m LEFT JOIN b ON true) src
+      JOIN consumers_consumer c ON c.channel_id = src.channel_id
+     WHERE {{job_wanted}}
 
 -- insert_messages --
 -- index: message_unique_per_channel
@@ -155,19 +163,7 @@ WITH t AS MATERIALIZED (
       FROM src JOIN consumers_consumer c ON c.channel_id = src.channel_id
       LEFT JOIN LATERAL (SELECT p.id FROM jobs_partition p
                           WHERE src.pkey IS NOT NULL AND p.consumer_id = c.id AND p.key = src.pkey LIMIT 1) pt ON true
-     WHERE (c.message_types IS NULL OR cardinality(c.message_types) = 0 OR EXISTS (
-               SELECT 1 FROM unnest(c.message_types) p
-                WHERE p = '*' OR CASE WHEN right(p, 2) = '.*'
-                                      THEN src.type = left(p, -2) OR starts_with(src.type, left(p, -1))
-                                      ELSE src.type = p END))  -- the consumer's messageTypes
-       AND CASE WHEN c.filter_plan IS NULL THEN true  -- filters: only filtered consumers evaluate one
-                ELSE broker_filter_match(c.filter_plan, src.body, COALESCE(src.headers, '{}')) END
-     ORDER BY src.id, c.id  -- job ids follow message order: pulls are "oldest first" by job id
-    RETURNING consumer_id
-)
--- the consumers that got jobs, for the wake-up sent after the commit (broker.db.notify: no NOTIFY
--- inside the durable transaction)
-SELECT m.message_id, (SELECT array_agg(DISTINCT consumer_id) FROM jobs_created) FROM m;
+     WHERE {{job_wanted}}
 
 -- scheduled_create --
 -- index: scheduled_unique_per_channel

@@ -15,6 +15,28 @@
 -- subplan that reads every AVAILABLE partition per claim). The same predicate is written out in
 -- claim_pull and both branches of claim_push.
 
+-- pull_claimable --
+-- fragment
+-- What each of claim_pull's walks asks of a job (``j``) besides its walk's own index conditions:
+-- due, not expired, and when it is in a partition, the partition open (not paused) at the job's gate
+-- and, for an ordered consumer (``room.ordered``), no job of that gate before it queued or in flight.
+j.next_attempt_at <= now()
+           AND (j.expires_at IS NULL OR j.expires_at > now())  -- expiry: never hand out an expired message
+           AND (j.partition_id IS NULL OR (
+            (SELECT pt.gate FROM jobs_partition pt WHERE pt.id = j.partition_id
+                AND pt.status = 1) = j.gate
+            AND NOT ((SELECT room.ordered FROM room) AND EXISTS (
+                SELECT 1 FROM jobs_job o WHERE o.partition_id = j.partition_id AND o.gate = j.gate
+                   AND o.id <> j.id AND (o.status = 1002 OR (o.status = 1001 AND o.id < j.id))))))
+
+-- pull_by_priority --
+-- fragment
+-- The end of claim_pull's walks of first attempts: by priority then id (job_push_fresh), at most
+-- the literal bound (1000 = jobs.pull.claim.PULL_BATCH_MAX) locked, then the consumer's room.
+ORDER BY j.priority DESC, j.id
+         LIMIT 1000  -- bound: jobs.pull.claim.PULL_BATCH_MAX
+           FOR UPDATE SKIP LOCKED) x LIMIT (SELECT room.n FROM room)) y
+
 -- claim_pull --
 -- index: job_push_fresh, job_push_retry
 -- hot
@@ -72,44 +94,19 @@ WITH fl AS MATERIALIZED (
         SELECT * FROM (SELECT * FROM (
         SELECT j.id, j.priority, j.message_id, j.payload FROM jobs_job j
          WHERE j.consumer_id = %(consumer)s::bigint AND j.status = 1001 AND j.retry_count = 0 AND j.priority = (SELECT fl.priority FROM fl) AND j.id >= (SELECT fl.id FROM fl)
-           AND j.next_attempt_at <= now()
-           AND (j.expires_at IS NULL OR j.expires_at > now())  -- expiry: never hand out an expired message
-           AND (j.partition_id IS NULL OR (
-            (SELECT pt.gate FROM jobs_partition pt WHERE pt.id = j.partition_id
-                AND pt.status = 1) = j.gate
-            AND NOT ((SELECT room.ordered FROM room) AND EXISTS (
-                SELECT 1 FROM jobs_job o WHERE o.partition_id = j.partition_id AND o.gate = j.gate
-                   AND o.id <> j.id AND (o.status = 1002 OR (o.status = 1001 AND o.id < j.id))))))
-         ORDER BY j.priority DESC, j.id
-         LIMIT 1000  -- bound: jobs.pull.claim.PULL_BATCH_MAX
-           FOR UPDATE SKIP LOCKED) x LIMIT (SELECT room.n FROM room)) y
+           AND {{pull_claimable}}
+         {{pull_by_priority}}
         UNION ALL
         SELECT * FROM (SELECT * FROM (
         SELECT j.id, j.priority, j.message_id, j.payload FROM jobs_job j
          WHERE j.consumer_id = %(consumer)s::bigint AND j.status = 1001 AND j.retry_count = 0 AND j.priority < (SELECT fl.priority FROM fl)
-           AND j.next_attempt_at <= now()
-           AND (j.expires_at IS NULL OR j.expires_at > now())  -- expiry: never hand out an expired message
-           AND (j.partition_id IS NULL OR (
-            (SELECT pt.gate FROM jobs_partition pt WHERE pt.id = j.partition_id
-                AND pt.status = 1) = j.gate
-            AND NOT ((SELECT room.ordered FROM room) AND EXISTS (
-                SELECT 1 FROM jobs_job o WHERE o.partition_id = j.partition_id AND o.gate = j.gate
-                   AND o.id <> j.id AND (o.status = 1002 OR (o.status = 1001 AND o.id < j.id))))))
-         ORDER BY j.priority DESC, j.id
-         LIMIT 1000  -- bound: jobs.pull.claim.PULL_BATCH_MAX
-           FOR UPDATE SKIP LOCKED) x LIMIT (SELECT room.n FROM room)) y
+           AND {{pull_claimable}}
+         {{pull_by_priority}}
         UNION ALL
         SELECT * FROM (SELECT * FROM (
         SELECT j.id, j.priority, j.message_id, j.payload FROM jobs_job j
          WHERE j.consumer_id = %(consumer)s::bigint AND j.status = 1001 AND j.retry_count > 0 AND j.next_attempt_at >= (SELECT rl.t FROM rl)
-           AND j.next_attempt_at <= now()
-           AND (j.expires_at IS NULL OR j.expires_at > now())  -- expiry: never hand out an expired message
-           AND (j.partition_id IS NULL OR (
-            (SELECT pt.gate FROM jobs_partition pt WHERE pt.id = j.partition_id
-                AND pt.status = 1) = j.gate
-            AND NOT ((SELECT room.ordered FROM room) AND EXISTS (
-                SELECT 1 FROM jobs_job o WHERE o.partition_id = j.partition_id AND o.gate = j.gate
-                   AND o.id <> j.id AND (o.status = 1002 OR (o.status = 1001 AND o.id < j.id))))))
+           AND {{pull_claimable}}
          ORDER BY j.next_attempt_at
          LIMIT 1000  -- bound: jobs.pull.claim.PULL_BATCH_MAX
            FOR UPDATE SKIP LOCKED) x LIMIT (SELECT room.n FROM room)) y

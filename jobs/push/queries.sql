@@ -24,6 +24,21 @@ INSERT INTO jobs_pushowner (id, pid, backend_start, registered_at)
 SELECT %(owner)s::bigint, a.pid, a.backend_start, now() FROM pg_stat_activity a WHERE a.pid = pg_backend_pid()
 ON CONFLICT (id) DO UPDATE SET pid = EXCLUDED.pid, backend_start = EXCLUDED.backend_start;
 
+-- push_claimable --
+-- fragment
+-- What each of claim_push's walks asks of a job (``j``) besides its walk's own index conditions:
+-- due, not expired, and when it is in a partition, the partition open at the job's gate and leased
+-- by this worker and, for an ordered consumer (``w.ordered``), no job of that gate before it queued
+-- or in flight.
+j.next_attempt_at <= now()
+                  AND (j.expires_at IS NULL OR j.expires_at > now())  -- expiry
+                  AND (j.partition_id IS NULL OR (
+        (SELECT pt.gate FROM jobs_partition pt WHERE pt.id = j.partition_id
+            AND pt.status = 1 AND pt.owner = %(worker)s::text AND pt.lease_until > now()) = j.gate
+        AND NOT (w.ordered AND EXISTS (
+            SELECT 1 FROM jobs_job o WHERE o.partition_id = j.partition_id AND o.gate = j.gate
+               AND o.id <> j.id AND (o.status = 1002 OR (o.status = 1001 AND o.id < j.id))))))
+
 -- claim_push --
 -- index: job_push_fresh, job_push_retry
 -- hot
@@ -109,39 +124,18 @@ WITH k AS MATERIALIZED (
               (SELECT j.id, j.priority FROM jobs_job j
                 WHERE j.consumer_id = w.id AND j.status = 1001 AND j.retry_count = 0
                   AND j.priority = w.lp AND j.id >= w.li
-                  AND j.next_attempt_at <= now()
-                  AND (j.expires_at IS NULL OR j.expires_at > now())  -- expiry
-                  AND (j.partition_id IS NULL OR (
-        (SELECT pt.gate FROM jobs_partition pt WHERE pt.id = j.partition_id
-            AND pt.status = 1 AND pt.owner = %(worker)s::text AND pt.lease_until > now()) = j.gate
-        AND NOT (w.ordered AND EXISTS (
-            SELECT 1 FROM jobs_job o WHERE o.partition_id = j.partition_id AND o.gate = j.gate
-               AND o.id <> j.id AND (o.status = 1002 OR (o.status = 1001 AND o.id < j.id))))))
+                  AND {{push_claimable}}
                 ORDER BY j.priority DESC, j.id LIMIT w.room)
               UNION ALL
               (SELECT j.id, j.priority FROM jobs_job j
                 WHERE j.consumer_id = w.id AND j.status = 1001 AND j.retry_count = 0
                   AND j.priority < w.lp
-                  AND j.next_attempt_at <= now()
-                  AND (j.expires_at IS NULL OR j.expires_at > now())  -- expiry
-                  AND (j.partition_id IS NULL OR (
-        (SELECT pt.gate FROM jobs_partition pt WHERE pt.id = j.partition_id
-            AND pt.status = 1 AND pt.owner = %(worker)s::text AND pt.lease_until > now()) = j.gate
-        AND NOT (w.ordered AND EXISTS (
-            SELECT 1 FROM jobs_job o WHERE o.partition_id = j.partition_id AND o.gate = j.gate
-               AND o.id <> j.id AND (o.status = 1002 OR (o.status = 1001 AND o.id < j.id))))))
+                  AND {{push_claimable}}
                 ORDER BY j.priority DESC, j.id LIMIT w.room)
               UNION ALL
               (SELECT j.id, j.priority FROM jobs_job j
                 WHERE j.consumer_id = w.id AND j.status = 1001 AND j.retry_count > 0
-                  AND j.next_attempt_at >= w.lt AND j.next_attempt_at <= now()
-                  AND (j.expires_at IS NULL OR j.expires_at > now())  -- expiry
-                  AND (j.partition_id IS NULL OR (
-        (SELECT pt.gate FROM jobs_partition pt WHERE pt.id = j.partition_id
-            AND pt.status = 1 AND pt.owner = %(worker)s::text AND pt.lease_until > now()) = j.gate
-        AND NOT (w.ordered AND EXISTS (
-            SELECT 1 FROM jobs_job o WHERE o.partition_id = j.partition_id AND o.gate = j.gate
-               AND o.id <> j.id AND (o.status = 1002 OR (o.status = 1001 AND o.id < j.id))))))
+                  AND j.next_attempt_at >= w.lt AND {{push_claimable}}
                 ORDER BY j.next_attempt_at LIMIT w.room)
           ) y ORDER BY y.priority DESC, y.id LIMIT w.room
       ) x

@@ -50,7 +50,33 @@ def test_blocks_parse_with_their_metadata():
         registry.third
 
 
+FRAGMENTED = """
+-- open --
+-- fragment
+-- What both walks ask of a job.
+j.status = 1001  -- queued
+-- a --
+-- index: job_claim
+SELECT 1 FROM jobs_job j WHERE {{open}} AND j.id > 0;
+-- b --
+-- index: job_claim
+SELECT 2 FROM jobs_job j WHERE j.id < 0 AND {{open}}
+"""
+
+
+def test_a_fragment_is_written_out_in_each_statement_that_names_it():
+    queries = queries_parse(FRAGMENTED)
+    assert list(queries) == ["a", "b"]  # a fragment is not a statement
+    assert queries["a"].sql == "SELECT 1 FROM jobs_job j WHERE j.status = 1001 AND j.id > 0"  # its comment ends there
+    assert queries["b"].sql == "SELECT 2 FROM jobs_job j WHERE j.id < 0 AND j.status = 1001"
+    assert "-- queued" in queries["a"].text and "{{" not in queries["a"].text
+
+
 @pytest.mark.parametrize(("text", "message"), [
+    ("-- q --\n-- index: pk\nSELECT {{missing}}", "no fragment named 'missing'"),
+    ("-- f --\n-- fragment\nj.id > 0\n-- q --\n-- index: pk\nSELECT 1", "fragment 'f' is never used"),
+    ("-- f --\n-- fragment\n-- only words\n-- q --\n-- index: pk\nSELECT {{f}}", "fragment 'f' has no SQL"),
+    ("-- f --\n-- fragment\nj.id > 0\n-- f --\n-- index: pk\nSELECT {{f}}", "defined twice"),
     ("-- q --\nSELECT 1", "no '-- index:' line"),
     ("-- q --\n-- index: pk\n", "has no SQL"),
     ("-- q --\n-- index: pk\nSELECT 1;\n-- q --\n-- index: pk\nSELECT 2", "defined twice"),

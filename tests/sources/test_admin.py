@@ -8,23 +8,12 @@ import pytest
 
 from broker.models import Channel, Message
 from sources.models import Source
+from tests.helpers import admin_form_data
 from tests.sources.conftest import GITHUB_SECRET
 
 pytestmark = pytest.mark.django_db
 
 URL = "/admin/sources/source/"
-
-
-def form_data(response, **changes) -> dict:
-    form = response.context["adminform"].form
-    data = {}
-    for name, field in form.fields.items():
-        value = form.initial.get(name, field.initial)
-        data[name] = "" if value is None else (value.pk if hasattr(value, "pk") else value)
-    data.update(changes)
-    if data.get("enabled") is False:
-        data.pop("enabled")
-    return data
 
 
 def test_create_shows_the_address_and_the_secret_once(admin_client, world):
@@ -63,7 +52,7 @@ def test_edit_counts_refusals_disable_rotate_delete(admin_client, sources):
     assert "signature_missing" in html and "refused: signature_missing" in html
     assert GITHUB_SECRET not in html
 
-    data = form_data(r, message_type="value:github.event")
+    data = admin_form_data(r, message_type="value:github.event")
     r = admin_client.post(f"{URL}{source.pk}/change/", data, follow=True)
     assert r.status_code == 200
     source.refresh_from_db()

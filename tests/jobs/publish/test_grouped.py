@@ -8,9 +8,10 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test import Client
 
 from broker.models import Message
@@ -29,6 +30,45 @@ def world(make, settings):
     make.consumer("c2", type="pull", token="c2-token", callback=None)
     settings.BROKER_PUBLISH_WINDOW = 0.3  # a wide window: the publishes below arrive within one
     return make
+
+
+@contextmanager
+def channel_row_locked():
+    """The channel's row held FOR UPDATE by another session (the fan-out's foreign key check on the
+    channel waits for it) until the block ends or the yielded event is set."""
+    locker, done = threading.Event(), threading.Event()
+
+    def hold():
+        with transaction.atomic():
+            with connection.cursor() as cur:
+                cur.execute("SELECT id FROM broker_channel WHERE channel_id = 'ch1' FOR UPDATE")
+            locker.set()
+            done.wait(20)
+        connection.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    locker.wait(10)
+    try:
+        yield done
+    finally:
+        done.set()
+        holder.join(20)
+
+
+def batch_held(monkeypatch, message_id: str) -> threading.Event:
+    """The publishing thread hangs (outside the database) on the batch holding ``message_id`` until
+    the returned event is set."""
+    release = threading.Event()
+    original = grouped.GroupPublisher._publish
+
+    def held(self, items):
+        if any(item.message.message_id == message_id for item in items):
+            release.wait(20)
+        return original(self, items)
+
+    monkeypatch.setattr(grouped.GroupPublisher, "_publish", held)
+    return release
 
 
 def publish_together(requests: list[dict]) -> list:
@@ -111,15 +151,7 @@ def test_a_stuck_thread_is_replaced_and_the_queue_goes_on(world, monkeypatch):
     """The publishing thread stuck on a batch (here: hanging outside the database, its session idle)
     does not hold the other publishes of the process: the watch sees its session is not working on
     the batch and a new thread takes over the queue; the stuck one still answers its own batch."""
-    release = threading.Event()
-    original = grouped.GroupPublisher._publish
-
-    def stuck(self, items):
-        if any(item.message.message_id == "stuck" for item in items):
-            release.wait(20)
-        return original(self, items)
-
-    monkeypatch.setattr(grouped.GroupPublisher, "_publish", stuck)
+    release = batch_held(monkeypatch, "stuck")
     monkeypatch.setattr(grouped, "SLOW_AFTER", 0.3)
     replaced = grouped._publisher.replaced
     answers: dict = {}
@@ -147,34 +179,18 @@ def test_a_slow_batch_is_waited_for_not_taken_over(world, monkeypatch, settings)
     publish_together([{"HTTP_X_BROKER_MESSAGE_ID": "warm"}])
     replaced, slow, batches = grouped._publisher.replaced, grouped._publisher.slow, grouped._publisher.batches
     answers: dict = {}
-    locker = threading.Event()
-    done = threading.Event()
-
-    def hold_channel_lock():  # the fan-out's foreign key check on the channel waits for this lock
-        from django.db import transaction
-
-        with transaction.atomic():
-            with connection.cursor() as cur:
-                cur.execute("SELECT id FROM broker_channel WHERE channel_id = 'ch1' FOR UPDATE")
-            locker.set()
-            done.wait(20)
-        connection.close()
-
-    holder = threading.Thread(target=hold_channel_lock)
-    holder.start()
-    locker.wait(10)
-    first = threading.Thread(target=send_one, args=(answers, "slow"))
-    first.start()
-    time.sleep(0.3)
-    queued = [threading.Thread(target=send_one, args=(answers, f"behind{i}")) for i in range(5)]
-    for t in queued:
-        t.start()
-    time.sleep(1.5)  # well past SLOW_AFTER: looked at, found working, left alone
-    assert not answers and grouped._publisher.slow > slow and grouped._publisher.replaced == replaced, {k: v.content for k, v in answers.items()}
-    done.set()
-    for t in [first, *queued]:
-        t.join(20)
-    holder.join(20)
+    with channel_row_locked() as release:
+        first = threading.Thread(target=send_one, args=(answers, "slow"))
+        first.start()
+        time.sleep(0.3)
+        queued = [threading.Thread(target=send_one, args=(answers, f"behind{i}")) for i in range(5)]
+        for t in queued:
+            t.start()
+        time.sleep(1.5)  # well past SLOW_AFTER: looked at, found working, left alone
+        assert not answers and grouped._publisher.slow > slow and grouped._publisher.replaced == replaced, {k: v.content for k, v in answers.items()}
+        release.set()
+        for t in [first, *queued]:
+            t.join(20)
     assert [answers[m].status_code for m in ["slow", *(f"behind{i}" for i in range(5))]] == [201] * 6
     assert grouped._publisher.batches - batches <= 2  # the slow one, then the five together
     assert grouped._publisher.replaced == replaced
@@ -189,26 +205,10 @@ def test_a_batch_past_its_bound_is_refused_and_rolled_back(world, monkeypatch, s
     monkeypatch.setattr(grouped, "SLOW_AFTER", 0.3)
     grouped.grouped_publisher_close()  # the next batch opens a session with the new bound
     answers: dict = {}
-    locker, done = threading.Event(), threading.Event()
-
-    def hold_channel_lock():
-        from django.db import transaction
-
-        with transaction.atomic():
-            with connection.cursor() as cur:
-                cur.execute("SELECT id FROM broker_channel WHERE channel_id = 'ch1' FOR UPDATE")
-            locker.set()
-            done.wait(20)
-        connection.close()
-
-    holder = threading.Thread(target=hold_channel_lock)
-    holder.start()
-    locker.wait(10)
-    began = time.monotonic()
-    send_one(answers, "bounded")
-    took = time.monotonic() - began
-    done.set()
-    holder.join(20)
+    with channel_row_locked():
+        began = time.monotonic()
+        send_one(answers, "bounded")
+        took = time.monotonic() - began
     assert answers["bounded"].status_code == 503 and answers["bounded"]["Retry-After"], answers["bounded"].content
     assert took < 5
     time.sleep(0.5)
@@ -301,15 +301,7 @@ def test_admission_refuses_at_once_when_the_queue_waits_too_long(world, monkeypa
     """A publish arriving while those queued before it have waited longer than
     BROKER_PUBLISH_ADMIT_WAIT is refused at once: 503 overloaded with Retry-After, nothing stored."""
     settings.BROKER_PUBLISH_ADMIT_WAIT = 0.2
-    release = threading.Event()
-    original = grouped.GroupPublisher._publish
-
-    def hold(self, items):
-        if any(item.message.message_id == "holder" for item in items):
-            release.wait(20)
-        return original(self, items)
-
-    monkeypatch.setattr(grouped.GroupPublisher, "_publish", hold)
+    release = batch_held(monkeypatch, "holder")
     monkeypatch.setattr(grouped, "SLOW_AFTER", 30.0)  # (not replaced: held on purpose)
     answers: dict = {}
     threads = [threading.Thread(target=send_one, args=(answers, "holder"))]

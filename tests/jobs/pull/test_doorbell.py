@@ -16,7 +16,7 @@ import pytest
 from standardwebhooks import Webhook
 
 from consumers.models import DoorbellState
-from tests.helpers import stopping
+from tests.helpers import admin_form_data, stopping
 from tests.jobs.conftest import Reply
 from tests.jobs.pull.conftest import PullClient
 
@@ -356,17 +356,17 @@ def test_seed_notify_interval():
 
 def test_admin_edits_notify_interval(admin_client, make):
     from consumers.models import Consumer
-    from tests.web.admin.test_consumers_admin import URL, form_data
+    from tests.web.admin.test_consumers_admin import URL
 
     make.channel()
     make.consumer("d1", type="pull", token="d1-token", callback="http://127.0.0.1:9/bell")
     consumer = Consumer.objects.get(consumer_id="d1")
     r = admin_client.get(f"{URL}{consumer.pk}/change/")
     assert "notify_interval" in r.context["adminform"].form.fields
-    r = admin_client.post(f"{URL}{consumer.pk}/change/", form_data(r, notify_interval="0"))
+    r = admin_client.post(f"{URL}{consumer.pk}/change/", admin_form_data(r, notify_interval="0"))
     assert "notify_interval" in r.context["adminform"].form.errors
     r = admin_client.get(f"{URL}{consumer.pk}/change/")
-    r = admin_client.post(f"{URL}{consumer.pk}/change/", form_data(r, notify_interval="3"), follow=True)
+    r = admin_client.post(f"{URL}{consumer.pk}/change/", admin_form_data(r, notify_interval="3"), follow=True)
     assert r.status_code == 200
     consumer.refresh_from_db()
     assert consumer.notify_interval == 3.0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from jobs.state.floors import FULL, FULL_MAX, FULL_MIN, FULL_SHARE, Floors, full_every
 
 
@@ -22,25 +24,16 @@ def test_a_position_serves_once_a_walk_lag_before_it_read_the_sequence():
     assert floors.position(7, now=101.6) == ((0, 61), False)
 
 
-def test_a_position_never_passes_the_first_live_job():
+@pytest.mark.parametrize(("first_before", "first_after", "floor"), [
+    ((0, 10), (0, 40), (0, 40)),  # a position never passes the first live job
+    (None, None, (0, 61)),  # no live job: the floor is what was handed out a lag before
+    ((0, 10), (5, 70), (5, 61)),  # a higher priority job moves the floor to its level
+])
+def test_where_a_position_floors(first_before, first_after, floor):
     floors = Floors(lag=1.0)
-    floors.walked(7, began=100.0, full=True, level=FULL[0], first=(0, 10), sequence=60, now=100.5)
-    floors.walked(7, began=101.5, full=False, level=0, first=(0, 40), sequence=90)
-    assert floors.position(7, now=101.6) == ((0, 40), False)
-
-
-def test_no_live_job_floors_at_what_was_handed_out_a_lag_before():
-    floors = Floors(lag=1.0)
-    floors.walked(7, began=100.0, full=True, level=FULL[0], first=None, sequence=60, now=100.5)
-    floors.walked(7, began=101.5, full=False, level=0, first=None, sequence=90)
-    assert floors.position(7, now=101.6) == ((0, 61), False)
-
-
-def test_a_higher_priority_job_moves_the_floor_to_its_level():
-    floors = Floors(lag=1.0)
-    floors.walked(7, began=100.0, full=True, level=FULL[0], first=(0, 10), sequence=60, now=100.5)
-    floors.walked(7, began=101.5, full=False, level=0, first=(5, 70), sequence=90)
-    assert floors.position(7, now=101.6) == ((5, 61), False)
+    floors.walked(7, began=100.0, full=True, level=FULL[0], first=first_before, sequence=60, now=100.5)
+    floors.walked(7, began=101.5, full=False, level=0, first=first_after, sequence=90)
+    assert floors.position(7, now=101.6) == (floor, False)
 
 
 def test_full_walks_come_back_by_their_cost():

@@ -10,6 +10,7 @@ from django.utils.http import http_date
 
 from consumers.models import Consumer
 from jobs.models import Job, JobStatus
+from tests.helpers import admin_form_data
 from tests.web.admin.conftest import consumer_pk, dead_ids
 
 pytestmark = pytest.mark.django_db
@@ -20,17 +21,6 @@ LONG_TOKEN = "consumer-token-abcdefghijklmnopWXYZ"
 
 def messages_of(response) -> list[str]:
     return [str(m) for m in response.context["messages"]] if response.context else []
-
-
-def form_data(response, **changes) -> dict:
-    """The change form's current values, as a browser would post them back."""
-    form = response.context["adminform"].form
-    data = {}
-    for name, field in form.fields.items():
-        value = form.initial.get(name, field.initial)
-        data[name] = "" if value is None else (value.pk if hasattr(value, "pk") else value)
-    data.update(changes)
-    return data
 
 
 def test_list_shows_counts_and_masked_tokens(admin_client, broker, make):
@@ -56,7 +46,7 @@ def test_change_page_shows_statistics_and_never_the_secrets(admin_client, broker
 def test_edit_goes_through_the_service(admin_client, broker, api):
     consumer = Consumer.objects.get(consumer_id="c1")
     r = admin_client.get(f"{URL}{consumer.pk}/change/")
-    data = form_data(r, callback_url="http://127.0.0.1:9/new", max_in_flight="3", retry_backoff="1, 2,3",
+    data = admin_form_data(r, callback_url="http://127.0.0.1:9/new", max_in_flight="3", retry_backoff="1, 2,3",
                      new_token=LONG_TOKEN)
     r = admin_client.post(f"{URL}{consumer.pk}/change/", data, follow=True)
     assert r.status_code == 200, r.content
@@ -71,7 +61,7 @@ def test_edit_goes_through_the_service(admin_client, broker, api):
 def test_a_stale_form_is_refused(admin_client, broker, api):
     consumer = Consumer.objects.get(consumer_id="c1")
     r = admin_client.get(f"{URL}{consumer.pk}/change/")
-    stale = form_data(r, name="from the admin")
+    stale = admin_form_data(r, name="from the admin")
     # someone changes the consumer through the API meanwhile
     changed = api.put("/channel/ch1/consumer/c1", {"name": "from the api"},
                       HTTP_IF_UNMODIFIED_SINCE=http_date(consumer.updated_at.timestamp()))
@@ -86,7 +76,7 @@ def test_invalid_settings_are_form_errors(admin_client, broker):
     consumer = Consumer.objects.get(consumer_id="c1")
     r = admin_client.get(f"{URL}{consumer.pk}/change/")
     r = admin_client.post(f"{URL}{consumer.pk}/change/",
-                          form_data(r, callback_url="ftp://x", retry_backoff="a,b", connection_timeout="-1"))
+                          admin_form_data(r, callback_url="ftp://x", retry_backoff="a,b", connection_timeout="-1"))
     assert r.status_code == 200
     errors = r.context["adminform"].form.errors
     assert set(errors) >= {"callback_url", "retry_backoff", "connection_timeout"}
@@ -170,7 +160,7 @@ def test_message_types_field_edits_the_filters(admin_client, broker, api):
     consumer = Consumer.objects.get(consumer_id="c1")
     r = admin_client.get(f"{URL}{consumer.pk}/change/")
     assert r.context["adminform"].form.initial["message_types"] == ""
-    r = admin_client.post(f"{URL}{consumer.pk}/change/", form_data(r, message_types="order.*, invoice.paid"),
+    r = admin_client.post(f"{URL}{consumer.pk}/change/", admin_form_data(r, message_types="order.*, invoice.paid"),
                           follow=True)
     assert r.status_code == 200
     consumer.refresh_from_db()
@@ -178,7 +168,7 @@ def test_message_types_field_edits_the_filters(admin_client, broker, api):
     assert api.get("/channel/ch1/consumer/c1").json()["MessageTypes"] == "order.*,invoice.paid"
     r = admin_client.get(f"{URL}{consumer.pk}/change/")
     assert r.context["adminform"].form.initial["message_types"] == "order.*,invoice.paid"
-    r = admin_client.post(f"{URL}{consumer.pk}/change/", form_data(r, message_types="order**"))
+    r = admin_client.post(f"{URL}{consumer.pk}/change/", admin_form_data(r, message_types="order**"))
     assert "message_types" in r.context["adminform"].form.errors
     consumer.refresh_from_db()
     assert consumer.message_types == ["order.*", "invoice.paid"]

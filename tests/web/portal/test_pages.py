@@ -300,13 +300,20 @@ def test_only_a_public_address_answer_is_shown(address, public):
     assert address_public(address) is public
 
 
-def test_a_replay_runs_as_a_task_one_at_a_time_per_consumer(world, api, monkeypatch):
-    for i in range(3):
-        assert world.publish(body=f'{{"n": {i}}}'.encode(), HTTP_X_BROKER_MESSAGE_ID=f"r{i}").status_code == 201
-    finish("c1", 3, JobStatus.DELIVERED)
+def delivered_and_opened(world, api, monkeypatch, n: int, *, prefix: str):
+    """``n`` messages published and delivered to c1, the portal opened, and replays queued to a
+    list instead of the cluster (one that has not run them yet): (client, that list)."""
+    for i in range(n):
+        assert world.publish(body=f'{{"n": {i}}}'.encode(), HTTP_X_BROKER_MESSAGE_ID=f"{prefix}{i}").status_code == 201
+    finish("c1", n, JobStatus.DELIVERED)
     client, _ = opened(api)
-    queued = []
-    monkeypatch.setattr("web.portal.replays._enqueue", queued.append)  # a cluster that has not run it yet
+    queued: list = []
+    monkeypatch.setattr("web.portal.replays._enqueue", queued.append)
+    return client, queued
+
+
+def test_a_replay_runs_as_a_task_one_at_a_time_per_consumer(world, api, monkeypatch):
+    client, queued = delivered_and_opened(world, api, monkeypatch, 3, prefix="r")
     since = {"since": "2020-01-01T00:00", "until": "", "only_failed": ""}
     r = client.post(f"{HOME}replay", since)
     assert r.status_code == 302 and len(queued) == 1
@@ -328,12 +335,7 @@ def test_a_replay_runs_as_a_task_one_at_a_time_per_consumer(world, api, monkeypa
 
 
 def test_a_replay_goes_on_in_turns_and_a_stale_one_does_not_block(world, api, monkeypatch):
-    for i in range(5):
-        assert world.publish(body=f'{{"n": {i}}}'.encode(), HTTP_X_BROKER_MESSAGE_ID=f"t{i}").status_code == 201
-    finish("c1", 5, JobStatus.DELIVERED)
-    client, _ = opened(api)
-    queued = []
-    monkeypatch.setattr("web.portal.replays._enqueue", queued.append)
+    client, queued = delivered_and_opened(world, api, monkeypatch, 5, prefix="t")
     monkeypatch.setattr("web.portal.replays.TURN", 0.0)  # a turn per chunk
     monkeypatch.setattr("jobs.publish.replay.CHUNK", 2)
     monkeypatch.setattr("jobs.publish.replay.PAUSE", 0.0)

@@ -6,12 +6,15 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+from contextlib import contextmanager
 
 import pytest
 import uvloop
+from django.core.wsgi import get_wsgi_application
 from django.db import connection
 
 from web.server.http import Limits, Server
+from web.server.native import NATIVE_ROUTES, Native
 from web.server.wsgi import wsgi_call
 
 
@@ -182,3 +185,16 @@ def serve():
     yield make
     for served in started:
         served.stop()
+
+
+@contextmanager
+def served_natively(serve):
+    """The broker's WSGI app served with the native routes (``Native``): (served, routes); the
+    server's pool connections closed and the routes detached after the block."""
+    native = Native(NATIVE_ROUTES)
+    served = serve(get_wsgi_application(), native=native)
+    try:
+        yield served, native
+    finally:
+        served.close_pool_connections()
+        native.detach()

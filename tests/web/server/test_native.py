@@ -19,7 +19,7 @@ from broker.models import Message
 from eventtypes.validation import channel_rules
 from jobs.publish import grouped
 from tests.conftest import ADMIN_TOKEN
-from tests.web.server.conftest import Reader
+from tests.web.server.conftest import Reader, served_natively
 from web.middleware import signature_make
 from web.server import native as native_module
 from web.server.native import NATIVE_ROUTES, Native
@@ -32,11 +32,8 @@ GOOD = {"X-Broker-Channel-Token": "ch-token", "X-Broker-Producer-ID": "p1", "X-B
 def broker(serve, make):
     make.basics()
     make.consumer("c2", type="pull", token="c2-token", callback=None)
-    native = Native(NATIVE_ROUTES)
-    served = serve(get_wsgi_application(), native=native)
-    yield served, native
-    served.close_pool_connections()
-    native.detach()
+    with served_natively(serve) as served:
+        yield served
 
 
 def post(served, path: str, body: bytes, headers: dict, *, host: str = "127.0.0.1"):
