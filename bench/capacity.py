@@ -50,7 +50,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import _read_response, build_request, percentile, smoke_args_parse, smoke_problems_exit  # noqa: E402
+from bench.common import (KeepAlive, build_request, commands_serve, parts_stop, percentile,  # noqa: E402
+                          pull_consumer_run, smoke_args_parse, smoke_problems_exit)
 from bench.common import EVENT_SCHEMA, EVENT_TYPE, event_payload  # noqa: E402  (issue 37: --event-schema)
 from bench.push import PUBLISH_HEADERS, Broker, Receiver, _stat, cpu_by_group  # noqa: E402
 
@@ -76,41 +77,12 @@ def _load_main(url: str, connections: int, pull_batch: int, pull_expires: float,
     pull_lat: list[tuple[float, float]] = []  # (send time, publish-to-pull latency)
     pull_errors = [0]
 
-    async def puller() -> None:
-        base = f"/channel/{CHANNEL}/consumer/{PULLER}"
-        headers = {"X-Broker-Channel-Token": CHANNEL_TOKEN, "X-Broker-Consumer-Token": PULL_TOKEN,
-                   "Content-Type": "application/json"}
-        pull = json.dumps({"batch": pull_batch, "expires": pull_expires}).encode()
-        reader = writer = None
-        while True:
-            try:
-                if writer is None:
-                    reader, writer = await asyncio.open_connection(host, port)
-                writer.write(build_request("POST", f"{base}/pull", headers, pull))
-                status, _, body = await _read_response(reader)
-                now = time.time()
-                if status != 200:
-                    pull_errors[0] += 1
-                    await asyncio.sleep(0.2)
-                    continue
-                jobs = json.loads(body)["Result"]
-                if not jobs:
-                    continue
-                for job in jobs:
-                    payload = json.loads(job["Message"]["Payload"])
-                    pulled.append(payload["i"])
-                    pull_lat.append((payload["t"], now - payload["t"]))
-                ack = {"Jobs": [{"ID": j["ID"], "NextState": "DELIVERED", "Receipt": j["Receipt"]} for j in jobs]}
-                writer.write(build_request("POST", f"{base}/ack", headers, json.dumps(ack).encode()))
-                status, _, body = await _read_response(reader)
-                results = json.loads(body).get("Result", []) if status == 200 else []
-                pull_errors[0] += (status != 200) + sum(1 for r in results if r.get("Error"))
-            except (OSError, ConnectionError, asyncio.IncompleteReadError, ValueError, KeyError):
-                pull_errors[0] += 1
-                if writer is not None:
-                    writer.close()
-                reader = writer = None
-                await asyncio.sleep(0.2)
+    def taken(jobs: list[dict], now: float) -> None:
+        """Each pulled job's sequence number, send time and publish-to-pull latency."""
+        for job in jobs:
+            payload = json.loads(job["Message"]["Payload"])
+            pulled.append(payload["i"])
+            pull_lat.append((payload["t"], now - payload["t"]))
 
     async def publish(schedule: list[tuple[float, float]], first: int, senders: int = connections) -> dict:
         """Open-loop single publishes following ``schedule`` ([(rate, seconds)], back to back) over
@@ -137,13 +109,7 @@ def _load_main(url: str, connections: int, pull_batch: int, pull_expires: float,
             for _ in range(senders):
                 queue.put_nowait(None)
 
-        async def connect() -> tuple:
-            try:
-                return await asyncio.open_connection(host, port)
-            except OSError:
-                return None, None  # opened on its first publish
-
-        async def sender(reader, writer) -> None:
+        async def sender(connection: KeepAlive) -> None:
             while (item := await queue.get()) is not None:
                 seq, due, sent = item
                 body = json.dumps({"i": seq, "t": sent, "pad": PAD}).encode()
@@ -153,57 +119,45 @@ def _load_main(url: str, connections: int, pull_batch: int, pull_expires: float,
                     body = json.dumps(event_payload(seq, sent, PAD)).encode()
                     headers["X-Broker-Message-Type"] = EVENT_TYPE
                 wrote = time.perf_counter()
-                try:
-                    if writer is None:
-                        reader, writer = await asyncio.open_connection(host, port)
-                    writer.write(build_request("POST", path, headers, body))
-                    status, _, _ = await asyncio.wait_for(_read_response(reader), 60)
-                except (TimeoutError, OSError, ConnectionError, asyncio.IncompleteReadError, ValueError):
-                    status = 0
-                    if writer is not None:
-                        writer.close()
-                    reader = writer = None
+                status = await connection.exchange(build_request("POST", path, headers, body))
                 now = time.perf_counter()
                 answers.append((sent, now - due, status, now - wrote))
                 if status == 201:
                     ok.append(seq)
-            if writer is not None:
-                writer.close()
+            connection.close()
 
-        opened = []  # every connection open before the first slot (not a burst of connects at the start)
+        opened = [KeepAlive(host, port) for _ in range(senders)]
+        # every connection open before the first slot (not a burst of connects at the start)
         for k in range(0, senders, 256):
-            opened += await asyncio.gather(*(connect() for _ in range(min(256, senders - k))))
+            await asyncio.gather(*(connection.open() for connection in opened[k:k + 256]))
         started = time.perf_counter()
         began = time.time()
-        await asyncio.gather(ticker(), *(sender(r, w) for r, w in opened))
+        await asyncio.gather(ticker(), *(sender(connection) for connection in opened))
         statuses: dict[int, int] = {}
         for _, _, status, _ in answers:
             statuses[status] = statuses.get(status, 0) + 1
         return {"seconds": time.perf_counter() - started, "began": began, "answers": answers, "ok": ok,
                 "statuses": statuses}
 
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        pulling = loop.create_task(puller())
-        while True:
-            cmd = await loop.run_in_executor(None, conn.recv)
-            if cmd[0] == "publish":  # (rate, seconds, first): one rate (bench/neighbours.py too)
-                rate, seconds, first = cmd[1:]
-                conn.send(await publish([(rate, seconds)], first))
-            elif cmd[0] == "schedule":  # (schedule, first[, senders])
-                conn.send(await publish(*cmd[1:]))
-            elif cmd[0] in ("pulled", "pulled timed"):  # latencies alone, or (send time, latency) each
-                conn.send((list(pulled), list(pull_lat) if cmd[0] == "pulled timed" else [lat for _, lat in pull_lat],
-                           pull_errors[0]))
-                pulled.clear()
-                pull_lat.clear()
-                pull_errors[0] = 0  # each answer: what happened since the last (callers add them up)
-            elif cmd[0] == "stop":
-                pulling.cancel()
-                conn.send(True)
-                return
+    async def answer(cmd: tuple):
+        """What ``Load.ask`` gets back."""
+        if cmd[0] == "publish":  # (rate, seconds, first): one rate (bench/neighbours.py too)
+            rate, seconds, first = cmd[1:]
+            return await publish([(rate, seconds)], first)
+        if cmd[0] == "schedule":  # (schedule, first[, senders])
+            return await publish(*cmd[1:])
+        if cmd[0] in ("pulled", "pulled timed"):  # latencies alone, or (send time, latency) each
+            out = (list(pulled), list(pull_lat) if cmd[0] == "pulled timed" else [lat for _, lat in pull_lat],
+                   pull_errors[0])
+            pulled.clear()
+            pull_lat.clear()
+            pull_errors[0] = 0  # each answer: what happened since the last (callers add them up)
+            return out
 
-    asyncio.run(main())
+    puller = pull_consumer_run(url, channel=CHANNEL, consumer=PULLER, channel_token=CHANNEL_TOKEN,
+                               consumer_token=PULL_TOKEN, batch=pull_batch, expires=pull_expires, taken=taken,
+                               errors=pull_errors)
+    asyncio.run(commands_serve(conn, answer, beside=puller))
 
 
 class Load:
@@ -495,16 +449,33 @@ def overload_run(broker: Broker, receiver: Receiver, database: Database, load: L
     return out
 
 
-def channel_create(broker: Broker, receiver_port: int, max_in_flight: int) -> None:
+def channel_create(broker: Broker, receiver_port: int, max_in_flight: int, *, channel: str = CHANNEL) -> None:
+    """``channel`` with its push consumer PUSHER (calling the receiver on ``receiver_port``) and its
+    pull consumer PULLER (bench/sources.py's channel too)."""
     s = broker.session
-    r = s.put(f"{broker.url}/channel/{CHANNEL}", data={"token": CHANNEL_TOKEN})
+    r = s.put(f"{broker.url}/channel/{channel}", data={"token": CHANNEL_TOKEN})
     assert r.status_code == 200, r.text
-    r = s.put(f"{broker.url}/channel/{CHANNEL}/consumer/{PUSHER}",
-              data={"token": "t0", "callbackUrl": f"http://127.0.0.1:{receiver_port}/{CHANNEL}/{PUSHER}",
+    r = s.put(f"{broker.url}/channel/{channel}/consumer/{PUSHER}",
+              data={"token": "t0", "callbackUrl": f"http://127.0.0.1:{receiver_port}/{channel}/{PUSHER}",
                     "maxInFlight": str(max_in_flight)})
     assert r.status_code == 200, r.text
-    r = s.put(f"{broker.url}/channel/{CHANNEL}/consumer/{PULLER}", data={"token": PULL_TOKEN, "type": "pull"})
+    r = s.put(f"{broker.url}/channel/{channel}/consumer/{PULLER}", data={"token": PULL_TOKEN, "type": "pull"})
     assert r.status_code == 200, r.text
+
+
+def broker_start(args, name: str) -> tuple[Path, Receiver, Broker]:
+    """A work directory (``bench-<name>-``), the push receiver and the broker with the channel of
+    ``channel_create`` (bench/neighbours.py's healthy traffic runs on the same); both stopped again if
+    the channel cannot be made."""
+    workdir = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
+    receiver = Receiver()
+    broker = Broker(args, workdir)
+    try:
+        channel_create(broker, receiver.port, args.max_in_flight)
+    except BaseException:
+        parts_stop(broker, receiver)
+        raise
+    return workdir, receiver, broker
 
 
 def event_schema_put(broker: Broker) -> None:
@@ -562,13 +533,10 @@ def main() -> None:
         os.environ["BROKER_EMBEDDED_PG_OPTIONS"] = (os.environ.get("BROKER_EMBEDDED_PG_OPTIONS", "")
                                                     + " -c shared_preload_libraries=pg_stat_statements"
                                                     " -c pg_stat_statements.track_planning=on")
-    workdir = Path(tempfile.mkdtemp(prefix="bench-capacity-"))
-    receiver = Receiver()
-    broker = Broker(args, workdir)
+    workdir, receiver, broker = broker_start(args, "capacity")
     load = database = None
     problems: list[str] = []
     try:
-        channel_create(broker, receiver.port, args.max_in_flight)
         if args.rate_limit > 0:
             r = broker.session.put(f"{broker.url}/producer/bench-producer", data={
                 "rateLimitPerSecond": f"{args.rate_limit:g}", "burst": str(max(1, int(args.rate_limit)))},
@@ -606,10 +574,7 @@ def main() -> None:
             problems += [f"overload: {n} {what}" for n, what in (
                 (out["failed"] - refused, "failed publishes (not 503/429)"), (out["lost"], "lost deliveries")) if n]
     finally:
-        if load is not None:
-            load.stop()
-        broker.stop()
-        receiver.stop()
+        parts_stop(load, broker, receiver)
     smoke_problems_exit(problems=problems)  # failed publishes, lost deliveries: exit 1, at any size
 
 

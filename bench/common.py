@@ -1,13 +1,15 @@
 """Shared benchmark plumbing: a throw-away broker (embedded PostgreSQL + gunicorn as users run it)
 and a small asyncio HTTP/1.1 keep-alive client that costs little CPU next to the server.
 
-Everything runs on 127.0.0.1 and stops by itself.
+Also the consumers' side: a lean callback receiver (the broker's push deliveries) and a pull
+consumer's loop. Everything runs on 127.0.0.1 and stops by itself.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -15,6 +17,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -147,6 +150,40 @@ def build_request(method: str, path: str, headers: dict, body: bytes = b"") -> b
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
+class KeepAlive:
+    """One keep-alive connection of an open-loop sender: each request waits for its answer, the
+    connection opens on first use and again after a failure (answered as status 0: no answer within
+    the timeout, or a cut connection)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader = self.writer = None
+
+    async def open(self) -> None:
+        """Open now rather than on the first request (if this fails, the first request tries again)."""
+        try:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        except OSError:
+            pass
+
+    async def exchange(self, raw: bytes, timeout: float = 60) -> int:
+        """Send ``raw`` (a whole request); its answer's status, 0 for none."""
+        try:
+            if self.writer is None:
+                self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+            self.writer.write(raw)
+            status, _, _ = await asyncio.wait_for(_read_response(self.reader), timeout)
+            return status
+        except (TimeoutError, OSError, ConnectionError, asyncio.IncompleteReadError, ValueError):
+            self.close()
+            return 0
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+
 async def run_load(url: str, make_request, total: int, concurrency: int, rate: float | None = None):
     """Send ``total`` requests over ``concurrency`` keep-alive connections; ``make_request(i)``
     returns raw request bytes. Returns (elapsed seconds, {status: count}, latencies)."""
@@ -175,6 +212,126 @@ async def run_load(url: str, make_request, total: int, concurrency: int, rate: f
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return time.perf_counter() - start, statuses, latencies
+
+
+# --- the consumers' side: a lean callback receiver and a pull consumer ------------------------------
+
+NO_CONTENT = b"HTTP/1.1 204 No Content\r\n\r\n"
+
+
+def head_header(head: bytes, name: bytes) -> bytes | None:
+    """The value of header ``name`` (lower case) in a lower-cased request head, or None: the one
+    field a receiver reads, without parsing the rest."""
+    i = head.find(b"\r\n" + name + b":")
+    if i < 0:
+        return None
+    end = head.find(b"\r\n", i + 2)
+    return head[i + len(name) + 3:end if end > 0 else None].strip()
+
+
+class CallbackProtocol(asyncio.Protocol):
+    """HTTP/1.1 requests split on Content-Length and no more parsing, so the receiver costs little CPU
+    next to the broker it measures: ``answer(head, body)`` (the head lower-cased) returns the bytes to
+    write back, or None to leave the request unanswered; ``connected(transport)`` sees each connection."""
+
+    def __init__(self, answer, connected=None) -> None:
+        self.answer, self.connected = answer, connected
+
+    def connection_made(self, transport):
+        self.transport = transport
+        self.buf = b""
+        if self.connected is not None:
+            self.connected(transport)
+
+    def data_received(self, data):
+        self.buf += data
+        while (end := self.buf.find(b"\r\n\r\n")) >= 0:
+            head = self.buf[:end].lower()
+            length = int(head_header(head, b"content-length") or 0)
+            if len(self.buf) < end + 4 + length:
+                return
+            body = self.buf[end + 4:end + 4 + length]
+            self.buf = self.buf[end + 4 + length:]
+            reply = self.answer(head, body)
+            if reply is not None:
+                self.transport.write(reply)
+
+
+def receiver_serve(port: int, conn, control, answer, *, connected=None, backlog: int = 1024) -> None:
+    """A receiver process's body: ``CallbackProtocol(answer, connected)`` on 127.0.0.1:``port`` until
+    the process is killed, ``control`` (the commands over ``conn``) in a thread of its own; sends
+    "ready" over ``conn`` once it listens."""
+    async def main():
+        server = await asyncio.get_running_loop().create_server(
+            lambda: CallbackProtocol(answer, connected), "127.0.0.1", port, backlog=backlog)
+        threading.Thread(target=control, daemon=True).start()
+        conn.send("ready")
+        await server.serve_forever()
+
+    asyncio.run(main())
+
+
+async def pull_consumer_run(url: str, *, channel: str, consumer: str, channel_token: str, consumer_token: str,
+                            batch: int, expires: float, taken, errors: list[int]) -> None:
+    """A pull consumer, forever: pull up to ``batch`` jobs (a long poll of ``expires`` s), hand them
+    to ``taken(jobs, now)``, ack them DELIVERED with their Receipt; one keep-alive connection, opened
+    again after a failure. ``errors[0]`` counts failed pulls and acks and the jobs an ack refused (the
+    caller reads and resets it)."""
+    host, port = url.split("//")[1].split(":")
+    base = f"/channel/{channel}/consumer/{consumer}"
+    headers = {"X-Broker-Channel-Token": channel_token, "X-Broker-Consumer-Token": consumer_token,
+               "Content-Type": "application/json"}
+    pull = json.dumps({"batch": batch, "expires": expires}).encode()
+    reader = writer = None
+    while True:
+        try:
+            if writer is None:
+                reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(build_request("POST", f"{base}/pull", headers, pull))
+            status, _, body = await _read_response(reader)
+            now = time.time()
+            if status != 200:
+                errors[0] += 1
+                await asyncio.sleep(0.2)
+                continue
+            jobs = json.loads(body)["Result"]
+            if not jobs:
+                continue
+            taken(jobs, now)
+            ack = {"Jobs": [{"ID": j["ID"], "NextState": "DELIVERED", "Receipt": j["Receipt"]} for j in jobs]}
+            writer.write(build_request("POST", f"{base}/ack", headers, json.dumps(ack).encode()))
+            status, _, body = await _read_response(reader)
+            results = json.loads(body).get("Result", []) if status == 200 else []
+            errors[0] += (status != 200) + sum(1 for r in results if r.get("Error"))
+        except (OSError, ConnectionError, asyncio.IncompleteReadError, ValueError, KeyError, TypeError):
+            errors[0] += 1
+            if writer is not None:
+                writer.close()
+            reader = writer = None
+            await asyncio.sleep(0.2)
+
+
+async def commands_serve(conn, answer, *, beside) -> None:
+    """A load process's loop: each command over ``conn`` (a tuple, its name first) answered with
+    ``await answer(cmd)`` until "stop", the coroutine ``beside`` (the pull consumer) running meanwhile;
+    "stop" cancels it and answers True."""
+    loop = asyncio.get_running_loop()
+    running = loop.create_task(beside)
+    while True:
+        cmd = await loop.run_in_executor(None, conn.recv)
+        if cmd[0] == "stop":
+            running.cancel()
+            conn.send(True)
+            return
+        conn.send(await answer(cmd))
+
+
+def parts_stop(*parts) -> None:
+    """Stop what a run started, in the order given (what depends on a part before it: the load, the
+    broker, its receiver), however the run ended; a part still None never started."""
+    for part in parts:
+        if part is not None:
+            part.stop()
 
 
 def wait_for(predicate, timeout: float, what: str, *, interval: float = 0.1, error=RuntimeError, detail=lambda: ""):

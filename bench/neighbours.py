@@ -43,6 +43,7 @@ dead endpoints (whose channel adds messages and data by design); and a verdict p
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib.util
 import json
 import multiprocessing
@@ -51,8 +52,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,8 +59,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.capacity import Database, Load, channel_create, groups  # noqa: E402
-from bench.common import build_request, percentile, run_load, smoke_args_parse, smoke_problems_exit  # noqa: E402
+from bench.capacity import Database, Load, broker_start, groups  # noqa: E402
+from bench.common import (build_request, parts_stop, percentile, receiver_serve, run_load,  # noqa: E402
+                          smoke_args_parse, smoke_problems_exit)
 from bench.push import PUBLISH_HEADERS, Broker, Receiver, _kill, cpu_by_group  # noqa: E402
 
 SMOKE_TABLE = (r"^phase +baseline .* callback p50/p99 [\d.]+/[\d.]+ ms\b.*$"  # then both cases, in either order
@@ -77,32 +77,18 @@ DEAD_CHANNEL = "neighbours-dead"
 def _dead_main(mode: str, port: int, conn) -> None:
     """``hang``: accept, read, never answer; ``fail``: answer 500 at once. Counts connections (with
     the time each opened) and requests for the report."""
-    import asyncio
-
     opened: list[float] = []
     requests = [0]
-    answer = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n"
+    failure = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n"
     kept = []
 
-    class Protocol(asyncio.Protocol):
-        def connection_made(self, transport):
-            opened.append(time.time())
-            self.transport = transport
-            self.buf = b""
-            kept.append(transport)
+    def connected(transport) -> None:
+        opened.append(time.time())
+        kept.append(transport)
 
-        def data_received(self, data):
-            self.buf += data
-            while (end := self.buf.find(b"\r\n\r\n")) >= 0:
-                head = self.buf[:end].lower()
-                i = head.find(b"\r\ncontent-length:")
-                length = int(head[i + 17:].split(b"\r\n", 1)[0]) if i >= 0 else 0
-                if len(self.buf) < end + 4 + length:
-                    return
-                self.buf = self.buf[end + 4 + length:]
-                requests[0] += 1
-                if mode == "fail":
-                    self.transport.write(answer)
+    def answer(head: bytes, body: bytes) -> bytes | None:
+        requests[0] += 1
+        return failure if mode == "fail" else None
 
     def control():
         while True:
@@ -110,13 +96,7 @@ def _dead_main(mode: str, port: int, conn) -> None:
             if cmd == "stats":
                 conn.send((list(opened), requests[0]))
 
-    async def main():
-        server = await asyncio.get_running_loop().create_server(Protocol, "127.0.0.1", port, backlog=4096)
-        threading.Thread(target=control, daemon=True).start()
-        conn.send("ready")
-        await server.serve_forever()
-
-    asyncio.run(main())
+    receiver_serve(port, conn, control, answer, connected=connected, backlog=4096)
 
 
 class DeadEndpoint:
@@ -148,8 +128,6 @@ class DeadEndpoint:
 
 def _feed_main(url: str, rate: float, batch: int, seconds: float, conn) -> None:
     """The dead channel's load: ``rate`` messages a second in batch publishes, for ``seconds``."""
-    import asyncio
-
     body = json.dumps([{"Payload": json.dumps({"pad": "x" * 200}), "ContentType": "application/json"}] * batch).encode()
     request = build_request("POST", f"/channel/{DEAD_CHANNEL}/messages",
                             {**PUBLISH_HEADERS, "Content-Type": "application/json"}, body)
@@ -487,13 +465,10 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown cases {sorted(unknown)}")
 
-    workdir = Path(tempfile.mkdtemp(prefix="bench-neighbours-"))
-    receiver = Receiver()
-    broker = Broker(args, workdir)
+    workdir, receiver, broker = broker_start(args, "neighbours")
     load = database = None
     problems: list[str] = []
     try:
-        channel_create(broker, receiver.port, args.max_in_flight)
         database = Database(broker.env["DATABASE_URL"])
         load = Load(broker.url, args.connections, args.pull_batch)
         run = Run(args, broker, receiver, database, load)
@@ -530,10 +505,7 @@ def main() -> None:
             (sum(p.failed for p in run.phases), "failed publishes"), (missing, "healthy deliveries missing"),
             (run.pull_errors, "pull/ack errors")) if n]
     finally:
-        if load is not None:
-            load.stop()
-        broker.stop()
-        receiver.stop()
+        parts_stop(load, broker, receiver)
     smoke_problems_exit(problems=problems)
 
 

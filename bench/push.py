@@ -41,7 +41,7 @@ import requests
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.common import smoke_args_parse, smoke_problems_exit  # noqa: E402
+from bench.common import NO_CONTENT, head_header, receiver_serve, smoke_args_parse, smoke_problems_exit  # noqa: E402
 
 ADMIN = "bench-admin-token"
 # The last commit whose push client (then jobs/push/http.py) parsed answers by hand (for --compare-clients).
@@ -88,39 +88,21 @@ def _receiver_main(port: int, conn) -> None:
     seqs: list[int] = []  # X-Seq metadata headers, when the publisher sends them (lost / duplicated)
     sents: list[float] = []  # the X-Sent-At of each latency (bench/capacity.py: latencies by slice of time)
 
-    class Protocol(asyncio.Protocol):
-        def connection_made(self, transport):
-            self.transport = transport
-            self.buf = b""
-
-        def data_received(self, data):
-            self.buf += data
-            while True:
-                end = self.buf.find(b"\r\n\r\n")
-                if end < 0:
-                    return
-                head = self.buf[:end].lower()
-                i = head.find(b"\r\ncontent-length:")
-                length = int(head[i + 17:head.find(b"\r\n", i + 2) if head.find(b"\r\n", i + 2) > 0 else None]) if i >= 0 else 0
-                if len(self.buf) < end + 4 + length:
-                    return
-                self.buf = self.buf[end + 4 + length:]
-                if head.startswith(b"post /rich "):  # --compare-clients, client alone: a typical framework answer
-                    self.transport.write(RICH_ANSWER)
-                    continue
-                now = time.time()
-                arrivals.append(now)
-                j = head.find(b"\r\nx-sent-at:")
-                if j >= 0:
-                    k = head.find(b"\r\n", j + 2)
-                    sent = float(head[j + 12:k if k > 0 else None])
-                    latencies.append(now - sent)
-                    sents.append(sent)
-                j = head.find(b"\r\nx-seq:")
-                if j >= 0:
-                    k = head.find(b"\r\n", j + 2)
-                    seqs.append(int(head[j + 8:k if k > 0 else None]))
-                self.transport.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+    def answer(head: bytes, body: bytes) -> bytes:
+        """204 at once; the arrival counted, with its latency and sequence number when the publisher sent them."""
+        if head.startswith(b"post /rich "):  # --compare-clients, client alone: a typical framework answer
+            return RICH_ANSWER
+        now = time.time()
+        arrivals.append(now)
+        sent = head_header(head, b"x-sent-at")
+        if sent is not None:
+            sent = float(sent)
+            latencies.append(now - sent)
+            sents.append(sent)
+        seq = head_header(head, b"x-seq")
+        if seq is not None:
+            seqs.append(int(seq))
+        return NO_CONTENT
 
     def control():
         while True:
@@ -141,13 +123,7 @@ def _receiver_main(port: int, conn) -> None:
             elif cmd == "timed":
                 conn.send(list(zip(sents, latencies)))
 
-    async def main():
-        server = await asyncio.get_running_loop().create_server(Protocol, "127.0.0.1", port, backlog=1024)
-        threading.Thread(target=control, daemon=True).start()
-        conn.send("ready")
-        await server.serve_forever()
-
-    asyncio.run(main())
+    receiver_serve(port, conn, control, answer)
 
 
 class Receiver:

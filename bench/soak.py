@@ -61,6 +61,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import (
     _read_response,
     build_request,
+    parts_stop,
     smoke_args_parse,
     smoke_problems_exit,
 )
@@ -537,8 +538,7 @@ def main() -> None:
                 part.stop.set()
         if database is not None:
             database.close()
-        broker.stop()
-        receiver.stop()
+        parts_stop(broker, receiver)
     smoke_problems_exit(problems=problems)
 
 

@@ -34,20 +34,20 @@ import os
 import socket
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import _read_response, build_request, percentile, smoke_args_parse, smoke_problems_exit  # noqa: E402
+from bench.common import (NO_CONTENT, KeepAlive, build_request, commands_serve, head_header, parts_stop,  # noqa: E402
+                          percentile, pull_consumer_run, receiver_serve, smoke_args_parse, smoke_problems_exit)
+from bench.capacity import CHANNEL_TOKEN, PULL_TOKEN, PULLER, channel_create  # noqa: E402
 from bench.push import Broker, cpu_by_group  # noqa: E402
 
 SMOKE_TABLE = (r"^rate +\d+ requests/s: achieved [\d.]+/s .* answer p50/p99 [\d.]+/[\d.]+ ms .*\n"
                r" +CPU ms/request: web [\d.]+, .*\n +push: lost \d+ dup \d+ .*\n +pull: lost \d+ dup \d+ ")
-CHANNEL, SOURCE, PUSHER, PULLER = "sources-bench", "github", "pusher", "puller"
-CHANNEL_TOKEN, PULL_TOKEN = "bench-c", "pull-token"
+CHANNEL, SOURCE = "sources-bench", "github"
 SECRET = "bench-github-secret"
 PAD = "x" * 400  # a small GitHub event is ~0.5 kB
 
@@ -64,33 +64,16 @@ def _receiver_main(port: int, conn) -> None:
     seen: list[int] = []
     latencies: list[float] = []
 
-    class Protocol(asyncio.Protocol):
-        def connection_made(self, transport):
-            self.transport = transport
-            self.buf = b""
-
-        def data_received(self, data):
-            self.buf += data
-            while True:
-                end = self.buf.find(b"\r\n\r\n")
-                if end < 0:
-                    return
-                head = self.buf[:end].lower()
-                i = head.find(b"\r\ncontent-length:")
-                length = int(head[i + 17:head.find(b"\r\n", i + 2) if head.find(b"\r\n", i + 2) > 0 else None]) if i >= 0 else 0
-                if len(self.buf) < end + 4 + length:
-                    return
-                body = self.buf[end + 4:end + 4 + length]
-                self.buf = self.buf[end + 4 + length:]
-                j = head.find(b"\r\nx-broker-source-delivery:")
-                if j >= 0:
-                    k = head.find(b"\r\n", j + 2)
-                    seen.append(int(head[j + 27:k if k > 0 else None].strip()[2:]))
-                    try:
-                        latencies.append(time.time() - json.loads(body)["t"])
-                    except (ValueError, KeyError):
-                        pass
-                self.transport.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+    def answer(head: bytes, body: bytes) -> bytes:
+        """204 at once; a delivery counted by its X-Broker-Source-Delivery, with its latency."""
+        delivery = head_header(head, b"x-broker-source-delivery")
+        if delivery is not None:
+            seen.append(int(delivery[2:]))
+            try:
+                latencies.append(time.time() - json.loads(body)["t"])
+            except (ValueError, KeyError):
+                pass
+        return NO_CONTENT
 
     def control():
         while True:
@@ -102,13 +85,7 @@ def _receiver_main(port: int, conn) -> None:
                 latencies.clear()
                 conn.send(True)
 
-    async def main():
-        server = await asyncio.get_running_loop().create_server(Protocol, "127.0.0.1", port, backlog=1024)
-        threading.Thread(target=control, daemon=True).start()
-        conn.send("ready")
-        await server.serve_forever()
-
-    asyncio.run(main())
+    receiver_serve(port, conn, control, answer)
 
 
 # --- the provider and the pull consumer (one process, one event loop) ------------------------------
@@ -120,40 +97,11 @@ def _provider_main(url: str, source_id: str, connections: int, pull_batch: int, 
     pull_lat: list[float] = []
     pull_errors = [0]
 
-    async def puller() -> None:
-        base = f"/channel/{CHANNEL}/consumer/{PULLER}"
-        headers = {"X-Broker-Channel-Token": CHANNEL_TOKEN, "X-Broker-Consumer-Token": PULL_TOKEN,
-                   "Content-Type": "application/json"}
-        pull = json.dumps({"batch": pull_batch, "expires": 5}).encode()
-        reader = writer = None
-        while True:
-            try:
-                if writer is None:
-                    reader, writer = await asyncio.open_connection(host, port)
-                writer.write(build_request("POST", f"{base}/pull", headers, pull))
-                status, _, body = await _read_response(reader)
-                now = time.time()
-                if status != 200:
-                    pull_errors[0] += 1
-                    await asyncio.sleep(0.2)
-                    continue
-                jobs = json.loads(body)["Result"]
-                if not jobs:
-                    continue
-                for job in jobs:
-                    pulled.append(int(job["Message"]["SourceDelivery"][2:]))
-                    pull_lat.append(now - json.loads(job["Message"]["Payload"])["t"])
-                ack = {"Jobs": [{"ID": j["ID"], "NextState": "DELIVERED", "Receipt": j["Receipt"]} for j in jobs]}
-                writer.write(build_request("POST", f"{base}/ack", headers, json.dumps(ack).encode()))
-                status, _, body = await _read_response(reader)
-                results = json.loads(body).get("Result", []) if status == 200 else []
-                pull_errors[0] += (status != 200) + sum(1 for r in results if r.get("Error"))
-            except (OSError, ConnectionError, asyncio.IncompleteReadError, ValueError, KeyError, TypeError):
-                pull_errors[0] += 1
-                if writer is not None:
-                    writer.close()
-                reader = writer = None
-                await asyncio.sleep(0.2)
+    def taken(jobs: list[dict], now: float) -> None:
+        """Each pulled job's delivery number (its X-GitHub-Delivery) and provider-to-pull latency."""
+        for job in jobs:
+            pulled.append(int(job["Message"]["SourceDelivery"][2:]))
+            pull_lat.append(now - json.loads(job["Message"]["Payload"])["t"])
 
     def request(seq: int, sent: float) -> bytes:
         body = json.dumps({"ref": "refs/heads/main", "i": seq, "t": sent, "pad": PAD}).encode()
@@ -186,46 +134,32 @@ def _provider_main(url: str, source_id: str, connections: int, pull_batch: int, 
                 queue.put_nowait(None)
 
         async def sender() -> None:
-            reader = writer = None
+            connection = KeepAlive(host, port)
             while (item := await queue.get()) is not None:
                 seq, due, raw = item
-                try:
-                    if writer is None:
-                        reader, writer = await asyncio.open_connection(host, port)
-                    writer.write(raw)
-                    status, _, _ = await asyncio.wait_for(_read_response(reader), 60)
-                except (TimeoutError, OSError, ConnectionError, asyncio.IncompleteReadError, ValueError):
-                    status = 0
-                    if writer is not None:
-                        writer.close()
-                    reader = writer = None
+                status = await connection.exchange(raw)
                 latencies.append(time.perf_counter() - due)
                 statuses[status] = statuses.get(status, 0) + 1
                 if 200 <= status < 300:
                     ok.add(seq)
-            if writer is not None:
-                writer.close()
+            connection.close()
 
         started = time.perf_counter()
         await asyncio.gather(ticker(), *(sender() for _ in range(connections)))
         return {"seconds": time.perf_counter() - started, "latencies": latencies, "statuses": statuses,
                 "ok": sorted(ok), "sent": len(latencies)}
 
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        pulling = loop.create_task(puller())
-        while True:
-            cmd = await loop.run_in_executor(None, conn.recv)
-            if cmd[0] == "provide":
-                conn.send(await provide(*cmd[1:]))
-            elif cmd[0] == "pulled":
-                conn.send((list(pulled), list(pull_lat), pull_errors[0]))
-            elif cmd[0] == "stop":
-                pulling.cancel()
-                conn.send(True)
-                return
+    async def answer(cmd: tuple):
+        """What ``Child.ask`` gets back."""
+        if cmd[0] == "provide":
+            return await provide(*cmd[1:])
+        if cmd[0] == "pulled":
+            return list(pulled), list(pull_lat), pull_errors[0]
 
-    asyncio.run(main())
+    puller = pull_consumer_run(url, channel=CHANNEL, consumer=PULLER, channel_token=CHANNEL_TOKEN,
+                               consumer_token=PULL_TOKEN, batch=pull_batch, expires=5, taken=taken,
+                               errors=pull_errors)
+    asyncio.run(commands_serve(conn, answer, beside=puller))
 
 
 class Child:
@@ -246,15 +180,10 @@ class Child:
 
 
 def setup(broker: Broker, receiver_port: int, max_in_flight: int) -> str:
-    s = broker.session
-    assert s.put(f"{broker.url}/channel/{CHANNEL}", data={"token": CHANNEL_TOKEN}).status_code == 200
-    r = s.put(f"{broker.url}/channel/{CHANNEL}/consumer/{PUSHER}",
-              data={"token": "t0", "callbackUrl": f"http://127.0.0.1:{receiver_port}/{PUSHER}",
-                    "maxInFlight": str(max_in_flight)})
-    assert r.status_code == 200, r.text
-    r = s.put(f"{broker.url}/channel/{CHANNEL}/consumer/{PULLER}", data={"token": PULL_TOKEN, "type": "pull"})
-    assert r.status_code == 200, r.text
-    r = s.put(f"{broker.url}/channel/{CHANNEL}/source/{SOURCE}", json={"verify": "github", "secret": SECRET})
+    """The channel and its two consumers as bench/capacity.py makes them, and the source; its ID."""
+    channel_create(broker, receiver_port, max_in_flight, channel=CHANNEL)
+    r = broker.session.put(f"{broker.url}/channel/{CHANNEL}/source/{SOURCE}",
+                           json={"verify": "github", "secret": SECRET})
     assert r.status_code == 201, r.text
     return r.json()["ID"]
 
@@ -346,10 +275,7 @@ def main() -> None:
         if not out["deliveries"]:
             problems.append("nothing accepted")
     finally:
-        if provider is not None:
-            provider.stop()
-        broker.stop()
-        receiver.stop()
+        parts_stop(provider, broker, receiver)
     smoke_problems_exit(problems=problems)
 
 
