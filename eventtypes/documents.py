@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from eventtypes.rules import schema_refs_map
+
 ASYNCAPI_VERSION = "3.0.0"
 _KEY_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -52,22 +54,7 @@ def schema_relocated(schema: dict | None, base: str) -> dict:
     if schema is None:
         return {}
 
-    def walk(node):
-        if isinstance(node, list):
-            return [walk(x) for x in node]
-        if not isinstance(node, dict):
-            return node
-        out = {}
-        for key, value in node.items():
-            if key == "$ref" and isinstance(value, str) and value.startswith("#"):
-                out[key] = base + value[1:]
-            elif key in ("example", "examples", "enum", "const", "default"):
-                out[key] = value
-            else:
-                out[key] = walk(value)
-        return out
-
-    relocated = walk(schema)
+    relocated = schema_refs_map(schema, lambda value: base + value[1:] if value.startswith("#") else value)
     relocated.pop("$schema", None)  # the document's own dialect applies
     return relocated
 

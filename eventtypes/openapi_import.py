@@ -20,11 +20,10 @@ from dataclasses import dataclass, field
 
 from broker.errors import InvalidInput
 from eventtypes.rules import (description_parse, event_type_name_parse, example_parse, payload_fault, schema_compile,
-                              schema_parse)
+                              schema_parse, schema_refs_map)
 
 _COMPONENT_SCHEMA = "#/components/schemas/"
 _JSON_MEDIA = ("application/json",)
-_DATA = ("example", "examples", "enum", "const", "default", "x-examples")  # keywords whose values are data
 
 
 @dataclass
@@ -180,35 +179,21 @@ def _bundle(document: dict, schema, legacy: bool, name: str) -> dict:
     defs: dict = {}
     pending = []
 
+    def ref_moved(value: str) -> str:
+        if value.startswith(_COMPONENT_SCHEMA):
+            component, slash, rest = value[len(_COMPONENT_SCHEMA):].partition("/")
+            if component == root_component:  # the root itself (a recursive schema)
+                return "#" + slash + rest
+            if component not in defs and component not in pending:
+                pending.append(component)
+            return "#/$defs/" + component + slash + rest
+        if value.startswith("#/$defs/") or value == "#":
+            return value
+        raise InvalidInput("invalid_schema", f"webhook {name}: $ref {value[:100]} is neither a schema "
+                                             "component of the document nor inside the schema")
+
     def walk(node):
-        if isinstance(node, list):
-            return [walk(x) for x in node]
-        if not isinstance(node, dict):
-            return node
-        out = {}
-        for key, value in node.items():
-            if key == "$ref" and isinstance(value, str):
-                if value.startswith(_COMPONENT_SCHEMA):
-                    component, slash, rest = value[len(_COMPONENT_SCHEMA):].partition("/")
-                    if component == root_component:  # the root itself (a recursive schema)
-                        out[key] = "#" + slash + rest
-                        continue
-                    if component not in defs and component not in pending:
-                        pending.append(component)
-                    out[key] = "#/$defs/" + component + slash + rest
-                elif value.startswith("#/$defs/") or value == "#":
-                    out[key] = value
-                else:
-                    raise InvalidInput("invalid_schema", f"webhook {name}: $ref {value[:100]} is neither a schema "
-                                                         "component of the document nor inside the schema")
-            elif key in ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas") \
-                    and isinstance(value, dict):
-                out[key] = {k: walk(v) for k, v in value.items()}
-            elif key in _DATA:
-                out[key] = value  # data, not schemas
-            else:
-                out[key] = walk(value)
-        return _legacy(out) if legacy else out
+        return schema_refs_map(node, ref_moved, finish=_legacy if legacy else None)
 
     if not isinstance(schema, dict):
         raise InvalidInput("invalid_schema", f"webhook {name}: the request body's schema is not an object")

@@ -25,6 +25,30 @@ EXAMPLE_MAX_BYTES = 64 * 1024
 DESCRIPTION_MAX = 4096
 DETAIL_MAX = 500  # characters of a validation message kept in a 422's detail
 MODES = ("open", "closed")
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema
+SCHEMA_DATA = ("example", "examples", "enum", "const", "default", "x-examples")  # keywords whose values are data
+
+
+def schema_refs_map(node, ref, *, finish=None):
+    """A copy of the schema ``node`` with each ``$ref`` replaced by ``ref(value)`` (which may raise),
+    and each schema object passed through ``finish`` once its parts are copied. Keys of the maps of
+    schemas (``properties``...) are names, and the values of data keywords (``enum``...) data: a
+    property called ``$ref`` or an example holding one is left alone."""
+    if isinstance(node, list):
+        return [schema_refs_map(x, ref, finish=finish) for x in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for key, value in node.items():
+        if key == "$ref" and isinstance(value, str):
+            out[key] = ref(value)
+        elif key in SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {k: schema_refs_map(v, ref, finish=finish) for k, v in value.items()}
+        elif key in SCHEMA_DATA:
+            out[key] = value
+        else:
+            out[key] = schema_refs_map(value, ref, finish=finish)
+    return out if finish is None else finish(out)
 
 
 def event_type_name_parse(raw) -> str:
