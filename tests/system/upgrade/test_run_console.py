@@ -18,9 +18,18 @@ from pathlib import Path
 
 import requests
 
+from tests.helpers import wait_until
 from tests.processes import ROOT, free_port, start_web
 
 PLAIN = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.-]+ ")
+
+
+def _status(port: int) -> int | None:
+    """The status of ``GET /_status``; None while nothing listens."""
+    try:
+        return requests.get(f"http://127.0.0.1:{port}/_status", timeout=5).status_code
+    except requests.ConnectionError:
+        return None
 
 
 def _marked(mark: str) -> list[tuple[int, str]]:
@@ -54,7 +63,8 @@ def test_make_run_console_and_ctrl_c(tmp_path):
         while time.monotonic() < deadline and not any("Q Cluster" in l and "running" in l for l in lines):
             assert run.poll() is None, "".join(lines)[-3000:]
             time.sleep(0.2)
-        assert requests.get(f"http://127.0.0.1:{port}/_status", timeout=5).status_code == 200
+        wait_until(lambda: _status(port) == 200, timeout=60, what="the web server answers /_status",
+                   detail=lambda: "".join(lines)[-3000:])  # (it may bind after the cluster's line)
         time.sleep(1.0)
         run.send_signal(signal.SIGINT)  # what Ctrl-C sends (the children run in sessions of their own)
         assert run.wait(timeout=30) == 0, "".join(lines)[-3000:]
