@@ -239,6 +239,23 @@ class Database:
             f"{kind} {1000 * cpu / per:.3f}" for kind, cpu in sorted(by.items(), key=lambda kv: -kv[1])
             if abs(cpu) >= 0.00005 * per), flush=True)
 
+    def backends_watch(self, seconds: float) -> dict[str, int]:
+        """Sleep ``seconds`` looking at pg_stat_activity every 0.2 s: the processes the server started
+        meanwhile, counted by what they are (application_name, else the backend type). An idle broker
+        that opens sessions pays each one's start and its first plans (the "ended since" CPU)."""
+        seen = {pid for (pid,) in self.conn.execute("SELECT pid FROM pg_stat_activity").fetchall()}
+        started: dict[str, int] = {}
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(0.2, left))
+            for pid, kind in self.conn.execute(
+                    "SELECT pid, CASE WHEN application_name <> '' THEN application_name ELSE backend_type END"
+                    "  FROM pg_stat_activity").fetchall():
+                if pid not in seen:
+                    seen.add(pid)
+                    started[kind] = started.get(kind, 0) + 1
+        return started
+
     def commits(self) -> tuple[int, int]:
         """(commits, sessions opened) so far."""
         return self.conn.execute(
@@ -255,7 +272,7 @@ def idle(broker: Broker, database: Database, load: Load, seconds: float, *, stat
     g = groups(broker, database, load)
     counting = database.statements_reset() if statements else False
     before, t0, commits0, backends0 = cpu_by_group(g), time.monotonic(), database.commits(), database.backends()
-    time.sleep(seconds)
+    started = database.backends_watch(seconds) if counting else time.sleep(seconds)
     after, wall, commits1 = cpu_by_group(g), time.monotonic() - t0, database.commits()
     share = {name: 100.0 * (after[name] - before[name]) / wall for name in g}
     line = (f"idle {wall:5.1f} s: " + ", ".join(f"{name} {share[name]:.2f} %" for name in g)
@@ -265,6 +282,8 @@ def idle(broker: Broker, database: Database, load: Load, seconds: float, *, stat
     if counting:
         database.statements_print(wall, "s")
         database.backends_print(backends0, wall, "s", after["postgres"] - before["postgres"])
+        print("    server processes started while idle: " + (", ".join(
+            f"{kind} x{n}" for kind, n in sorted(started.items(), key=lambda kv: -kv[1])) or "none"), flush=True)
     return share
 
 
