@@ -301,6 +301,7 @@ def test_admission_refuses_at_once_when_the_queue_waits_too_long(world, monkeypa
     """A publish arriving while those queued before it have waited longer than
     BROKER_PUBLISH_ADMIT_WAIT is refused at once: 503 overloaded with Retry-After, nothing stored."""
     settings.BROKER_PUBLISH_ADMIT_WAIT = 0.2
+    settings.BROKER_PUBLISH_WINDOW = 0.025  # (the default: a wider one would keep "holder" queued past the bound)
     release = batch_held(monkeypatch, "holder")
     monkeypatch.setattr(grouped, "SLOW_AFTER", 30.0)  # (not replaced: held on purpose)
     answers: dict = {}
