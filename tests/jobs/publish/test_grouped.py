@@ -28,8 +28,7 @@ def world(make, settings):
     make.basics()
     make.consumer("c1")
     make.consumer("c2", type="pull", token="c2-token", callback=None)
-    settings.BROKER_PUBLISH_WINDOW = 1.0  # a wide window: the publishes below arrive within one (on a busy machine too)
-    settings.BROKER_PUBLISH_ADMIT_WAIT = 0  # (publishes waiting out that window are not refused; the admission test sets its own)
+    settings.BROKER_PUBLISH_WINDOW = 0.3  # a wide window: the publishes below arrive within one
     return make
 
 
@@ -176,7 +175,7 @@ def test_a_slow_batch_is_waited_for_not_taken_over(world, monkeypatch, settings)
     connection of its own (the old rule took each back after a second, adding load when the database
     was slowest)."""
     monkeypatch.setattr(grouped, "SLOW_AFTER", 0.3)
-    settings.BROKER_PUBLISH_WINDOW = 0.3  # ("slow" starts its batch within 0.3 s: looked at well before the check below)
+    settings.BROKER_PUBLISH_ADMIT_WAIT = 0  # (admission would refuse those queued last: not what is tested here)
     publish_together([{"HTTP_X_BROKER_MESSAGE_ID": "warm"}])
     replaced, slow, batches = grouped._publisher.replaced, grouped._publisher.slow, grouped._publisher.batches
     answers: dict = {}
@@ -302,7 +301,6 @@ def test_admission_refuses_at_once_when_the_queue_waits_too_long(world, monkeypa
     """A publish arriving while those queued before it have waited longer than
     BROKER_PUBLISH_ADMIT_WAIT is refused at once: 503 overloaded with Retry-After, nothing stored."""
     settings.BROKER_PUBLISH_ADMIT_WAIT = 0.2
-    settings.BROKER_PUBLISH_WINDOW = 0.025  # (the default: a wider one would keep "holder" queued past the bound)
     release = batch_held(monkeypatch, "holder")
     monkeypatch.setattr(grouped, "SLOW_AFTER", 30.0)  # (not replaced: held on purpose)
     answers: dict = {}
