@@ -201,6 +201,7 @@ class Database:
         try:
             self.conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
             self.conn.execute("SELECT pg_stat_statements_reset()")
+            self.conn.execute("SELECT pg_stat_reset()")  # (the trigger functions' times, with track_functions)
             return True
         except Exception:  # noqa: BLE001 - not in shared_preload_libraries: no statement figures
             return False
@@ -208,12 +209,18 @@ class Database:
     def statements_print(self, per: float, label: str, top: int = 15) -> None:
         """The statements run since the reset, most total time first: calls per ``label``, mean ms."""
         rows = self.conn.execute(
-            "SELECT calls, total_exec_time, plans, total_plan_time, regexp_replace(left(query, 90), '\\s+', ' ', 'g')"
+            "SELECT calls, total_exec_time, plans, total_plan_time, regexp_replace(left(query, 110), '\\s+', ' ', 'g')"
             "  FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
             " ORDER BY total_exec_time + total_plan_time DESC LIMIT %s", [top]).fetchall()
+        functions = self.conn.execute(
+            "SELECT funcname, calls, self_time FROM pg_stat_user_functions WHERE calls > 0"
+            " ORDER BY self_time DESC LIMIT 8").fetchall()  # only with track_functions (BROKER_EMBEDDED_PG_OPTIONS)
+        if functions:
+            print("    functions (triggers), self ms/" + label + ": " + ", ".join(
+                f"{name} {ms / per:.4f} ({calls / per:.3f} calls)" for name, calls, ms in functions), flush=True)
         for calls, total, plans, planning, query in rows:
-            print(f"    {calls / per:8.2f} calls/{label} {total / max(1, calls):7.3f} ms"
-                  + (f" (+{plans / per:.2f} plans {planning / plans:.3f} ms)" if plans else "") + f"  {query}", flush=True)
+            print(f"    {(total + planning) / per:7.4f} ms/{label} {calls / per:8.3f} calls/{label} {total / max(1, calls):7.3f} ms"
+                  + (f" (+{plans / per:.3f} plans {planning / plans:.3f} ms)" if plans else "") + f"  {query}", flush=True)
 
     def backends(self) -> dict[int, float]:
         """CPU seconds so far of each of the server's processes: {pid: seconds}."""

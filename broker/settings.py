@@ -154,7 +154,21 @@ _DATABASE.update(
     CONN_HEALTH_CHECKS=env_bool("BROKER_DB_HEALTH_CHECKS", False),
 )
 DATABASES = {"default": _DATABASE}
-DATABASES["default"]["OPTIONS"].setdefault("application_name", os.path.basename(sys.argv[0] or "broker")[:60])
+
+
+def _application_name(argv: list[str]) -> str:
+    """What pg_stat_activity shows for this process's sessions: the program, and a manage.py
+    command's name ("manage.py qcluster"; "gunicorn" for ``python -m gunicorn``), so that an operator
+    (and bench/capacity.py's CPU by process) tells the web tier from the workers."""
+    program = os.path.basename(argv[0]) if argv and argv[0] else "broker"
+    if program == "__main__.py":
+        program = os.path.basename(os.path.dirname(argv[0])) or "broker"
+    if program == "manage.py" and len(argv) > 1:
+        program += " " + argv[1]
+    return program[:60]
+
+
+DATABASES["default"]["OPTIONS"].setdefault("application_name", _application_name(sys.argv))
 # jit = off on every session the broker opens (Django's connections, the dedicated LISTEN ones, the
 # django-q2 cluster; the Spark pipeline's JDBC URL carries the same option). The broker runs short
 # OLTP statements: JIT compilation of one costs tens to hundreds of milliseconds (measured: 340 ms of
@@ -411,18 +425,27 @@ BROKER_PUSH_IDLE_POLL = env_float("BROKER_PUSH_IDLE_POLL", 5.0)  # ... once a lo
 BROKER_PUSH_WINDOW = env_float("BROKER_PUSH_WINDOW", 0.05)
 # A waiting (long-polling) pull claims at most once per this many seconds per consumer and web
 # process: under load it takes the batch that gathered meanwhile (jobs/pull/claim.py).
-BROKER_PULL_WINDOW = env_float("BROKER_PULL_WINDOW", 0.2)
+# (0.2 s until 2026-11-29: 0.1 s halved pull p50 and cut pull p99 by a third at 1,000/s for ~5 % more
+# CPU, with the publishing window below; bench/capacity.py, three runs each, in the README)
+BROKER_PULL_WINDOW = env_float("BROKER_PULL_WINDOW", 0.1)
 # Waiting (long-polling) pulls of one web process that keep their idle connection while they sleep;
 # the others close it (jobs/pull/wakeups.py connection_parked).
 BROKER_PULL_WAIT_CONNECTIONS = env_int("BROKER_PULL_WAIT_CONNECTIONS", 4)
 # Single publishes that arrive together in one process share one transaction and commit (group
 # commit: jobs/publish/grouped.py); off: each publishes in its request's thread.
 BROKER_PUBLISH_GROUP = env_bool("BROKER_PUBLISH_GROUP", True)
-BROKER_PUBLISH_WINDOW = env_float("BROKER_PUBLISH_WINDOW", 0.025)  # seconds between two batches' starts
+BROKER_PUBLISH_WINDOW = env_float("BROKER_PUBLISH_WINDOW", 0.015)  # seconds between two batches' starts (0.025 until 2026-11-29)
 # Admission: a single publish is refused at once (503 overloaded, Retry-After) when the publishes
 # queued before it in its process have waited longer than this many seconds (0: never refused):
 # jobs/publish/grouped.py publish_admission, and the web server's event loop lag (web/server/native.py).
 BROKER_PUBLISH_ADMIT_WAIT = env_float("BROKER_PUBLISH_ADMIT_WAIT", 0.5)
+# ... and, while the machine's CPU pressure (broker/pressure.py: the share of the last second some
+# task waited for a CPU) is at least BROKER_PUBLISH_ADMIT_PRESSURE, as soon as they have waited
+# BROKER_PUBLISH_ADMIT_PRESSED_WAIT: an offered load the machine cannot carry is refused while the
+# deliveries still keep up, not once they are minutes behind (0: off; off by default in tests, whose
+# machine is busy with the suite itself).
+BROKER_PUBLISH_ADMIT_PRESSURE = env_float("BROKER_PUBLISH_ADMIT_PRESSURE", 0.0)
+BROKER_PUBLISH_ADMIT_PRESSED_WAIT = env_float("BROKER_PUBLISH_ADMIT_PRESSED_WAIT", 0.05)
 # Wake-ups of new jobs are sent after the publishing commit, at most one NOTIFY per this many seconds
 # per process (the first after a quiet spell at once): broker/db/notify.py.
 BROKER_NOTIFY_INTERVAL = env_float("BROKER_NOTIFY_INTERVAL", 0.05)

@@ -28,7 +28,9 @@ the queue (the stuck one still answers its own batch when its bounded round trip
 ``Retry-After``) when the publishes queued before it have waited longer than
 ``BROKER_PUBLISH_ADMIT_WAIT`` (the thread, the database or the machine cannot keep up), or the queue
 holds more than ``QUEUE_MAX``: what is accepted is answered within a second instead of everything
-waiting longer and longer.
+waiting longer and longer. Optionally (``BROKER_PUBLISH_ADMIT_PRESSURE``) also when the machine's CPU
+is saturated (broker.pressure) and the queue or the batch in flight has waited
+``BROKER_PUBLISH_ADMIT_PRESSED_WAIT``: the load the deliveries could not follow is shed sooner.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from broker.db.backend.base import round_trip_bound
 from broker.db.errors import DB_ERRORS
 from broker.db.run import query_fetchall
 from broker.errors import Conflict, DomainError, Unavailable
+from broker.pressure import cpu_pressure
 from broker.queries import Q as BROKER_Q
 from jobs.publish.auth import PublishContext, producer_rate_grant, publish_authenticate
 from jobs.publish.messages import NewMessage, message_publish, messages_publish
@@ -142,11 +145,27 @@ class GroupPublisher:
         try:
             oldest = queue[0].submitted
         except IndexError:
-            return None
-        if time.monotonic() - oldest > limit or len(queue) > QUEUE_MAX:
+            oldest = time.monotonic()
+            if self.batch_since is None:
+                return None
+        now = time.monotonic()
+        waited = now - oldest
+        # under pressure, a new publish waits out the batch in flight too
+        running = now - (self.batch_since or now)
+        if waited > limit or len(queue) > QUEUE_MAX or self._pressed(max(waited, running)):
             self.refused += 1
             return OVERLOADED_RETRY_AFTER
         return None
+
+    @staticmethod
+    def _pressed(waited: float) -> bool:
+        """The tighter bound while the machine's CPU is saturated (broker.pressure): there, a queue
+        that waits at all only grows, and the deliveries fall behind with it."""
+        bound = float(settings.BROKER_PUBLISH_ADMIT_PRESSURE)
+        if bound <= 0 or waited <= float(settings.BROKER_PUBLISH_ADMIT_PRESSED_WAIT):
+            return False
+        share = cpu_pressure.share()
+        return share is not None and share >= bound
 
     def close(self) -> None:
         """Close the thread's connection (it reconnects on its next batch) and wait for it: before a

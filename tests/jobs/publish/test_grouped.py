@@ -322,6 +322,51 @@ def test_admission_refuses_at_once_when_the_queue_waits_too_long(world, monkeypa
     assert not Message.objects.filter(message_id="refused").exists()
 
 
+class _Pressure:
+    """The machine's CPU pressure as broker.pressure would read it from the kernel (its parsing and
+    arithmetic are tested in tests/broker/unit/test_pressure.py)."""
+
+    def __init__(self, share: float) -> None:
+        self.value = share
+
+    def share(self) -> float:
+        return self.value
+
+
+def test_under_cpu_pressure_a_publish_is_refused_once_the_batch_in_flight_runs_long(world, monkeypatch, settings):
+    """While the machine's CPU pressure is at least BROKER_PUBLISH_ADMIT_PRESSURE, a publish that
+    would wait behind a batch running longer than BROKER_PUBLISH_ADMIT_PRESSED_WAIT is refused at
+    once (503 overloaded, Retry-After), far below the queue's own bound; without pressure it waits
+    for its turn and is stored."""
+    settings.BROKER_PUBLISH_ADMIT_WAIT = 5.0
+    settings.BROKER_PUBLISH_ADMIT_PRESSURE = 0.8
+    settings.BROKER_PUBLISH_ADMIT_PRESSED_WAIT = 0.1
+    pressure = _Pressure(0.9)
+    monkeypatch.setattr(grouped, "cpu_pressure", pressure)
+    release = batch_held(monkeypatch, "holder")
+    monkeypatch.setattr(grouped, "SLOW_AFTER", 30.0)  # (not replaced: held on purpose)
+    answers: dict = {}
+    threads = [threading.Thread(target=send_one, args=(answers, "holder"))]
+    threads[0].start()
+    time.sleep(0.4)  # the holder's batch has run past the pressed bound
+    began = time.monotonic()
+    send_one(answers, "pressed")
+    assert time.monotonic() - began < 1.0
+    refused = answers["pressed"]
+    assert refused.status_code == 503 and refused.json()["error"] == "overloaded" and refused["Retry-After"] == "1"
+    pressure.value = 0.5  # the pressure is gone: the next one queues behind the batch
+    threads.append(threading.Thread(target=send_one, args=(answers, "unpressed")))
+    threads[1].start()
+    time.sleep(0.3)
+    assert "unpressed" not in answers  # waiting for its turn, not refused
+    release.set()
+    for t in threads:
+        t.join(20)
+    assert answers["holder"].status_code == 201 and answers["unpressed"].status_code == 201
+    assert not Message.objects.filter(message_id="pressed").exists()
+    assert Message.objects.filter(message_id="unpressed").exists()
+
+
 def test_a_producer_publishing_one_at_a_time_is_not_held_by_the_window(world, settings):
     """Only publishes that overlap are gathered: one producer waiting for each answer never has two
     pending, so its next publish goes at once instead of waiting out BROKER_PUBLISH_WINDOW."""
