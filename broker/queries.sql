@@ -186,3 +186,9 @@ SET synchronous_commit = off;
 -- index: none (no table)
 -- One wake-up: the channel and the comma-separated ids of the consumers that got jobs (broker.db.notify).
 SELECT pg_notify(%s, %s);
+
+-- task_due --
+-- index: django_q_ormq's primary key only (the queue holds a handful of rows: hand-overs, schedules)
+-- The cluster's task queue (broker.task_queue.OrmQueue): whether a task of queue %s can be taken
+-- before %s (django-q2's own read of OrmQ, as one plain statement twice a second).
+SELECT EXISTS (SELECT 1 FROM django_q_ormq WHERE key = %s AND lock < %s);

@@ -218,7 +218,11 @@ ON CONFLICT (channel_id) DO UPDATE SET
 -- retention_run_record --
 -- index: pk
 -- The sweep's last run (one row) and its run counters: a run, its duration's histogram bucket
--- (%(bucket)s) and the duration in microseconds (scope 26, owner 0; folded by counters_compact).
+-- (%(bucket)s) and the duration in microseconds (scope 26, owner 0), added to the counter rows
+-- themselves, not as deltas: one sweep runs at a time (its advisory lock), so nothing contends for
+-- them, and a delta every 5 s made the counter fold TRUNCATE its slot every 5 s on an idle broker,
+-- which invalidated every cached plan that reads the deltas (the claims were planned again at 0.4
+-- of their calls). In the fold's order (scope, owner, status).
 WITH last AS (
     INSERT INTO jobs_retentionrun (id, started_at, seconds, removed, batches)
     VALUES (1, now() - make_interval(secs => %(seconds)s::float8), %(seconds)s, %(removed)s, %(batches)s)
@@ -226,9 +230,11 @@ WITH last AS (
                                    removed = EXCLUDED.removed, batches = EXCLUDED.batches
     RETURNING 1
 )
-INSERT INTO broker_counterdelta (scope, owner_id, status, delta)
-SELECT 26, 0, v.status, v.delta FROM last
- CROSS JOIN (VALUES (1, 1::bigint), (%(bucket)s::int, 1), (199, %(micros)s::bigint)) v(status, delta);
+INSERT INTO broker_counter (scope, owner_id, status, count)
+SELECT 26, 0, v.status, sum(v.delta) FROM last
+ CROSS JOIN (VALUES (1, 1::bigint), (%(bucket)s::int, 1), (199, %(micros)s::bigint)) v(status, delta)
+ GROUP BY v.status ORDER BY v.status
+    ON CONFLICT (scope, owner_id, status) DO UPDATE SET count = broker_counter.count + EXCLUDED.count;
 
 -- retention_last_run --
 -- index: pk

@@ -49,6 +49,9 @@ import httptools
 logger = logging.getLogger("gunicorn.error")
 
 TICK = 0.25  # seconds between two sweeps of the clock (timeouts, the Date header, the loop's lag)
+# ... while no request is being answered and no connection times out sooner: an idle worker wakes
+# once a second, not four times (its share of an idle broker's CPU; issue 34)
+TICK_IDLE = 1.0
 WRITE_BUFFER = 256 * 1024  # answer bytes the transport holds before a streaming thread waits
 HEADER_KEYS_MAX = 2048  # distinct header names remembered with their environ keys
 HUNG_UP = getattr(select, "POLLRDHUP", 0) | select.POLLHUP | select.POLLERR
@@ -591,9 +594,10 @@ class Server:
 
     async def _tick(self) -> None:
         loop_time = self.loop.time
+        pause = TICK
         while True:
-            due = loop_time() + TICK
-            await asyncio.sleep(TICK)
+            due = loop_time() + pause
+            await asyncio.sleep(pause)
             now = time.monotonic()
             self.lag = max(0.0, loop_time() - due)
             window = self._lag_window
@@ -602,9 +606,15 @@ class Server:
                 window.popleft()
             self.lag_max = max(lag for _, lag in window)
             self._date()
+            pause = TICK_IDLE
             for conn in list(self.connections):
-                if conn.deadline is not None and now > conn.deadline:
-                    conn.expired(now)
+                if conn.deadline is not None:
+                    if now > conn.deadline:
+                        conn.expired(now)
+                    else:
+                        pause = min(pause, max(TICK, conn.deadline - now))
+                if conn.active is not None or conn.waiting:
+                    pause = TICK
             for hook in self.tick_hooks:
                 hook(now)
 
