@@ -300,3 +300,31 @@ def test_graceful_shutdown_still_reads_the_body_of_the_request_in_flight(serve):
     answer = Reader(sock).response()
     assert json.loads(answer.body)["body"] == "body" and answer.header("Connection") == "close"
     stopping.join(10)
+
+
+def test_the_clock_ticks_once_a_second_while_idle_and_four_times_while_answering(serve):
+    """An idle worker wakes once a second (its share of an idle broker's CPU), not four times; while
+    a request is answered the clock (timeouts, the loop's lag that admission reads) ticks at TICK."""
+    from web.server.http import TICK, TICK_IDLE
+
+    def slow(environ, start_response):
+        time.sleep(2.0)
+        start_response("200 OK", [("Content-Length", "2")])
+        return [b"ok"]
+
+    served = serve(slow)
+    ticks: list[float] = []
+    served.call(served.server.tick_hooks.append, ticks.append)
+    time.sleep(TICK_IDLE + 0.5)  # the first pause may still be TICK
+    idle_from = len(ticks)
+    time.sleep(3.0)
+    idle = len(ticks) - idle_from
+    assert 1 <= idle <= 4  # about 3 (12 at TICK)
+    sock = served.connect()
+    sock.sendall(request("GET", "/"))
+    time.sleep(TICK_IDLE + 0.1)  # the idle pause in progress ends
+    busy_from = len(ticks)
+    time.sleep(0.8)
+    busy = len(ticks) - busy_from
+    assert Reader(sock).response().status == 200
+    assert busy >= 2 and TICK < TICK_IDLE  # about 3 in 0.8 s while the request runs
