@@ -1,6 +1,6 @@
 # Two commands for a fresh clone (only Python 3.11 and pip needed):
 #   make run    install into .venv, migrate, seed samples, start web (127.0.0.1:8080) + workers
-#   make test   install into .venv and run the whole test suite
+#   make test   install into .venv and run the whole test suite (TEST_WORKERS processes)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -32,8 +32,16 @@ run: $(STAMP)
 # /usr/lib/postgresql/<version>/bin): planners differ between versions, and users run theirs.
 PG_SYSTEM_BINS ?= $(wildcard /usr/lib/postgresql/*/bin)
 
+# The whole suite runs in two parts: the tests that share the session's PostgreSQL in TEST_WORKERS
+# processes (pytest-xdist; each has its own test database, a test file stays in one process), then
+# the ones marked serial alone (they restart that server or judge the machine's timing). With
+# PYTEST_ARGS, one plain pytest run in this process.
+TEST_WORKERS ?= 2
+
 test: $(TEST_STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	@if [ -n "$(PYTEST_ARGS)" ]; then $(PY) -m pytest $(PYTEST_ARGS); else \
+		$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not serial" \
+		&& echo "== the serial tests" && $(PY) -m pytest -m serial; fi
 	@if [ -z "$(PYTEST_ARGS)" ]; then for bin in $(PG_SYSTEM_BINS); do \
 		echo "== the plan tests on $$bin"; \
 		env -u DATABASE_URL BROKER_PG_BIN=$$bin $(PY) -m pytest -q -p no:cacheprovider tests/plans || exit 1; \

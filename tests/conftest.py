@@ -6,6 +6,10 @@ tests/pg_session.py) unless DATABASE_URL is set.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
 from hypothesis import HealthCheck, settings as hypothesis_settings
 from rest_framework.test import APIClient
@@ -39,6 +43,15 @@ def _close_wakeup_notifier(django_db_setup, django_db_blocker):
 
     jobs_notifier.close()
     grouped_publisher_close()
+
+
+@pytest.fixture
+def short_tmp():
+    """A fresh directory with a short path, for AF_UNIX sockets (their paths end at 107 bytes):
+    under pytest-xdist, tmp_path is deeper (.../popen-gw0/<test name>0/)."""
+    path = Path(tempfile.mkdtemp(prefix="bt-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -20,8 +20,8 @@ def sockets(folder) -> set[str]:
     return {p.name for p in run.iterdir() if stat.S_ISSOCK(p.stat().st_mode)}
 
 
-def test_two_instances_keep_their_own_control_sockets(tmp_path):
-    data, home = tmp_path / "data", tmp_path / "home"
+def test_two_instances_keep_their_own_control_sockets(tmp_path, short_tmp):
+    data, home = short_tmp / "data", short_tmp / "home"  # (a deeper folder gets no socket: gunicorn.conf.py)
     home.mkdir()
     env = {"BROKER_DATA_DIR": data, "HOME": home, "XDG_RUNTIME_DIR": ""}
     one = start_web(tmp_path, **env)

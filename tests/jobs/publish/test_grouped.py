@@ -17,6 +17,7 @@ from django.test import Client
 from broker.models import Message
 from jobs.models import Job
 from jobs.publish import grouped
+from tests.processes import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 HEADERS = {"HTTP_X_BROKER_CHANNEL_TOKEN": "ch-token", "HTTP_X_BROKER_PRODUCER_ID": "p1",
@@ -60,10 +61,12 @@ def batch_held(monkeypatch, message_id: str) -> threading.Event:
     """The publishing thread hangs (outside the database) on the batch holding ``message_id`` until
     the returned event is set."""
     release = threading.Event()
+    release.reached = threading.Event()  # the batch is being held
     original = grouped.GroupPublisher._publish
 
     def held(self, items):
         if any(item.message.message_id == message_id for item in items):
+            release.reached.set()
             release.wait(20)
         return original(self, items)
 
@@ -306,10 +309,12 @@ def test_admission_refuses_at_once_when_the_queue_waits_too_long(world, monkeypa
     answers: dict = {}
     threads = [threading.Thread(target=send_one, args=(answers, "holder"))]
     threads[0].start()
-    time.sleep(0.2)
+    assert release.reached.wait(10), "the holder's batch began"
     threads.append(threading.Thread(target=send_one, args=(answers, "waiting")))
     threads[1].start()
-    time.sleep(0.5)  # "waiting" has waited past the admission bound
+    queued = lambda: any(item.message.message_id == "waiting" for item in list(grouped._publisher._queue))  # noqa: E731
+    assert wait_for(queued, timeout=10, interval=0.01), "waiting is queued behind the held batch"
+    time.sleep(0.4)  # "waiting" has waited past the admission bound
     began = time.monotonic()
     send_one(answers, "refused")
     assert time.monotonic() - began < 1.0

@@ -96,7 +96,8 @@ def _pid_of_client_port(port: int) -> int | None:
 def _dispatcher_pid() -> int | None:
     """The qcluster worker running a dispatcher loop: the one holding a slot connection."""
     with connection.cursor() as cur:
-        cur.execute("SELECT client_port FROM pg_stat_activity WHERE application_name = 'broker-push-slot'")
+        cur.execute("SELECT client_port FROM pg_stat_activity WHERE application_name = 'broker-push-slot'"
+                    " AND datname = current_database()")  # (not another test process's broker)
         row = cur.fetchone()
     return _pid_of_client_port(row[0]) if row and row[0] else None
 

@@ -32,7 +32,7 @@ from broker import embedded_db
 from tests.helpers import QuietHandler
 from tests.processes import start_qcluster, start_web
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.django_db(transaction=True)]
 
 RECEIVER_DELAY = 0.05  # the push receiver's answer time: callbacks are in flight when the kills land
 RATE = 60.0  # publishes per second, over all publisher threads
