@@ -352,10 +352,11 @@ Q_CLUSTER = {
     "retry": 180,
     "max_attempts": 1,
     "catch_up": False,
-    # An idle broker's own cost (issue 28): the ORM queue is read every 0.5 s (tasks are only the
-    # dispatcher loops' hand-overs, enqueued 2 s ahead) and the sentinel's guard (worker health,
-    # the minute's schedules, its status record) runs every 2 s instead of django-q2's 0.2 and 0.5 s.
-    "poll": 0.5,
+    # An idle broker's own cost (issue 28): the ORM queue is read every 0.5 s (tasks are mostly the
+    # dispatcher loops' hand-overs, enqueued 2 s before the slot is given up: a slower read leaves
+    # less of that margin to a busy machine) and the sentinel's guard (worker health, the minute's
+    # schedules, its status record) runs every 2 s instead of django-q2's 0.2 and 0.5 s.
+    "poll": env_float("BROKER_Q_POLL", 0.5),
     "guard_cycle": 2.0,
     "save_limit": 100,
     "ack_failures": True,

@@ -206,6 +206,17 @@ def _next_check(due_in, deadline_in, remaining: float) -> float:
     return max(sleep, 0.01)
 
 
+def _waited_out(*, woken: bool, listening: bool, sleep: float, remaining: float, due_in, deadline_in) -> bool:
+    """A wait that slept out the pull's whole time, unwoken, with the listener up throughout and no
+    delayed job or deadline falling due before the end, has nothing new to claim: every way a job
+    becomes claimable either NOTIFYs (a publish, a requeue, a nack, a gate) or was foreseen by
+    ``pull_next``. So the pull ends without another claim: an idle long poll costs half the
+    statements (no second sweep, claim and ``pull_next`` per cycle)."""
+    if woken or not listening or sleep < remaining:
+        return False
+    return all(value is None or float(value) >= remaining for value in (due_in, deadline_in))
+
+
 def pull_wait_begin(*, ctx: PullContext, req: PullRequest) -> tuple[bool, float, int]:
     """Before a pull's first claim: sweep the consumer's overdue jobs, then whether the pull may
     wait, until when (monotonic), and the wake-up mark taken now, so a publish between the first
@@ -243,10 +254,14 @@ def jobs_pull(*, ctx: PullContext, req: PullRequest) -> list[ClaimedJob]:
                 return []
             sleep = _next_check(due_in, deadline_in, remaining)
             deadline_at = now + float(deadline_in) if deadline_in is not None else None
+            listening = wakeups.connected.is_set()
             with connection_parked():  # never a transaction, and few connections, while sleeping
-                wakeups.wait(ctx.consumer_pk, mark, sleep)
+                woken = wakeups.wait(ctx.consumer_pk, mark, sleep)
             if req.client_gone is not None and req.client_gone():
                 return []  # abandoned: claims nothing and leaves the waiting list (finally)
+            if _waited_out(woken=woken, listening=listening and wakeups.connected.is_set(),
+                           sleep=sleep, remaining=remaining, due_in=due_in, deadline_in=deadline_in):
+                return []
             mark = wakeups.mark(ctx.consumer_pk)
             consumer_sweep(consumer_pk=ctx.consumer_pk,
                            force=deadline_at is not None and time.monotonic() >= deadline_at)

@@ -474,8 +474,12 @@ class Engine:
             loop.next_lease, loop.last_lease = now + loop.lease_every, now
             if self._lease_cycle(acquire=loop.claiming):
                 loop.kicked = True
-            elif self.lease_stats is not None and not self.lease_stats.owned and loop.idle(now):
-                loop.next_lease = now + loop.idle_poll  # no lease to renew: a NOTIFY brings the next cycle
+            elif self.lease_stats is not None and not self.lease_stats.owned and (
+                    loop.idle(now) or (loop.claiming and not self.lease_stats.fair_share)):
+                # no lease to renew, and the loop idle or (a claiming cycle saw) no partition in use
+                # at all (none leased by anyone, none with work: only a publish makes one, and its
+                # NOTIFY brings the next cycle): a new loop's busy first seconds need no cycle a second
+                loop.next_lease = now + loop.idle_poll
 
     @staticmethod
     def _housekeeping_due(loop: _Loop, now: float) -> None:

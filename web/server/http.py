@@ -61,6 +61,12 @@ STATUS_BAD = {400: b"400 Bad Request", 408: b"408 Request Timeout", 413: b"413 C
               501: b"501 Not Implemented", 503: b"503 Service Unavailable"}
 
 
+def _future_done(future: asyncio.Future) -> None:
+    """The end of the clock's idle pause (a timer's callback; a request may have ended it first)."""
+    if not future.done():
+        future.set_result(None)
+
+
 @dataclass(frozen=True)
 class Limits:
     """A connection's limits and timeouts (seconds, bytes); the worker fills them from gunicorn's
@@ -301,6 +307,7 @@ class Connection(asyncio.Protocol):
         """``req`` becomes the request being answered."""
         self.active = req
         self.deadline = None
+        self.server.clock_wake()
         if req.error is not None:
             self._answer_error(req)
         elif req.complete or (req.native is None and not req.chunked):
@@ -547,6 +554,7 @@ class Server:
         self.lag_max = 0.0  # the largest lag over the last second
         self._lag_window: deque[tuple[float, float]] = deque()
         self._ticking: asyncio.Task | None = None
+        self._idle_pause: asyncio.Future | None = None  # the clock's idle pause, ended by a request
         self.tick_hooks: list = []  # called on every tick with the time (the worker's heartbeat)
         self._date()
 
@@ -597,7 +605,14 @@ class Server:
         pause = TICK
         while True:
             due = loop_time() + pause
-            await asyncio.sleep(pause)
+            if pause > TICK:  # an idle pause: the first request ends it (clock_wake)
+                self._idle_pause = pause_over = self.loop.create_future()
+                timer = self.loop.call_later(pause, _future_done, pause_over)
+                await pause_over
+                timer.cancel()
+                self._idle_pause = None
+            else:
+                await asyncio.sleep(pause)
             now = time.monotonic()
             self.lag = max(0.0, loop_time() - due)
             window = self._lag_window
@@ -617,6 +632,13 @@ class Server:
                     pause = TICK
             for hook in self.tick_hooks:
                 hook(now)
+
+    def clock_wake(self) -> None:
+        """A request starts: end the clock's idle pause, so it ticks at TICK again at once (the
+        loop's lag, which admission reads, and the timeouts), and the Date line is this second's."""
+        if self._idle_pause is not None and not self._idle_pause.done():
+            self._date()
+            self._idle_pause.set_result(None)
 
     # --- requests ------------------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from broker.tracing import TraceContext
 from broker.xid import job_xid
 from jobs.pull.ack import ACK_MAX, ack_request_parse, gate_parse
 from jobs.pull.auth import PullContext, auth_check
-from jobs.pull.claim import PULL_BATCH_MAX, PullRequest, pull_request_check, pull_request_parse
+from jobs.pull.claim import PULL_BATCH_MAX, PullRequest, _waited_out, pull_request_check, pull_request_parse
 from jobs.pull.fields import QUEUED_JOBS_DEFAULT, QUEUED_JOBS_MAX, TIMEOUT_MAX, limit_parse, timeout_parse
 from jobs.pull.purge import older_than_parse
 from jobs.pull.shapes import claimed_repr, message_repr, seconds_repr
@@ -245,3 +245,18 @@ def test_claimed_job_shape():
     job.trace = TraceContext(f"00-{'a' * 32}-{'b' * 16}-01", "k=v")  # issue 25: trace context in Headers
     assert claimed_repr(job)["Message"]["Headers"] == {"traceparent": f"00-{'a' * 32}-{'b' * 16}-01",
                                                        "tracestate": "k=v"}
+
+
+@pytest.mark.parametrize("woken, listening, sleep, remaining, due_in, deadline_in, ends", [
+    (False, True, 0.97, 0.97, None, None, True),  # slept out the whole wait: nothing new to claim
+    (True, True, 0.97, 0.97, None, None, False),  # woken by a NOTIFY: claim
+    (False, False, 0.97, 0.97, None, None, False),  # the listener was down: a NOTIFY may be lost
+    (False, True, 5.0, 12.0, None, None, False),  # the safety net's pause, time left: look again
+    (False, True, 0.5, 0.5, 0.45, None, False),  # a delayed job falls due before the end: claim it
+    (False, True, 0.5, 0.5, None, 0.3, False),  # a deadline passes before the end: sweep and claim
+    (False, True, 0.5, 0.5, 3.0, 9.0, True),  # both after the end: the next pull sees them
+])
+def test_a_long_poll_that_slept_out_its_time_unwoken_ends_without_another_claim(
+        woken, listening, sleep, remaining, due_in, deadline_in, ends):
+    assert _waited_out(woken=woken, listening=listening, sleep=sleep, remaining=remaining,
+                       due_in=due_in, deadline_in=deadline_in) is ends
