@@ -34,7 +34,7 @@ PG_SYSTEM_BINS ?= $(wildcard /usr/lib/postgresql/*/bin)
 
 # The whole suite runs in two parts: the tests that share the session's PostgreSQL in TEST_WORKERS
 # processes (pytest-xdist; each has its own test database, a test file stays in one process), then
-# the ones marked serial alone (they restart that server or judge the machine's timing). With
+# the ones marked serial alone (the chaos test: it restarts that server). With
 # PYTEST_ARGS, one plain pytest run in this process.
 TEST_WORKERS ?= 2
 

@@ -210,7 +210,7 @@ def _start(base: Path, pgdata: Path, *, fsync: bool) -> int:
     port = _free_port()
     # a socket's path ends at 107 bytes (AF_UNIX): under a deeper data directory, TCP only (the
     # broker and pg_ctl connect over TCP; the socket is for an operator's psql -h <pgdata>)
-    sockets = str(pgdata) if len(f"{pgdata}/.s.PGSQL.{port}.lock".encode()) <= 107 else "''"
+    sockets = str(pgdata) if len(f"{pgdata}/.s.PGSQL.{port}".encode()) <= 107 else "''"
     options = (
         f"-c listen_addresses=127.0.0.1 -p {port} -k {sockets} "
         "-c max_connections=300 -c shared_buffers=256MB -c max_wal_size=2GB "

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django.utils import timezone
+from django.contrib.postgres.functions import TransactionNow
 
 from broker.xid import job_pk
 from jobs.models import Job
@@ -19,8 +19,12 @@ pytestmark = pytest.mark.django_db
 
 
 def _lease_runs_out(job_id: str) -> None:
-    """The holder's lease runs out: the deadline passes and the sweep queues the job again."""
-    Job.objects.filter(pk=job_pk(job_id)).update(deadline=timezone.now() - timedelta(seconds=1))
+    """The holder's lease runs out: the deadline passes and the sweep queues the job again.
+
+    The deadline is set from the transaction's clock: the test runs in one transaction, whose
+    ``now()`` (what the sweep compares with) is its start, so a deadline of Python's now - 1 s
+    is not yet past once the test's first requests took over a second (a loaded machine)."""
+    Job.objects.filter(pk=job_pk(job_id)).update(deadline=TransactionNow() - timedelta(seconds=1))
     assert jobs_expire_inflight() == 1
     assert job_status(job_id) == ("QUEUED", 1)
 

@@ -38,10 +38,24 @@ def _docstrings(tree: ast.AST) -> set[int]:
     return found
 
 
+def _parse(source: str, filename: str) -> ast.AST:
+    """``ast.parse``, tried again on CPython 3.11's spurious "AST constructor recursion depth
+    mismatch" SystemError (python/cpython#106905): the AST builder's depth counter is shared
+    by the interpreter, and a thread building an AST at the same time (a server left by an
+    earlier test in this process) can upset it. The source is not at fault, so a retry parses it."""
+    for attempt in range(3):
+        try:
+            return ast.parse(source, filename=filename)
+        except SystemError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
 def sql_literals(source: str, filename: str = "<source>") -> list[tuple[int, str]]:
     """(line, text) of every string of ``source`` that holds a SQL statement (f-strings with
     ``{}`` for each placeholder), docstrings aside."""
-    tree = ast.parse(source, filename=filename)
+    tree = _parse(source, filename)
     skip = _docstrings(tree)
     found = []
     for node in ast.walk(tree):
