@@ -352,10 +352,11 @@ Q_CLUSTER = {
     "retry": 180,
     "max_attempts": 1,
     "catch_up": False,
-    # An idle broker's own cost (issue 28): the ORM queue is read every 0.5 s (tasks are mostly the
-    # dispatcher loops' hand-overs, enqueued 2 s before the slot is given up: a slower read leaves
-    # less of that margin to a busy machine) and the sentinel's guard (worker health, the minute's
-    # schedules, its status record) runs every 2 s instead of django-q2's 0.2 and 0.5 s.
+    # An idle broker's own cost (issue 28): an enqueue NOTIFYs the queue's reader, which reads an
+    # empty queue every 5 s (broker.task_queue) and returns every poll without a statement (the
+    # pusher sees a stop between reads; poll is the read's pace while its LISTEN connection is
+    # down), and the sentinel's guard (worker health, the minute's schedules, its status record)
+    # runs every 2 s instead of django-q2's 0.2 and 0.5 s.
     "poll": env_float("BROKER_Q_POLL", 0.5),
     "guard_cycle": 2.0,
     "save_limit": 100,

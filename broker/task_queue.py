@@ -10,6 +10,14 @@ read is an empty read after a short pause (the connection is dropped, so the nex
 again: to the new primary after a failover), and an acknowledgement is retried a few times before
 it is left to django-q2's own retry (the task runs again after ``Q_CLUSTER["retry"]``; the
 broker's tasks are safe to repeat).
+
+An empty queue is not polled: every enqueue sends a NOTIFY (``TASK_CHANNEL``, delivered at its
+commit) and the reader LISTENs, so a task is taken at once and an idle cluster reads its queue
+every ``TASK_WAIT`` seconds (a task django-q2 puts back after its retry period, or a lost
+wake-up), not every ``Q_CLUSTER["poll"]``. The reader still returns every ``Q_CLUSTER["poll"]``
+(an empty read without a statement), because django-q2's pusher looks at its stop event only
+between reads: a cluster's stop is not held up by the longer wait. Without the LISTEN connection
+it reads every ``Q_CLUSTER["poll"]`` as before.
 """
 
 from __future__ import annotations
@@ -24,16 +32,21 @@ from django_q.brokers.orm import ORM
 from django_q.conf import Conf
 
 from broker.db.errors import DB_RETRY
+from broker.db.listen import Listener
 from broker.queries import Q
 
 logger = logging.getLogger(__name__)
 ACK_ATTEMPTS = 6  # an acknowledgement is tried this many times (about 3 s) before it is left to django-q2
+TASK_CHANNEL = "broker_tasks"  # NOTIFY channel of the task queue: a task was enqueued
+TASK_WAIT = 5.0  # seconds an empty queue waits for that NOTIFY before it is read again
 
 
 class OrmQueue(ORM):
     """django-q2's ORM broker whose reads and acknowledgements survive a database outage."""
 
     down_since: float | None = None
+    listener: Listener | None = None  # the reader's LISTEN connection (made at its first read)
+    read_at = 0.0  # (monotonic) the next read without a NOTIFY: the safety net
 
     def _failed(self, what: str, exc: BaseException) -> None:
         connections[Conf.ORM].close()  # the next attempt connects again
@@ -53,15 +66,26 @@ class OrmQueue(ORM):
         queue is nearly always empty (its tasks are the dispatcher loops' hand-overs and the
         minute's schedules), so it is first looked at with one plain statement: django-q2's ORM
         query, built twice a second, was the largest share of an idle cluster's CPU."""
+        if self.listener is None:
+            self.listener = Listener([TASK_CHANNEL], application_name="broker-task-listen")
+        listening = self.listener.fileno() is not None  # LISTEN before the look: no enqueue falls between
+        now = time.monotonic()
+        if listening and now < self.read_at:
+            before = self.listener.received
+            if self.listener.wait(min(Conf.POLL, self.read_at - now)) is not None and self.listener.received == before:
+                return None  # quiet: the pusher looks at its stop event, then calls again
+        self.read_at = time.monotonic() + TASK_WAIT  # read now (a NOTIFY, the safety net, no listener)
         try:
             if not self._due():
-                time.sleep(Conf.POLL)  # as django-q2's own empty read
+                if not listening:
+                    time.sleep(Conf.POLL)  # as django-q2's own empty read
                 return None
             tasks = super().dequeue()
         except DatabaseError as exc:
             self._failed("reading the queue", exc)
             return None
         self._ok()
+        self.read_at = 0.0  # django-q2 takes a few tasks a read: look again at once for the rest
         return tasks
 
     def _due(self) -> bool:
@@ -69,6 +93,18 @@ class OrmQueue(ORM):
         with connections[Conf.ORM].cursor() as cur:
             cur.execute(Q.task_due.sql, [self.list_key, timezone.now()])
             return cur.fetchone()[0]
+
+    def enqueue(self, task):
+        """django-q2's enqueue, then the wake-up of the readers (delivered when the enqueue
+        commits). A wake-up that fails is only logged: the readers look again within TASK_WAIT."""
+        task_id = super().enqueue(task)
+        try:
+            with connections[Conf.ORM].cursor() as cur:
+                cur.execute(Q.notify_send.sql, [TASK_CHANNEL, ""])
+        except DatabaseError as exc:
+            logger.warning("task queue: wake-up NOTIFY not sent (%s); readers look within %g s",
+                           type(exc).__name__, TASK_WAIT)
+        return task_id
 
     def delete(self, task_id):
         """Remove a finished task, retried through a short outage; then left to django-q2's retry."""
