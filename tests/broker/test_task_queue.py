@@ -16,6 +16,15 @@ from broker import task_queue
 from broker.task_queue import OrmQueue
 
 
+@pytest.fixture
+def reads(monkeypatch) -> list[float]:
+    """The monotonic time of each read of the queue (``OrmQueue._due``), in order."""
+    times: list[float] = []
+    due = OrmQueue._due
+    monkeypatch.setattr(OrmQueue, "_due", lambda self: times.append(time.monotonic()) or due(self))
+    return times
+
+
 @pytest.mark.django_db
 def test_an_empty_or_locked_queue_reads_as_none_and_a_due_task_is_taken(monkeypatch, request, django_assert_max_num_queries):
     monkeypatch.setattr(Conf, "POLL", 0.01)  # (its sleep on an empty read without a listener)
@@ -34,14 +43,11 @@ def test_an_empty_or_locked_queue_reads_as_none_and_a_due_task_is_taken(monkeypa
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_empty_queue_waits_for_an_enqueue_and_takes_it_at_once(monkeypatch):
+def test_an_empty_queue_waits_for_an_enqueue_and_takes_it_at_once(monkeypatch, reads):
     """The reader of an empty queue sleeps on its LISTEN connection: no statement between two
     reads (not one every Q_CLUSTER["poll"]), yet it returns every poll (django-q2's pusher looks
     at its stop event between reads), and an enqueue's NOTIFY makes the next call read: a
     dispatcher loop's hand-over is taken at once."""
-    reads = []
-    due = OrmQueue._due
-    monkeypatch.setattr(OrmQueue, "_due", lambda self: reads.append(time.monotonic()) or due(self))
     monkeypatch.setattr(Conf, "POLL", 0.2)
     queue = OrmQueue(list_key="tq-wake")
     try:
@@ -64,12 +70,9 @@ def test_an_empty_queue_waits_for_an_enqueue_and_takes_it_at_once(monkeypatch):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_quiet_queue_is_still_read_every_task_wait(monkeypatch):
+def test_a_quiet_queue_is_still_read_every_task_wait(monkeypatch, reads):
     """A task no enqueue announced (django-q2 puts a task back once its retry period passes: it
     only becomes due) is found by the read every TASK_WAIT seconds."""
-    reads = []
-    due = OrmQueue._due
-    monkeypatch.setattr(OrmQueue, "_due", lambda self: reads.append(time.monotonic()) or due(self))
     monkeypatch.setattr(Conf, "POLL", 0.1)
     monkeypatch.setattr(task_queue, "TASK_WAIT", 0.5)
     queue = OrmQueue(list_key="tq-quiet")
