@@ -99,8 +99,9 @@ def test_a_report_holds_no_snapshot_longer_than_a_chunk(spark, tmp_path, setting
     assert seen["samples"] > 20 and "broker-pipeline" in watch.applications  # it watched the JDBC reads
     assert seen["longest_transaction_s"] <= LONGEST_S and seen["oldest_xmin_s"] <= LONGEST_S, seen
     # each chunk is its own transaction (about 200 chunks; one read, one transaction, as before the
-    # chunks, would show a handful)
-    assert len(watch.transactions["broker-pipeline"]) >= 40, len(watch.transactions["broker-pipeline"])
+    # chunks, would show a handful). The sampler sees only the chunks open at its samples: on a fast
+    # machine 38 of them once (2026-11-30), so the bar is 20, still four times a handful.
+    assert len(watch.transactions["broker-pipeline"]) >= 20, len(watch.transactions["broker-pipeline"])
 
     # while rows arrived and moved, each job was counted once: between the jobs there were before
     # and after, with every job in exactly one status
