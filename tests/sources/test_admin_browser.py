@@ -7,8 +7,6 @@ step. Screenshots go to artifacts/ (git-ignored)."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import requests
 
@@ -16,6 +14,7 @@ pytest.importorskip("playwright")
 
 from broker.models import Channel, Message  # noqa: E402 (after the skip)
 from sources.models import Source  # noqa: E402
+from tests.processes import wait_for  # noqa: E402
 from tests.sources.conftest import GITHUB_SECRET, github_headers  # noqa: E402
 from tests.web.admin.conftest import artifacts, browser_type_launch_args, chromium_missing  # noqa: E402,F401
 
@@ -40,13 +39,11 @@ def stored(source: Source) -> int:
 
 def open_until(page, url: str, text: str, seconds: float = 10.0) -> str:
     """Open ``url`` again until its page shows ``text`` (a process's tally is written once a second)."""
-    deadline = time.monotonic() + seconds
-    while True:
+    def shows() -> bool:
         page.goto(url)
-        content = page.content()
-        if text in content or time.monotonic() > deadline:
-            return content
-        time.sleep(0.3)
+        return text in page.content()
+    wait_for(shows, seconds, interval=0.3)
+    return page.content()
 
 
 def run_action(page, base: str, source: Source, action: str) -> None:
