@@ -5,7 +5,7 @@ reason) and the last refusals with their reasons and times, for the admin, the s
 A request adds to this process's tally in memory; a thread writes the tally at most once a
 second (``FLUSH_EVERY``) as counter deltas (scope ``SOURCE_REQUESTS`` of the maintained counters,
 folded by ``counters_compact``) and refusal rows, so a request costs no write of its own and
-readers in any process see every process's counts. A crash loses at most the last second's
+readers in any process see every process's counts (a write's counts and refusals commit together). A crash loses at most the last second's
 counts, never a message. Inside a transaction (tests; a caller's ``atomic``) the tally is written
 at once, in that transaction.
 """
@@ -17,7 +17,7 @@ import threading
 import time
 from collections import Counter, defaultdict, deque
 
-from django.db import connection
+from django.db import connection, transaction
 
 from broker.counters import counters_forget, counts_for
 from broker.db.errors import DB_ERRORS
@@ -121,6 +121,13 @@ class Tally:
 
 
 def _write(counts: dict, refusals: dict) -> int:
+    """The counts and the refusals in one transaction, so a reader never sees a refusal counted
+    and missing from the last refusals (or the other way round)."""
+    with transaction.atomic(savepoint=False):
+        return _write_both(counts, refusals)
+
+
+def _write_both(counts: dict, refusals: dict) -> int:
     written = 0
     if counts:
         keys = list(counts)
