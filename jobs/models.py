@@ -27,8 +27,14 @@ class JobStatus(models.IntegerChoices):
 class Job(models.Model):
     # No single-column indexes on these two: (message, consumer) is unique and (consumer, status, id)
     # is indexed, so they would only slow every status UPDATE (measured: record UPDATE 33% faster).
-    message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="jobs", db_index=False)
-    consumer = models.ForeignKey(Consumer, on_delete=models.CASCADE, related_name="jobs", db_index=False)
+    # No FK constraints either (migration 0027; docs/architecture.md, "Integrity without foreign
+    # keys"): a check per job at commit costs the fan-out's size on every publish. What they guarded,
+    # the statements do: a job is inserted with its message (the same statement) or under a lock on
+    # it (replay), and with a FOR KEY SHARE lock on its consumer, which consumer_delete waits for.
+    message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="jobs", db_index=False,
+                                db_constraint=False)
+    consumer = models.ForeignKey(Consumer, on_delete=models.CASCADE, related_name="jobs", db_index=False,
+                                 db_constraint=False)
     channel = models.ForeignKey(Channel, on_delete=models.CASCADE, related_name="+", db_constraint=False)
     status = models.PositiveSmallIntegerField(choices=JobStatus.choices, default=JobStatus.QUEUED)
     priority = models.IntegerField(default=0)

@@ -109,12 +109,17 @@ WITH m AS (
     SELECT broker_payload_json(%(payload)s::bytea, %(ctype)s::text) AS body,
            broker_headers_lower(%(headers)s::jsonb) AS headers
      WHERE EXISTS (SELECT 1 FROM consumers_consumer k WHERE k.channel_id = %(channel)s::bigint AND k.filter_plan IS NOT NULL)
+), k AS MATERIALIZED (
+    -- the channel's consumers, each locked FOR KEY SHARE (what a foreign key's check did per job):
+    -- consumer_delete locks its row first, so a consumer is either deleted after this commits (its
+    -- jobs with it) or gone before the lock is granted (no job for it)
+    SELECT * FROM consumers_consumer WHERE channel_id = %(channel)s::bigint FOR KEY SHARE
 ), jobs_created AS (
     INSERT INTO jobs_job (message_id, consumer_id, channel_id, status, priority, retry_count,
                           next_attempt_at, incremental_timeout, status_changed_at, created_at, expires_at)
     SELECT src.id, c.id, c.channel_id, 1001, src.priority, 0, now(), 0, now(), now(), src.expires_at
       FROM (SELECT m.*, b.body, b.headers FROM m LEFT JOIN b ON true) src
-      JOIN consumers_consumer c ON c.channel_id = src.channel_id
+      JOIN k c ON c.channel_id = src.channel_id
      WHERE {{job_wanted}}
 
 -- insert_messages --
@@ -154,13 +159,16 @@ WITH t AS MATERIALIZED (
                                        WHERE k.channel_id = %(channel)s::bigint AND k.filter_plan IS NOT NULL)
                               AS filtered) f
      ORDER BY m.id, t.ord
+), k AS MATERIALIZED (
+    -- the channel's consumers, locked as in insert_one (no foreign key checks each job)
+    SELECT * FROM consumers_consumer WHERE channel_id = %(channel)s::bigint FOR KEY SHARE
 ), jobs_created AS (
     INSERT INTO jobs_job (message_id, consumer_id, channel_id, status, priority, retry_count,
                           next_attempt_at, incremental_timeout, status_changed_at, created_at,
                           expires_at, partition_id, gate)
     SELECT src.id, c.id, c.channel_id, 1001, src.priority, 0, now(), 0, now(), now(),
            src.expires_at, pt.id, CASE WHEN pt.id IS NULL THEN 0 ELSE src.gate END
-      FROM src JOIN consumers_consumer c ON c.channel_id = src.channel_id
+      FROM src JOIN k c ON c.channel_id = src.channel_id
       LEFT JOIN LATERAL (SELECT p.id FROM jobs_partition p
                           WHERE src.pkey IS NOT NULL AND p.consumer_id = c.id AND p.key = src.pkey LIMIT 1) pt ON true
      WHERE {{job_wanted}}
@@ -240,7 +248,8 @@ VALUES (%s, %s, %s, now(), now()) ON CONFLICT (producer_id) DO NOTHING;
 -- DELETE only, so the new jobs' NULL -> QUEUED rows (reason 'replay') are written here. The messages
 -- are held FOR KEY SHARE until the chunk commits: the retention sweep (retention_batch) skips a
 -- message so held, and one it is removing right now is waited for and then left out, so no job is
--- ever added to a message on its way out.
+-- ever added to a message on its way out (jobs_job has no foreign keys: these locks are what keeps
+-- a job from pointing at a message or a consumer that is gone).
 WITH m AS MATERIALIZED (
     -- a range on channel_id keeps it in the sort keys: only message_channel_received gives this order
     SELECT id, priority, received_at, type, expires_at FROM broker_message
@@ -276,7 +285,8 @@ WITH m AS MATERIALIZED (
     INSERT INTO jobs_job (message_id, consumer_id, channel_id, status, priority, retry_count, next_attempt_at,
                           incremental_timeout, status_changed_at, created_at, expires_at, last_reason)
     SELECT src.id, %(consumer)s, %(channel)s, 1001, src.priority, 0, now(), 0, now(), now(), src.expires_at, 'replay'
-      FROM m src JOIN consumers_consumer c ON c.id = %(consumer)s LEFT JOIN LATERAL (
+      FROM m src  -- the consumer locked FOR KEY SHARE, as at fan-out (no foreign key checks a job)
+      JOIN (SELECT * FROM consumers_consumer WHERE id = %(consumer)s FOR KEY SHARE) c ON true LEFT JOIN LATERAL (
           SELECT 1 AS yes FROM jobs_job o WHERE o.message_id = src.id AND o.partition_id IS NOT NULL LIMIT 1) pt ON true
      WHERE NOT %(only_failed)s AND pt.yes IS NULL
        AND (src.expires_at IS NULL OR src.expires_at > now())

@@ -34,15 +34,16 @@ def world(make, settings):
 
 
 @contextmanager
-def channel_row_locked():
-    """The channel's row held FOR UPDATE by another session (the fan-out's foreign key check on the
-    channel waits for it) until the block ends or the yielded event is set."""
+def consumer_rows_locked():
+    """The channel's consumers' rows held FOR UPDATE by another session (the fan-out locks them FOR
+    KEY SHARE, so it waits) until the block ends or the yielded event is set."""
     locker, done = threading.Event(), threading.Event()
 
     def hold():
         with transaction.atomic():
             with connection.cursor() as cur:
-                cur.execute("SELECT id FROM broker_channel WHERE channel_id = 'ch1' FOR UPDATE")
+                cur.execute("SELECT k.id FROM consumers_consumer k JOIN broker_channel c ON c.id = k.channel_id"
+                            " WHERE c.channel_id = 'ch1' FOR UPDATE OF k")
             locker.set()
             done.wait(20)
         connection.close()
@@ -182,7 +183,7 @@ def test_a_slow_batch_is_waited_for_not_taken_over(world, monkeypatch, settings)
     publish_together([{"HTTP_X_BROKER_MESSAGE_ID": "warm"}])
     replaced, slow, batches = grouped._publisher.replaced, grouped._publisher.slow, grouped._publisher.batches
     answers: dict = {}
-    with channel_row_locked() as release:
+    with consumer_rows_locked() as release:
         first = threading.Thread(target=send_one, args=(answers, "slow"))
         first.start()
         time.sleep(0.3)
@@ -208,7 +209,7 @@ def test_a_batch_past_its_bound_is_refused_and_rolled_back(world, monkeypatch, s
     monkeypatch.setattr(grouped, "SLOW_AFTER", 0.3)
     grouped.grouped_publisher_close()  # the next batch opens a session with the new bound
     answers: dict = {}
-    with channel_row_locked():
+    with consumer_rows_locked():
         began = time.monotonic()
         send_one(answers, "bounded")
         took = time.monotonic() - began
