@@ -81,8 +81,8 @@ class Message(MessageContent):
         DISPATCHED = 102
 
     # No FK constraints (migration 0010): a constraint is a check per stored message at commit
-    # (measured: 0.03 ms of PostgreSQL CPU per message with the two of jobs_job). Channels and
-    # producers are never deleted (neither the API nor the admin offers it), so nothing can break them.
+    # (with the two of jobs_job: 0.02 ms of the publish statement's PostgreSQL CPU per message).
+    # Channels and producers are never deleted (neither the API nor the admin offers it).
     channel = models.ForeignKey(Channel, on_delete=models.PROTECT, related_name="messages", db_constraint=False)
     producer = models.ForeignKey(Producer, on_delete=models.PROTECT, related_name="messages", db_constraint=False)
     status = models.PositiveSmallIntegerField(choices=Status.choices, default=Status.DISPATCHED)

@@ -4,10 +4,10 @@ reason) and the last refusals with their reasons and times, for the admin, the s
 
 A request adds to this process's tally in memory; a thread writes the tally at most once a
 second (``FLUSH_EVERY``) as counter deltas (scope ``SOURCE_REQUESTS`` of the maintained counters,
-folded by ``counters_compact``) and refusal rows, so a request costs no write of its own and
-readers in any process see every process's counts (a write's counts and refusals commit together). A crash loses at most the last second's
-counts, never a message. Inside a transaction (tests; a caller's ``atomic``) the tally is written
-at once, in that transaction.
+folded by ``counters_compact``) and refusal rows, in one transaction, so a request costs no write
+of its own and readers in any process see every process's counts and refusals together. A crash
+loses at most the last second's counts, never a message. Inside a transaction (tests; a caller's
+``atomic``) the tally is written at once, in that transaction.
 """
 
 from __future__ import annotations
