@@ -18,8 +18,11 @@ What this module adds (the library neither retries nor bounds raw ``RunSQL``):
   EXCLUSIVE lock (``CREATE/DROP INDEX CONCURRENTLY``, ``VALIDATE CONSTRAINT``), which block no
   reads or writes and may wait as long as they need;
 - a statement whose lock was not granted in time (a long transaction ahead of it: waiting longer
-  would queue every publish and pull behind it) is retried after a pause, ``LOCK_ATTEMPTS`` times
-  in all, then the migration fails (run it again later; docs/upgrades.md).
+  would queue every publish and pull behind it), or that PostgreSQL chose as a deadlock's victim
+  (it locks two tables, e.g. a foreign key's both ends, and a live statement holds the second and
+  waits for the first), is retried after a pause, ``LOCK_ATTEMPTS`` times in all, then the
+  migration fails (run it again later; docs/upgrades.md). A retry is safe: the statement ran
+  outside a transaction, so its abort released whatever it had locked.
 No cost outside migrations: a schema editor exists only while ``migrate`` (or ``sqlmigrate``) runs.
 """
 
@@ -49,7 +52,15 @@ ONLINE = re.compile(r"^\s*(CREATE\s+(UNIQUE\s+)?INDEX\s+CONCURRENTLY|DROP\s+INDE
 
 
 def _lock_not_granted(exc: BaseException) -> bool:
-    return isinstance(exc.__cause__, psycopg.errors.LockNotAvailable)
+    """Its lock wait passed ``lock_timeout``, or it was a deadlock's victim (CI saw one: a foreign
+    key dropped under traffic while a publish held the referenced table and waited for jobs_job)."""
+    return isinstance(exc.__cause__, (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected))
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc.__cause__, psycopg.errors.DeadlockDetected):
+        return "a deadlock's victim"
+    return f"waited {LOCK_TIMEOUT}"
 
 
 class _Retrying:
@@ -69,8 +80,8 @@ class _Retrying:
                     if not _lock_not_granted(exc) or attempt == LOCK_ATTEMPTS:
                         raise
                     pause = RETRY_PAUSES[min(attempt, len(RETRY_PAUSES)) - 1]
-                    logger.warning("migration statement waited %s for its lock (attempt %d of %d); retrying in %g s: "
-                                   "%s", LOCK_TIMEOUT, attempt, LOCK_ATTEMPTS, pause, str(sql)[:200])
+                    logger.warning("migration statement did not get its lock (%s; attempt %d of %d); retrying in %g s: "
+                                   "%s", _why(exc), attempt, LOCK_ATTEMPTS, pause, str(sql)[:200])
                     time.sleep(pause)
         finally:
             if online:

@@ -244,3 +244,49 @@ def test_a_statement_waits_2_s_for_its_lock_and_is_retried(monkeypatch, caplog):
     with connection.cursor() as cur:
         cur.execute("SHOW lock_timeout")
         assert cur.fetchone()[0] == "0", "the session's lock_timeout is put back after the migration"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_statement_chosen_as_a_deadlocks_victim_is_retried(monkeypatch, caplog):
+    """A statement that locks two tables (as dropping a foreign key locks both its ends) against a
+    live transaction that holds the second and then asks for the first: PostgreSQL aborts one of the
+    two; the migration's statement, aborted outside any transaction, has released its locks and is
+    run again (CI's rolling upgrade failed on exactly this before the editor retried deadlocks)."""
+    from broker.db.listen import dedicated_connect
+
+    monkeypatch.setattr(schema_editor, "RETRY_PAUSES", (0.5,))
+    with connection.cursor() as cur:
+        cur.execute("CREATE TABLE test_deadlock_a (x int); CREATE TABLE test_deadlock_b (x int)")
+    live = dedicated_connect(application_name="test-live")
+    outcome = {}
+
+    def live_transaction():
+        try:
+            live.execute("BEGIN")
+            live.execute("SELECT count(*) FROM test_deadlock_b")  # holds b (ACCESS SHARE) ...
+            time.sleep(0.4)
+            live.execute("SELECT count(*) FROM test_deadlock_a")  # ... then waits for a: the cycle
+            live.execute("COMMIT")
+            outcome["live"] = "committed"
+        except Exception as exc:  # noqa: BLE001 - the other possible victim: recorded, not raised
+            live.execute("ROLLBACK")
+            outcome["live"] = type(exc).__name__
+
+    worker = threading.Thread(target=live_transaction)
+    try:
+        worker.start()
+        time.sleep(0.1)
+        with caplog.at_level("WARNING", logger="broker.migrations"):
+            with connection.schema_editor() as editor:
+                # a then b, with the live transaction between the two: the migration waits first, so its
+                # deadlock_timeout runs out first and it is the victim
+                editor.execute("DO $$ BEGIN LOCK TABLE test_deadlock_a IN ACCESS EXCLUSIVE MODE; "
+                               "PERFORM pg_sleep(0.1); LOCK TABLE test_deadlock_b IN ACCESS EXCLUSIVE MODE; END $$")
+        worker.join(10)
+    finally:
+        live.close()
+        with connection.cursor() as cur:
+            cur.execute("DROP TABLE IF EXISTS test_deadlock_a, test_deadlock_b")
+    retries = [r.getMessage() for r in caplog.records if "retrying" in r.getMessage()]
+    assert len(retries) == 1 and "deadlock" in retries[0], [r.getMessage() for r in caplog.records]
+    assert outcome["live"] == "committed"
