@@ -108,6 +108,9 @@ class PushOwner(models.Model):
     pid = models.IntegerField()
     backend_start = models.DateTimeField(null=True)
     registered_at = models.DateTimeField(db_default=models.functions.Now())
+    # the engine's last report of the push deliveries' lag (jobs.push.lag), read by publishing's admission
+    lag = models.FloatField(null=True)
+    lag_at = models.DateTimeField(null=True)
 
 
 class JobTransition(models.Model):

@@ -31,6 +31,8 @@ holds more than ``QUEUE_MAX``: what is accepted is answered within a second inst
 waiting longer and longer. Optionally (``BROKER_PUBLISH_ADMIT_PRESSURE``) also when the machine's CPU
 is saturated (broker.pressure) and the queue or the batch in flight has waited
 ``BROKER_PUBLISH_ADMIT_PRESSED_WAIT``: the load the deliveries could not follow is shed sooner.
+And a share of publishes while the push deliveries fall behind (jobs.publish.admission): publishing
+that keeps up is not enough when the deliveries do not.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from broker.db.run import query_fetchall
 from broker.errors import Conflict, DomainError, Unavailable
 from broker.pressure import cpu_pressure
 from broker.queries import Q as BROKER_Q
+from jobs.publish.admission import lag_admission
 from jobs.publish.auth import PublishContext, producer_rate_grant, publish_authenticate
 from jobs.publish.messages import NewMessage, message_publish, messages_publish
 from jobs.publish.queries import Q
@@ -138,6 +141,9 @@ class GroupPublisher:
 
     def admission(self) -> int | None:
         """None: take a publish now; else the seconds of its refusal's Retry-After (module docstring)."""
+        if lag_admission.refuse():  # the deliveries are behind (jobs.publish.admission)
+            self.refused += 1
+            return OVERLOADED_RETRY_AFTER
         limit = float(settings.BROKER_PUBLISH_ADMIT_WAIT)
         if limit <= 0:
             return None
@@ -213,6 +219,7 @@ class GroupPublisher:
                         if connection.connection is not session:
                             session = connection.connection
                             self._session_setup(session)
+                        lag_admission.refresh()
                         self._publish(items)
             except BaseException as exc:  # noqa: BLE001 - every waiting request gets an answer
                 logger.exception("grouped publish failed")

@@ -66,6 +66,14 @@ RETURNING g.n;
 -- is slow while its backend works on it, 'active'; stuck when it is idle or gone).
 SELECT state FROM pg_stat_activity WHERE pid = %(pid)s::int;
 
+-- delivery_lag --
+-- index: none (a small table, read whole)
+-- The push deliveries' lag, as the dispatcher engines alive now last reported it (jobs.push.lag):
+-- the largest, among the reports of the last %(fresh)s seconds (an older one is from an engine that
+-- stopped reporting: it claims nothing behind, or it is gone). jobs_pushowner holds a row per live
+-- engine. Read by the publishing thread at most every jobs.publish.admission.READ_EVERY.
+SELECT COALESCE(max(lag), 0)::float8 FROM jobs_pushowner WHERE lag_at > now() - %(fresh)s::float8 * interval '1 second';
+
 -- job_wanted --
 -- fragment
 -- The end of insert_one's and insert_messages's ``jobs_created``: which consumers (``c``) of a stored

@@ -54,6 +54,7 @@ class PushJob:
     circuit_dirty: bool = False  # its consumer's circuit was counting failures or open when claimed
     trace: TraceContext | None = None  # the message's traceparent / tracestate (broker.tracing)
     room: int | None = None  # its consumer's room at this claim (all of it taken: the consumer is saturated)
+    waited: float | None = None  # seconds it waited, due, until this claim (jobs.push.lag)
 
 
 def jobs_claim_push(*, limit: int, reason: str = "push", worker: str = "", caps: FairCaps | None = None,
@@ -116,7 +117,8 @@ def jobs_claim_push(*, limit: int, reason: str = "push", worker: str = "", caps:
         jobs.append(PushJob(id=r[0], consumer_pk=r[1], priority=r[2], retry_count=r[3], message_id=r[4],
                             payload=bytes(r[5]), content_type=r[6], consumer_updated_at=r[8],
                             partition_key=r[9], gate=r[10] or 0, message_type=r[11], circuit_dirty=r[12],
-                            headers=headers_decode(r[7]), trace=TraceContext(r[13] or "", r[14] or ""), room=r[15]))
+                            headers=headers_decode(r[7]), trace=TraceContext(r[13] or "", r[14] or ""), room=r[15],
+                            waited=r[20]))
     return jobs
 
 

@@ -59,7 +59,8 @@ from jobs.publish.wakeup import CHANNEL
 from jobs.push.claim import (PUSH_TRANSACTION_SETUP, fair_caps, fair_share, jobs_claim_push, saturation_update,
                              window_hold)
 from jobs.push.delivery import attempt_deliver, targets_load
-from jobs.push.owners import owner_id_new, push_owner_register
+from jobs.push.lag import DeliveryLag
+from jobs.push.owners import owner_id_new, push_owner_lag_report, push_owner_register
 from jobs.push.queries import Q
 from jobs.push.record import outcomes_record
 
@@ -140,6 +141,7 @@ class Engine:
         self.targets: dict[int, Target] = {}
         self.pull_pks: set[int] = set()
         self.saturated: set[int] = set()  # consumers whose last claim took all of their room
+        self.lag = DeliveryLag()  # how far behind this engine's deliveries are (publishing's admission reads it)
         self._pull_loaded = 0.0
         self._running = 0  # handed to the client, outcome not yet collected (coordinator thread only)
         self._wake_r, self._wake_w = os.pipe()
@@ -452,6 +454,11 @@ class Engine:
                 jobs = jobs_claim_push(limit=limit, worker=self.worker_id, owner=self.owner_id,
                                        caps=fair_caps(inflight=self.inflight, size=self.size, limit=limit))
                 self._targets_refresh(jobs)
+                self.lag.observe(jobs, targets=self.targets, now=now)
+            figure = self.lag.due(now)
+            if figure is not None:
+                push_owner_lag_report(owner_id=self.owner_id, lag=figure)
+                self.lag.written(figure)
         return retry_delays, jobs
 
     def _hand_over(self, loop: _Loop, now: float, jobs: list) -> None:

@@ -8,6 +8,7 @@ import secrets
 
 import psycopg
 
+from broker.db.run import query_execute
 from jobs.push.queries import Q
 
 
@@ -20,3 +21,8 @@ def push_owner_register(*, conn: psycopg.Connection, owner_id: int) -> None:
     """Name ``conn``'s backend as ``owner_id``'s (at every (re)connect of the engine's listener: a
     new backend replaces the old one's row)."""
     conn.execute(Q.push_owner_register.sql, {"owner": owner_id})
+
+
+def push_owner_lag_report(*, owner_id: int, lag: float) -> None:
+    """Write ``owner_id``'s delivery lag (jobs.push.lag) in the caller's transaction."""
+    query_execute(Q.push_owner_lag, {"owner": owner_id, "lag": lag})

@@ -39,6 +39,12 @@ j.next_attempt_at <= now()
             SELECT 1 FROM jobs_job o WHERE o.partition_id = j.partition_id AND o.gate = j.gate
                AND o.id <> j.id AND (o.status = 1002 OR (o.status = 1001 AND o.id < j.id))))))
 
+-- push_owner_lag --
+-- index: pk
+-- A dispatcher engine's delivery lag (jobs.push.lag), at most once a second while it is not zero,
+-- in its record-and-claim transaction: what publishing's admission reads (jobs.publish.admission).
+UPDATE jobs_pushowner SET lag = %(lag)s::float8, lag_at = now() WHERE id = %(owner)s::bigint;
+
 -- claim_push --
 -- index: job_push_fresh, job_push_retry
 -- hot
@@ -61,8 +67,9 @@ j.next_attempt_at <= now()
 -- consecutive failures (below the threshold) at most threshold - failures requests are out at
 -- once; NULL (no cap) when the breaker is off or never failed. The job claimed for an OPEN
 -- circuit is its probe (CTE probe: HALF_OPEN until recorded). Returns m.type (filters),
--- r.cb_dirty (the circuit was counting failures or open when claimed), the message's trace context
--- and the consumer's room (the dispatcher's window: jobs.push.dispatcher).
+-- r.cb_dirty (the circuit was counting failures or open when claimed), the message's trace context,
+-- the consumer's room (the dispatcher's window: jobs.push.dispatcher) and how long each job waited
+-- once due (jobs.push.lag).
 WITH k AS MATERIALIZED (
     SELECT c.id, c.updated_at,
            LEAST(c.max_in_flight, c.max_ack_pending, CASE WHEN c.circuit_breaker_failures > 0 THEN
@@ -154,7 +161,8 @@ WITH k AS MATERIALIZED (
                FOR UPDATE SKIP LOCKED) pick
       JOIN r ON r.id = pick.consumer_id
      WHERE j.id = pick.id
-    RETURNING j.id, j.consumer_id, j.message_id, j.priority, j.retry_count, j.partition_id, j.gate, j.payload
+    RETURNING j.id, j.consumer_id, j.message_id, j.priority, j.retry_count, j.partition_id, j.gate, j.payload,
+              j.next_attempt_at
 ), pace AS (
     INSERT INTO jobs_pushpace (consumer_id, tat)
     SELECT u.consumer_id, now() + (max(r.lag) + count(*) / max(r.rate)) * interval '1 second'
@@ -173,7 +181,8 @@ WITH k AS MATERIALIZED (
              THEN (SELECT pt.key FROM jobs_partition pt WHERE pt.id = u.partition_id) END, u.gate, m.type, r.cb_dirty,
         m.traceparent, m.tracestate,  -- trace context (broker.tracing)
         r.room,  -- the consumer's room this claim filled up to (all of it: the consumer is saturated)
-        NULL::int, NULL::bigint, NULL::bigint, NULL::timestamptz
+        NULL::int, NULL::bigint, NULL::bigint, NULL::timestamptz,
+        extract(epoch FROM now() - u.next_attempt_at)::float8  -- how long it waited, due (jobs.push.lag)
    FROM u JOIN broker_message m ON m.id = u.message_id JOIN r ON r.id = u.consumer_id
   ORDER BY u.priority DESC, u.id)
 UNION ALL
@@ -181,7 +190,7 @@ UNION ALL
 -- id, the id sequence, and the retry floor
 SELECT NULL, w.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        w.lp, w.li, (SELECT last_value FROM jobs_job_id_seq),
-       LEAST(w.lt, now() - %(lag)s::float8 * interval '1 second')
+       LEAST(w.lt, now() - %(lag)s::float8 * interval '1 second'), NULL::float8
   FROM w;
 
 -- push_record --

@@ -1,0 +1,68 @@
+"""How far behind the push deliveries are, as one dispatcher engine sees them: what publishing's
+admission sheds load by (jobs.publish.admission; issue 34, "shed, don't drown").
+
+A claimed job waited, once due, until this claim (``PushJob.waited``). Per period each consumer's
+longest wait is kept, and the engine's figure is the *shortest* of those: when the broker cannot
+keep up (its CPU, its database), every consumer's jobs wait; when one endpoint is slow, down or
+failing, only that consumer's do, and its backlog must not refuse the others' publishes (issue 35:
+a bad neighbour costs the others nothing). Not counted: consumers paced by
+``maxDeliveriesPerSecond`` (behind by their own setting) and those whose circuit was counting
+failures or open when claimed (their endpoint is the trouble). A consumer with no claim in the
+period says nothing. The figure is reported (``push_owner_lag``) once a period while it or the last
+reported one is not zero (under ``QUIET`` counts as zero): nothing is written while all is well.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from jobs.push.claim import PushJob
+
+PERIOD = 1.0  # seconds between two figures
+QUIET = 0.25  # seconds: a figure under this is reported as 0 (a broker keeping up writes nothing)
+
+
+class DeliveryLag:
+    """One engine's figure, period by period (used by its coordinator thread only)."""
+
+    def __init__(self) -> None:
+        self._worst: dict[int, float] = {}  # consumer pk: its longest wait this period
+        self._since: float | None = None  # when this period began
+        self.reported = 0.0  # the last figure written
+
+    def observe(self, jobs: list[PushJob], *, targets: Mapping, now: float) -> None:
+        """The jobs of one claim; ``targets``: the consumers' delivery settings by pk (``rate``: paced)."""
+        if self._since is None:
+            self._since = now
+        worst = self._worst
+        for job in jobs:
+            if job.waited is None or job.circuit_dirty:
+                continue
+            target = targets.get(job.consumer_pk)
+            if target is not None and target.rate:
+                continue
+            if job.waited > worst.get(job.consumer_pk, -1.0):
+                worst[job.consumer_pk] = job.waited
+
+    def due(self, now: float) -> float | None:
+        """The period's figure once it is over and worth writing (else None); a new period begins."""
+        if self._since is None:
+            self._since = now
+            return None
+        if now - self._since < PERIOD:
+            return None
+        figure = lag_figure(self._worst)
+        if figure < QUIET:
+            figure = 0.0
+        self._worst, self._since = {}, now
+        if figure == 0.0 and self.reported == 0.0:
+            return None
+        return figure
+
+    def written(self, figure: float) -> None:
+        self.reported = figure
+
+
+def lag_figure(worst: dict[int, float]) -> float:
+    """The shortest of the consumers' longest waits (seconds, 0 when none claimed), rounded to ms."""
+    return round(max(0.0, min(worst.values())), 3) if worst else 0.0

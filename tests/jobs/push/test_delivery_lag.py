@@ -1,0 +1,50 @@
+"""Admission by the push deliveries' lag, end to end (issue 34, "shed, don't drown"): a real
+dispatcher claims jobs that waited, reports how long (jobs.push.lag, jobs_pushowner.lag), and the
+web process's publishing thread reads the report and refuses a share of single publishes with 503
+``overloaded`` and Retry-After (jobs.publish.admission); once the report is gone, every publish is
+taken again. What is refused is not stored; what is accepted is."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from broker.models import Message
+from jobs.models import PushOwner
+from jobs.publish import admission
+from jobs.push import lag
+from tests.processes import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_publishes_are_refused_in_part_while_deliveries_are_behind_and_taken_again_after(
+        push_world, receiver, dispatcher, settings, monkeypatch):
+    settings.BROKER_PUBLISH_ADMIT_LAG = 1.0
+    monkeypatch.setattr(admission, "STEP", 1.0)  # the whole share at the first read: a test of the path, not the ramp
+    monkeypatch.setattr(admission, "lag_admission", admission.LagAdmission())
+    monkeypatch.setattr("jobs.publish.grouped.lag_admission", admission.lag_admission)
+    for i in range(5):
+        assert push_world.publish(body=b'{"n": %d}' % i).status_code == 201
+    time.sleep(2.5)  # the jobs wait, due, with no dispatcher running: 2.5 s behind
+    dispatcher()
+    receiver.wait(lambda: len(receiver.at("/cb")) >= 5, what="the 5 callbacks")
+    assert wait_for(lambda: PushOwner.objects.filter(lag__gte=2.0).exists(), timeout=10, interval=0.02), \
+        list(PushOwner.objects.values("lag", "lag_at"))
+    # no later report (the next, of a period without claims, would say 0): this one stays as written,
+    # and counts for jobs.publish.admission.FRESH seconds
+    monkeypatch.setattr(lag, "PERIOD", 3600.0)
+
+    answers = [push_world.publish(body=b"{}", x_broker_message_id=f"behind-{i}") for i in range(40)]
+    codes = [a.status_code for a in answers]
+    refused = [a for a in answers if a.status_code == 503]
+    assert len(refused) >= 20 and set(codes) <= {201, 503}, codes  # 95 % refused after the first read
+    assert all(a.json()["error"] == "overloaded" and a["Retry-After"] == "1" for a in refused)
+    stored = set(Message.objects.filter(message_id__startswith="behind-").values_list("message_id", flat=True))
+    assert stored == {f"behind-{i}" for i, code in enumerate(codes) if code == 201}
+
+    time.sleep(admission.FRESH + 0.5)  # the stopped engine's report is no longer fresh
+    answers = [push_world.publish(body=b"{}", x_broker_message_id=f"after-{i}") for i in range(20)]
+    assert [a.status_code for a in answers] == [201] * 20
+    assert admission.lag_admission.share == 0.0

@@ -1,0 +1,67 @@
+"""DB-free: admission by the push deliveries' lag. A dispatcher engine's figure (jobs.push.lag: the
+shortest, across the consumers that count, of their longest wait from due to claimed, reported once
+a period and only while it or the last report is not zero), and the share of publishes refused
+from it (jobs.publish.admission.shed_share_next)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from jobs.publish.admission import CATCHING_UP, SHARE_MAX, STEP, shed_share_next
+from jobs.push.claim import PushJob
+from jobs.push.lag import PERIOD, DeliveryLag, lag_figure
+
+pytestmark = pytest.mark.unit
+
+
+def job(consumer: int, waited: float | None, *, dirty: bool = False) -> PushJob:
+    return PushJob(id=1, consumer_pk=consumer, priority=0, retry_count=0, message_id="m", payload=b"",
+                   content_type="", headers={}, consumer_updated_at=None, waited=waited, circuit_dirty=dirty)
+
+
+def test_the_figure_is_the_shortest_of_the_consumers_longest_waits():
+    assert lag_figure({}) == 0.0
+    assert lag_figure({1: 4.0, 2: 0.0123456}) == 0.012  # one consumer behind alone: not the broker
+    assert lag_figure({1: 4.0, 2: 3.5}) == 3.5  # every consumer behind: the broker is
+
+
+def test_paced_consumers_failing_endpoints_and_silent_periods_do_not_count():
+    lag = DeliveryLag()
+    targets = {1: SimpleNamespace(rate=None), 2: SimpleNamespace(rate=50.0)}
+    lag.observe([job(1, 5.0), job(1, 6.0), job(2, 9.0), job(3, 30.0, dirty=True), job(4, None)], targets=targets,
+                now=100.0)
+    assert lag.due(100.5) is None  # the period is not over
+    assert lag.due(100.0 + PERIOD) == 6.0  # consumer 1's longest: 2 is paced, 3's circuit was failing
+    lag.written(6.0)
+    lag.observe([], targets={}, now=101.5)
+    assert lag.due(102.0 + PERIOD) == 0.0  # a period without claims says 0 once (the last report was not)
+    lag.written(0.0)
+    assert lag.due(103.0 + 2 * PERIOD) is None  # ... and then nothing is written while all is well
+
+
+def test_an_engine_behind_with_one_consumer_and_not_with_another():
+    lag = DeliveryLag()
+    lag.observe([job(1, 12.0), job(2, 0.3)], targets={}, now=0.0)  # 1's endpoint is slow, 2 is served soon
+    assert lag.due(PERIOD) == 0.3
+    lag.written(0.3)
+    lag.observe([job(1, 13.0), job(2, 0.02)], targets={}, now=PERIOD)
+    assert lag.due(2 * PERIOD) == 0.0  # (under QUIET: as if zero)
+
+
+@pytest.mark.parametrize("share, lag, growth, expected", [
+    (0.0, 0.5, 5.0, 0.0),  # under the target: nothing refused, however it moves
+    (0.5, 0.5, 0.0, 0.5 - STEP),  # under it: the share falls
+    (0.0, 3.0, 0.0, STEP),  # over it and holding: the share rises
+    (0.2, 3.0, 2.0, 0.2 + 2 * STEP),  # over it and growing fast: faster
+    (SHARE_MAX, 30.0, 5.0, SHARE_MAX),  # never every publish
+    (0.6, 3.0, -2 * CATCHING_UP, 0.6 - STEP / 2),  # over it and catching up: eases off
+    (0.0, 3600.0, -0.5, 0.0),  # an old backlog draining (an endpoint back after an hour): nothing refused
+])
+def test_the_share_follows_the_lag(share, lag, growth, expected):
+    assert shed_share_next(share=share, lag=lag, growth=growth, target=1.0) == pytest.approx(expected)
+
+
+def test_off_refuses_nothing():
+    assert shed_share_next(share=0.5, lag=100.0, growth=10.0, target=0.0) == pytest.approx(0.5 - STEP)
