@@ -7,12 +7,16 @@ minute). So the deliveries' own lag, as the dispatcher engines report it (jobs.p
 shortest, across consumers, of their longest wait from due to claimed), drives a share of single
 publishes refused at once (503 ``overloaded``, Retry-After):
 
-- lag at or under ``BROKER_PUBLISH_ADMIT_LAG``: the share falls (``STEP``) to 0;
-- over it and not shrinking by at least ``CATCHING_UP`` seconds a second (taken over ``GROWTH_OVER``):
-  the share rises (faster while the lag grows faster), at most ``SHARE_MAX``, so the accepted rate
-  comes down to what the deliveries take;
-- over it and shrinking: the share eases off (``STEP`` / 2), so a broker draining an old backlog
-  (an endpoint back after an outage, its jobs hours old) takes publishes all along.
+- over ``BROKER_PUBLISH_ADMIT_LAG`` and not shrinking by at least ``CATCHING_UP`` seconds a second
+  (taken over ``GROWTH_OVER``): the share rises, by up to ``STEP`` a read as the lag reaches twice
+  the bound (twice that while the lag grows faster than real time), at most ``SHARE_MAX``, so the
+  accepted rate comes down to what the deliveries take;
+- over it and shrinking: the share eases off slowly (``STEP`` / 10 a read): a broker that is
+  catching up does not at once take in again what put it behind;
+- at or under it: the share falls by ``STEP`` / 2 a read, to 0;
+- over ``BACKLOG``: the same. Such a lag is not a load coming in faster than it goes out (that is
+  seen seconds after it begins) but an old backlog being drained: a consumer resumed or an endpoint
+  back after an outage with jobs hours old, the only consumer claimed. Its producers keep publishing.
 
 Read by the publishing thread (its connection) at most every ``READ_EVERY`` before a batch; a share
 not refreshed for ``STALE`` (no batch: nothing published) counts as 0.
@@ -37,6 +41,7 @@ FRESH = 5.0  # seconds a report counts (an engine reports every second while its
 STALE = 3.0  # seconds after the last read when the share no longer applies
 GROWTH_OVER = 2.0  # seconds the lag's growth is taken over
 CATCHING_UP = 0.1  # seconds of lag shed per second: the deliveries are catching up
+BACKLOG = 60.0  # seconds: a lag longer than this is an old backlog drained, not a load to shed
 STEP = 0.1  # the share's change per read
 SHARE_MAX = 0.95  # some publishes always go through (they keep the batches, hence the reads, going)
 
@@ -44,11 +49,13 @@ SHARE_MAX = 0.95  # some publishes always go through (they keep the batches, hen
 def shed_share_next(*, share: float, lag: float, growth: float, target: float) -> float:
     """The share of publishes to refuse after a read of ``lag`` (seconds) growing by ``growth``
     seconds per second, with ``share`` refused until now (the module docstring's rules)."""
-    if target <= 0 or lag <= target:
-        return max(0.0, share - STEP)
+    if target <= 0:
+        return 0.0
+    if lag <= target or lag > BACKLOG:
+        return max(0.0, share - STEP / 2)
     if growth > -CATCHING_UP:
-        return min(SHARE_MAX, share + STEP * (2.0 if growth > 1.0 else 1.0))
-    return max(0.0, share - STEP / 2)
+        return min(SHARE_MAX, share + STEP * min(1.0, (lag - target) / target) * (2.0 if growth > 1.0 else 1.0))
+    return max(0.0, share - STEP / 10)
 
 
 class LagAdmission:

@@ -8,7 +8,7 @@ failing, only that consumer's do, and its backlog must not refuse the others' pu
 a bad neighbour costs the others nothing). Not counted: consumers paced by
 ``maxDeliveriesPerSecond`` (behind by their own setting) and those whose circuit was counting
 failures or open when claimed (their endpoint is the trouble). A consumer with no claim in the
-period says nothing. The figure is reported (``push_owner_lag``) once a period while it or the last
+period says nothing. The figure is reported (``push_owner_lag``) once a period (``PERIOD``) while it or the last
 reported one is not zero (under ``QUIET`` counts as zero): nothing is written while all is well.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 from jobs.push.claim import PushJob
 
-PERIOD = 1.0  # seconds between two figures
+PERIOD = 0.5  # seconds between two figures
 QUIET = 0.25  # seconds: a figure under this is reported as 0 (a broker keeping up writes nothing)
 
 

@@ -41,7 +41,7 @@ j.next_attempt_at <= now()
 
 -- push_owner_lag --
 -- index: pk
--- A dispatcher engine's delivery lag (jobs.push.lag), at most once a second while it is not zero,
+-- A dispatcher engine's delivery lag (jobs.push.lag), at most twice a second while it is not zero,
 -- in its record-and-claim transaction: what publishing's admission reads (jobs.publish.admission).
 UPDATE jobs_pushowner SET lag = %(lag)s::float8, lag_at = now() WHERE id = %(owner)s::bigint;
 

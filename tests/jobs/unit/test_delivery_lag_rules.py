@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from jobs.publish.admission import CATCHING_UP, SHARE_MAX, STEP, shed_share_next
+from jobs.publish.admission import BACKLOG, CATCHING_UP, SHARE_MAX, STEP, shed_share_next
 from jobs.push.claim import PushJob
 from jobs.push.lag import PERIOD, DeliveryLag, lag_figure
 
@@ -32,7 +32,7 @@ def test_paced_consumers_failing_endpoints_and_silent_periods_do_not_count():
     targets = {1: SimpleNamespace(rate=None), 2: SimpleNamespace(rate=50.0)}
     lag.observe([job(1, 5.0), job(1, 6.0), job(2, 9.0), job(3, 30.0, dirty=True), job(4, None)], targets=targets,
                 now=100.0)
-    assert lag.due(100.5) is None  # the period is not over
+    assert lag.due(100.0 + PERIOD / 2) is None  # the period is not over
     assert lag.due(100.0 + PERIOD) == 6.0  # consumer 1's longest: 2 is paced, 3's circuit was failing
     lag.written(6.0)
     lag.observe([], targets={}, now=101.5)
@@ -52,16 +52,19 @@ def test_an_engine_behind_with_one_consumer_and_not_with_another():
 
 @pytest.mark.parametrize("share, lag, growth, expected", [
     (0.0, 0.5, 5.0, 0.0),  # under the target: nothing refused, however it moves
-    (0.5, 0.5, 0.0, 0.5 - STEP),  # under it: the share falls
+    (0.5, 0.5, 0.0, 0.5 - STEP / 2),  # under it: the share falls
     (0.0, 3.0, 0.0, STEP),  # over it and holding: the share rises
+    (0.0, 1.5, 0.0, STEP / 2),  # ... by less while the lag is under twice the bound
     (0.2, 3.0, 2.0, 0.2 + 2 * STEP),  # over it and growing fast: faster
     (SHARE_MAX, 30.0, 5.0, SHARE_MAX),  # never every publish
-    (0.6, 3.0, -2 * CATCHING_UP, 0.6 - STEP / 2),  # over it and catching up: eases off
-    (0.0, 3600.0, -0.5, 0.0),  # an old backlog draining (an endpoint back after an hour): nothing refused
+    (0.6, 3.0, -2 * CATCHING_UP, 0.6 - STEP / 10),  # over it and catching up: eases off, slowly
+    (0.0, 3600.0, -0.05, 0.0),  # an old backlog drained (an endpoint back after an hour): nothing refused
+    (0.0, 3600.0, 5.0, 0.0),  # ... even as the first of its hours-old jobs are claimed
+    (0.3, BACKLOG + 1, 0.0, 0.3 - STEP / 2),
 ])
 def test_the_share_follows_the_lag(share, lag, growth, expected):
     assert shed_share_next(share=share, lag=lag, growth=growth, target=1.0) == pytest.approx(expected)
 
 
 def test_off_refuses_nothing():
-    assert shed_share_next(share=0.5, lag=100.0, growth=10.0, target=0.0) == pytest.approx(0.5 - STEP)
+    assert shed_share_next(share=0.5, lag=100.0, growth=10.0, target=0.0) == 0.0
