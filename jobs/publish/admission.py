@@ -11,9 +11,9 @@ publishes refused at once (503 ``overloaded``, Retry-After):
   (taken over ``GROWTH_OVER``): the share rises, by up to ``STEP`` a read as the lag reaches twice
   the bound (twice that while the lag grows faster than real time), at most ``SHARE_MAX``, so the
   accepted rate comes down to what the deliveries take;
-- over it and shrinking: the share eases off slowly (``STEP`` / 10 a read): a broker that is
-  catching up does not at once take in again what put it behind;
-- at or under it: the share falls by ``STEP`` / 2 a read, to 0;
+- over it and shrinking: the share holds (a broker catching up does not at once take in again what
+  put it behind); at or under it, the share eases off slowly (``STEP`` / 10 a read);
+- at or under half of it: the share falls by ``STEP`` / 2 a read, to 0;
 - over ``BACKLOG``: the same. Such a lag is not a load coming in faster than it goes out (that is
   seen seconds after it begins) but an old backlog being drained: a consumer resumed or an endpoint
   back after an outage with jobs hours old, the only consumer claimed. Its producers keep publishing.
@@ -51,11 +51,13 @@ def shed_share_next(*, share: float, lag: float, growth: float, target: float) -
     seconds per second, with ``share`` refused until now (the module docstring's rules)."""
     if target <= 0:
         return 0.0
-    if lag <= target or lag > BACKLOG:
+    if lag <= target / 2 or lag > BACKLOG:
         return max(0.0, share - STEP / 2)
+    if lag <= target:
+        return max(0.0, share - STEP / 10)
     if growth > -CATCHING_UP:
         return min(SHARE_MAX, share + STEP * min(1.0, (lag - target) / target) * (2.0 if growth > 1.0 else 1.0))
-    return max(0.0, share - STEP / 10)
+    return share
 
 
 class LagAdmission:
