@@ -13,7 +13,8 @@ publishes refused at once (503 ``overloaded``, Retry-After):
   accepted rate comes down to what the deliveries take;
 - over it and shrinking: the share holds (a broker catching up does not at once take in again what
   put it behind); at or under it, the share eases off slowly (``STEP`` / 10 a read);
-- at or under half of it: the share falls by ``STEP`` / 2 a read, to 0;
+- no lag reported (under jobs.push.lag.QUIET everywhere: the broker keeps up): the share falls by
+  ``STEP`` a read, to 0;
 - over ``BACKLOG``: the same. Such a lag is not a load coming in faster than it goes out (that is
   seen seconds after it begins) but an old backlog being drained: a consumer resumed or an endpoint
   back after an outage with jobs hours old, the only consumer claimed. Its producers keep publishing.
@@ -51,8 +52,8 @@ def shed_share_next(*, share: float, lag: float, growth: float, target: float) -
     seconds per second, with ``share`` refused until now (the module docstring's rules)."""
     if target <= 0:
         return 0.0
-    if lag <= target / 2 or lag > BACKLOG:
-        return max(0.0, share - STEP / 2)
+    if lag <= 0 or lag > BACKLOG:
+        return max(0.0, share - STEP)
     if lag <= target:
         return max(0.0, share - STEP / 10)
     if growth > -CATCHING_UP:

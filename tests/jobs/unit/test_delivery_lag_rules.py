@@ -51,9 +51,9 @@ def test_an_engine_behind_with_one_consumer_and_not_with_another():
 
 
 @pytest.mark.parametrize("share, lag, growth, expected", [
-    (0.0, 0.5, 5.0, 0.0),  # under the target: nothing refused, however it moves
-    (0.5, 0.4, 0.0, 0.5 - STEP / 2),  # under half of it: the share falls
-    (0.5, 0.8, 0.0, 0.5 - STEP / 10),  # under it: the share eases off
+    (0.0, 0.5, 5.0, 0.0),  # under the bound: nothing refused, however it moves
+    (0.5, 0.0, 0.0, 0.5 - STEP),  # no lag reported (the broker keeps up): the share falls
+    (0.5, 0.4, 0.0, 0.5 - STEP / 10),  # under it: the share eases off
     (0.0, 3.0, 0.0, STEP),  # over it and holding: the share rises
     (0.0, 1.5, 0.0, STEP / 2),  # ... by less while the lag is under twice the bound
     (0.2, 3.0, 2.0, 0.2 + 2 * STEP),  # over it and growing fast: faster
@@ -61,7 +61,7 @@ def test_an_engine_behind_with_one_consumer_and_not_with_another():
     (0.6, 3.0, -2 * CATCHING_UP, 0.6),  # over it and catching up: holds
     (0.0, 3600.0, -0.05, 0.0),  # an old backlog drained (an endpoint back after an hour): nothing refused
     (0.0, 3600.0, 5.0, 0.0),  # ... even as the first of its hours-old jobs are claimed
-    (0.3, BACKLOG + 1, 0.0, 0.3 - STEP / 2),
+    (0.3, BACKLOG + 1, 0.0, 0.3 - STEP),
 ])
 def test_the_share_follows_the_lag(share, lag, growth, expected):
     assert shed_share_next(share=share, lag=lag, growth=growth, target=1.0) == pytest.approx(expected)
