@@ -454,7 +454,7 @@ class Engine:
                 jobs = jobs_claim_push(limit=limit, worker=self.worker_id, owner=self.owner_id,
                                        caps=fair_caps(inflight=self.inflight, size=self.size, limit=limit))
                 self._targets_refresh(jobs)
-                self.lag.observe(jobs, targets=self.targets, now=now)
+                self.lag.observe(jobs, targets=self.targets, saturated=self.saturated, now=now)  # (before its update)
             figure = self.lag.due(now)
             if figure is not None:
                 push_owner_lag_report(owner_id=self.owner_id, lag=figure)

@@ -16,9 +16,10 @@ from jobs.push.lag import PERIOD, DeliveryLag, lag_figure
 pytestmark = pytest.mark.unit
 
 
-def job(consumer: int, waited: float | None, *, dirty: bool = False) -> PushJob:
+def job(consumer: int, waited: float | None, *, dirty: bool = False, room: int | None = None) -> PushJob:
     return PushJob(id=1, consumer_pk=consumer, priority=0, retry_count=0, message_id="m", payload=b"",
-                   content_type="", headers={}, consumer_updated_at=None, waited=waited, circuit_dirty=dirty)
+                   content_type="", headers={}, consumer_updated_at=None, waited=waited, circuit_dirty=dirty,
+                   room=room)
 
 
 def test_the_figure_is_the_shortest_of_the_consumers_longest_waits():
@@ -30,12 +31,14 @@ def test_the_figure_is_the_shortest_of_the_consumers_longest_waits():
 def test_paced_consumers_failing_endpoints_and_silent_periods_do_not_count():
     lag = DeliveryLag()
     targets = {1: SimpleNamespace(rate=None), 2: SimpleNamespace(rate=50.0)}
-    lag.observe([job(1, 5.0), job(1, 6.0), job(2, 9.0), job(3, 30.0, dirty=True), job(4, None)], targets=targets,
-                now=100.0)
+    lag.observe([job(1, 5.0), job(1, 6.0), job(2, 9.0), job(3, 30.0, dirty=True), job(4, None), job(5, 40.0),
+                 job(6, 50.0, room=1)], targets=targets, saturated={5}, now=100.0)
     assert lag.due(100.0 + PERIOD / 2) is None  # the period is not over
-    assert lag.due(100.0 + PERIOD) == 6.0  # consumer 1's longest: 2 is paced, 3's circuit was failing
+    # consumer 1's longest: 2 is paced, 3's circuit was failing, 5 had no room left at the claim before,
+    # and this claim took all of 6's room: their jobs waited for their own endpoints
+    assert lag.due(100.0 + PERIOD) == 6.0
     lag.written(6.0)
-    lag.observe([], targets={}, now=101.5)
+    lag.observe([], targets={}, saturated=set(), now=101.5)
     assert lag.due(102.0 + PERIOD) == 0.0  # a period without claims says 0 once (the last report was not)
     lag.written(0.0)
     assert lag.due(103.0 + 2 * PERIOD) is None  # ... and then nothing is written while all is well
@@ -43,10 +46,11 @@ def test_paced_consumers_failing_endpoints_and_silent_periods_do_not_count():
 
 def test_an_engine_behind_with_one_consumer_and_not_with_another():
     lag = DeliveryLag()
-    lag.observe([job(1, 12.0), job(2, 0.3)], targets={}, now=0.0)  # 1's endpoint is slow, 2 is served soon
+    # 1's endpoint is slow, 2 is served soon
+    lag.observe([job(1, 12.0), job(2, 0.3)], targets={}, saturated=set(), now=0.0)
     assert lag.due(PERIOD) == 0.3
     lag.written(0.3)
-    lag.observe([job(1, 13.0), job(2, 0.02)], targets={}, now=PERIOD)
+    lag.observe([job(1, 13.0), job(2, 0.02)], targets={}, saturated=set(), now=PERIOD)
     assert lag.due(2 * PERIOD) == 0.0  # (under QUIET: as if zero)
 
 
