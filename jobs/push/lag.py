@@ -4,17 +4,18 @@ admission sheds load by (jobs.publish.admission; issue 34, "shed, don't drown").
 A claimed job waited, once due, until this claim (``PushJob.waited``). Per period each consumer's
 longest wait is kept, and the engine's figure is the *shortest* of those: when the broker cannot
 keep up (its CPU, its database), every consumer's jobs wait; when one endpoint is slow, down or
-failing, only that consumer's do, and its backlog must not refuse the others' publishes (issue 35:
-a bad neighbour costs the others nothing). Not counted: consumers paced by
-``maxDeliveriesPerSecond`` (behind by their own setting), those whose circuit was counting
-failures or open when claimed (their endpoint is the trouble), and those held by their own room
-(``maxInFlight``: this claim or the one before took all of it), whose jobs wait for their endpoint's
-answers, not for the broker; except while the machine's CPU is starved (broker.pressure at least
-``PRESSED``), when the answers are slow because the broker, and on one machine its receivers, get
-no CPU (measured: offered 6,000/s on 2 cores, the only push consumer sat at its maxInFlight 50 the
-whole burst, and leaving it out shed nothing: 44 s behind again). A consumer with no claim in the period says nothing. The figure is
-reported (``push_owner_lag``) once a period (``PERIOD``) while it or the last reported one is not
-zero (under ``QUIET`` counts as zero): nothing is written while all is well.
+failing, only that consumer's do, and its backlog must not refuse the others' publishes (issue 35: a
+bad neighbour costs the others nothing). Not counted: consumers paced by ``maxDeliveriesPerSecond``
+(behind by their own setting), those whose circuit was counting failures or open when claimed (their
+endpoint is the trouble), and those held by their own room (``maxInFlight``: this claim or the one
+before took all of it), whose jobs wait for their endpoint's answers, not for the broker; except
+while the machine's CPU is starved (broker.pressure at least ``PRESSED`` within the last
+``PRESSED_HOLD`` seconds: the shedding itself lowers it), when the answers are slow because the
+broker, and on one machine its receivers, get no CPU (measured: offered 6,000/s on 2 cores, the only
+push consumer sat at its maxInFlight 50 the whole burst, and leaving it out shed nothing: 44 s
+behind again). A consumer with no claim in the period says nothing. The figure is reported
+(``push_owner_lag``) once a period (``PERIOD``) while it or the last reported one is not zero (under
+``QUIET`` counts as zero): nothing is written while all is well.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from jobs.push.claim import PushJob
 PERIOD = 0.5  # seconds between two figures
 QUIET = 0.25  # seconds: a figure under this is reported as 0 (a broker keeping up writes nothing)
 PRESSED = 0.75  # CPU pressure (broker.pressure): 0.5-0.65 at the rated 1,000/s, 0.8-0.95 when overloaded
+PRESSED_HOLD = 10.0  # seconds held consumers still count after the pressure was last that high (shedding lowers it)
 
 
 class DeliveryLag:
@@ -36,6 +38,7 @@ class DeliveryLag:
         self._worst: dict[int, float] = {}  # consumer pk: its longest wait this period
         self._since: float | None = None  # when this period began
         self.reported = 0.0  # the last figure written
+        self._pressed_until = float("-inf")  # consumers held by their room count until then
 
     def observe(self, jobs: list[PushJob], *, targets: Mapping, saturated: set[int], now: float) -> None:
         """The jobs of one claim; ``targets``: the consumers' delivery settings by pk (``rate``: paced);
@@ -46,7 +49,9 @@ class DeliveryLag:
         for job in jobs:
             claimed[job.consumer_pk] = claimed.get(job.consumer_pk, 0) + 1
         pressure = cpu_pressure.share() if jobs else None
-        held_count = pressure is not None and pressure >= PRESSED  # a starved machine slows every answer
+        if pressure is not None and pressure >= PRESSED:
+            self._pressed_until = now + PRESSED_HOLD
+        held_count = now < self._pressed_until  # a starved machine slows every answer
         worst = self._worst
         for job in jobs:
             pk = job.consumer_pk

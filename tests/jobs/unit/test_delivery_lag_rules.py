@@ -73,3 +73,22 @@ def test_the_share_follows_the_lag(share, lag, growth, expected):
 
 def test_off_refuses_nothing():
     assert shed_share_next(share=0.5, lag=100.0, growth=10.0, target=0.0) == 0.0
+
+
+def test_consumers_held_by_their_room_count_while_the_cpu_is_starved_and_a_while_after(monkeypatch):
+    """On a starved machine every answer is slow, the broker's own included: the consumers held by
+    their maxInFlight count then (and for PRESSED_HOLD after: the shedding lowers the pressure)."""
+    from jobs.push import lag as lag_module
+
+    pressure = SimpleNamespace(value=0.9)
+    monkeypatch.setattr(lag_module, "cpu_pressure", SimpleNamespace(share=lambda: pressure.value))
+    lag = DeliveryLag()
+    lag.observe([job(1, 4.0, room=1)], targets={}, saturated={1}, now=0.0)
+    assert lag.due(PERIOD) == 4.0
+    lag.written(4.0)
+    pressure.value = 0.3
+    lag.observe([job(1, 3.0, room=1)], targets={}, saturated={1}, now=PERIOD)
+    assert lag.due(2 * PERIOD) == 3.0  # within PRESSED_HOLD of the last starved sample
+    later = 2 * PERIOD + lag_module.PRESSED_HOLD
+    lag.observe([job(1, 3.0, room=1)], targets={}, saturated={1}, now=later)
+    assert lag.due(later + PERIOD) == 0.0  # past it: held by its room, its endpoint's pace
