@@ -38,7 +38,7 @@ from jobs.publish.queries import Q
 
 logger = logging.getLogger(__name__)
 READ_EVERY = 0.5  # seconds between two reads of the engines' reports
-FRESH = 5.0  # seconds a report counts (an engine reports every second while its lag is not zero)
+FRESH = 5.0  # seconds a report counts (an engine reports every jobs.push.lag.PERIOD while it is behind)
 STALE = 3.0  # seconds after the last read when the share no longer applies
 GROWTH_OVER = 2.0  # seconds the lag's growth is taken over
 CATCHING_UP = 0.1  # seconds of lag shed per second: the deliveries are catching up
@@ -66,7 +66,6 @@ class LagAdmission:
 
     def __init__(self) -> None:
         self.share = 0.0
-        self.lag = 0.0
         self._readings: deque[tuple[float, float]] = deque()
         self._read_at = float("-inf")
 
@@ -93,7 +92,7 @@ class LagAdmission:
         if share > 0 and self.share == 0:
             logger.warning("push deliveries %.1f s behind (growing %.2f s/s): refusing a share of publishes", lag,
                            growth)
-        self.share, self.lag = share, lag
+        self.share = share
 
     def refuse(self) -> bool:
         """Whether to refuse this publish (a random draw against the share, while it is fresh)."""
