@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.source_ast import parse_source
+
 CLIENT = Path(__file__).resolve().parents[2] / "client"
 CONFIG = CLIENT / ".importlinter"
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
@@ -60,7 +62,7 @@ def test_the_contract_fails_on_an_upward_import(tmp_path):
 def test_no_import_inside_a_function():
     offenders = []
     for path in sorted((CLIENT / "broker_client").glob("*.py")):
-        for function in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        for function in ast.walk(parse_source(path.read_text(), str(path))):
             if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 offenders.extend(f"{path.name}:{node.lineno} in {function.name}()" for node in ast.walk(function)
                                  if isinstance(node, (ast.Import, ast.ImportFrom)))

@@ -20,12 +20,15 @@ from tests.jobs.pull.conftest import _stop_wakeup_listener  # noqa: F401
 GITHUB_SECRET = "It's a Secret to Everybody"
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _close_source_tally(django_db_setup, django_db_blocker):
-    """Requests outside a test transaction start this process's tally thread (sources.tallies):
-    stop it, and close its connection, before the test database is dropped."""
+@pytest.fixture(autouse=True)
+def _close_source_tally(django_db_blocker):
+    """Requests outside a test transaction (a live server's) start this process's tally thread
+    (sources.tallies): write what it holds and stop it at the test's end, while the test's database
+    may still be used. Left running, it wrote a second later into the next test, where pytest-django
+    refuses database access, and its traceback upset a parse in another test (tests/source_ast.py)."""
     yield
-    source_tallies_close()
+    with django_db_blocker.unblock():
+        source_tallies_close()
 
 
 @pytest.fixture(autouse=True)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.source_ast import parse_source
+
 ROOT = Path(__file__).resolve().parents[3]
 APPS = ("broker", "eventtypes", "consumers", "jobs", "pipeline", "sources", "web")
 
@@ -43,7 +45,7 @@ def function_imports(path: Path) -> list[tuple[str, int, str]]:
                 found.extend((function, child.lineno, name) for name in names)
             visit(child, function)
 
-    visit(ast.parse(path.read_text(), filename=str(path)), None)
+    visit(parse_source(path.read_text(), str(path)), None)
     return found
 
 

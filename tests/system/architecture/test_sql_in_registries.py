@@ -14,6 +14,8 @@ import ast
 import re
 from pathlib import Path
 
+from tests.source_ast import parse_source
+
 ROOT = Path(__file__).resolve().parents[3]
 APPS = ("broker", "eventtypes", "consumers", "jobs", "pipeline", "sources", "web")
 
@@ -38,23 +40,10 @@ def _docstrings(tree: ast.AST) -> set[int]:
     return found
 
 
-def _parse(source: str, filename: str) -> ast.AST:
-    """``ast.parse``, tried again on CPython 3.11's spurious "AST constructor recursion depth
-    mismatch" SystemError (python/cpython#106905): the AST builder's depth counter is shared
-    by the interpreter, and a thread building an AST at the same time (a server left by an
-    earlier test in this process) can upset it. The source is not at fault, so a retry parses it."""
-    for _ in range(2):
-        try:
-            return ast.parse(source, filename=filename)
-        except SystemError:
-            pass
-    return ast.parse(source, filename=filename)  # the third try: its SystemError is the test's failure
-
-
 def sql_literals(source: str, filename: str = "<source>") -> list[tuple[int, str]]:
     """(line, text) of every string of ``source`` that holds a SQL statement (f-strings with
     ``{}`` for each placeholder), docstrings aside."""
-    tree = _parse(source, filename)
+    tree = parse_source(source, filename)
     skip = _docstrings(tree)
     found = []
     for node in ast.walk(tree):

@@ -28,6 +28,7 @@ import pytest
 
 from tests.pipeline.spark.prerequisites import spark_prerequisites_require
 from tests.processes import ROOT
+from tests.source_ast import parse_source
 
 HELPERS = {"__init__.py", "common.py"}
 TIMEOUT_S = 240  # per script; a smoke run takes seconds (Spark start-up aside)
@@ -42,7 +43,7 @@ def bench_scripts() -> list[Path]:
 
 def module_constant(path: Path, name: str):
     """A literal module-level constant of a script, read without importing it."""
-    for node in ast.parse(path.read_text()).body:
+    for node in parse_source(path.read_text(), str(path)).body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
             return ast.literal_eval(node.value)
     return None
