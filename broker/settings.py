@@ -448,7 +448,7 @@ BROKER_PUBLISH_ADMIT_WAIT = env_float("BROKER_PUBLISH_ADMIT_WAIT", 0.5)
 # "Headroom": it sheds more in a burst, but at 0.8 it also refused 1 publish in 120,000 at 1,000/s).
 BROKER_PUBLISH_ADMIT_PRESSURE = env_float("BROKER_PUBLISH_ADMIT_PRESSURE", 0.0)
 BROKER_PUBLISH_ADMIT_PRESSED_WAIT = env_float("BROKER_PUBLISH_ADMIT_PRESSED_WAIT", 0.05)
-# ... and a share of them while the push deliveries are more than this many seconds behind and not
+# ... and those over a rate while the push deliveries are more than this many seconds behind and not
 # catching up (jobs/publish/admission.py, from the dispatchers' reports: jobs/push/lag.py). 0: off.
 BROKER_PUBLISH_ADMIT_LAG = env_float("BROKER_PUBLISH_ADMIT_LAG", 1.0)
 # Wake-ups of new jobs are sent after the publishing commit, at most one NOTIFY per this many seconds

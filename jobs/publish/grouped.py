@@ -31,7 +31,7 @@ holds more than ``QUEUE_MAX``: what is accepted is answered within a second inst
 waiting longer and longer. Optionally (``BROKER_PUBLISH_ADMIT_PRESSURE``) also when the machine's CPU
 is saturated (broker.pressure) and the queue or the batch in flight has waited
 ``BROKER_PUBLISH_ADMIT_PRESSED_WAIT``: the load the deliveries could not follow is shed sooner.
-And a share of publishes while the push deliveries fall behind (jobs.publish.admission): publishing
+And publishes over a rate while the push deliveries fall behind (jobs.publish.admission): publishing
 that keeps up is not enough when the deliveries do not.
 """
 

@@ -1,7 +1,7 @@
 """DB-free: admission by the push deliveries' lag. A dispatcher engine's figure (jobs.push.lag: the
 shortest, across the consumers that count, of their longest wait from due to claimed, reported once
-a period and only while it or the last report is not zero), and the share of publishes refused
-from it (jobs.publish.admission.shed_share_next)."""
+a period and only while it or the last report is not zero), and the rate of publishes taken
+from it (jobs.publish.admission.admit_rate_next) with its token bucket."""
 
 from __future__ import annotations
 
@@ -9,7 +9,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from jobs.publish.admission import BACKLOG, CATCHING_UP, SHARE_MAX, STEP, shed_share_next
+from jobs.publish import admission
+from jobs.publish.admission import (
+    BACKLOG, BUCKET, CATCHING_UP, CUT_MAX, HOLD_MAX, INCREASE, INCREASE_OFFERED, MARGIN, RATE_MIN, READ_EVERY, STALE,
+    STEADY,
+    admit_rate_next, cut_hold,
+)
 from jobs.push.claim import PushJob
 from jobs.push.lag import PERIOD, DeliveryLag, lag_figure
 
@@ -54,25 +59,79 @@ def test_an_engine_behind_with_one_consumer_and_not_with_another():
     assert lag.due(2 * PERIOD) == 0.0  # (under QUIET: as if zero)
 
 
-@pytest.mark.parametrize("share, lag, growth, expected", [
-    (0.0, 0.5, 5.0, 0.0),  # under the bound: nothing refused, however it moves
-    (0.5, 0.0, 0.0, 0.5 - STEP),  # no lag reported (the broker keeps up): the share falls
-    (0.5, 0.4, 0.0, 0.5 - STEP / 10),  # under it: the share eases off
-    (0.0, 3.0, 0.0, STEP),  # over it and holding: the share rises
-    (0.0, 1.5, 0.0, STEP / 2),  # ... by less while the lag is under twice the bound
-    (0.2, 3.0, 2.0, 0.2 + 2 * STEP),  # over it and growing fast: faster
-    (SHARE_MAX, 30.0, 5.0, SHARE_MAX),  # never every publish
-    (0.6, 3.0, -2 * CATCHING_UP, 0.6),  # over it and catching up: holds
-    (0.0, 3600.0, -0.05, 0.0),  # an old backlog drained (an endpoint back after an hour): nothing refused
-    (0.0, 3600.0, 5.0, 0.0),  # ... even as the first of its hours-old jobs are claimed
-    (0.3, BACKLOG + 1, 0.0, 0.3 - STEP),
-])
-def test_the_share_follows_the_lag(share, lag, growth, expected):
-    assert shed_share_next(share=share, lag=lag, growth=growth, target=1.0) == pytest.approx(expected)
+def rate(limit, *, taken=3000.0, offered=6000.0, lag=3.0, growth=0.0, since_cut=float("inf")):
+    return admit_rate_next(limit=limit, taken=taken, offered=offered, lag=lag, growth=growth, target=1.0,
+                           since_cut=since_cut)
 
 
-def test_off_refuses_nothing():
-    assert shed_share_next(share=0.5, lag=100.0, growth=10.0, target=0.0) == 0.0
+def test_under_the_bound_nothing_is_limited_however_the_lag_moves():
+    assert rate(None, lag=0.5, growth=5.0) is None
+    assert rate(None, lag=0.0) is None
+
+
+def test_over_the_bound_the_rate_is_cut_to_what_the_deliveries_carry():
+    # growing 0.4 s a second: the deliveries carry 60 % of what is taken; MARGIN under that
+    assert rate(None, taken=3000.0, growth=0.4) == pytest.approx(1800.0 * MARGIN)
+    # from the rate in force when less is taken than it allows ... and from what is taken otherwise
+    assert rate(2000.0, taken=1000.0, growth=0.4) == pytest.approx(600.0 * MARGIN)
+    assert rate(800.0, taken=1000.0, growth=0.4) == pytest.approx(480.0 * MARGIN)
+
+
+def test_a_cut_has_its_bounds():
+    assert rate(None, taken=3000.0, growth=0.0) == pytest.approx(3000.0 * MARGIN)  # holding: the margin alone
+    assert rate(None, taken=3000.0, growth=0.9) == pytest.approx(3000.0 * (1 - CUT_MAX))  # at most half
+    assert rate(None, taken=3000.0, growth=5.0) == pytest.approx(3000.0 * (1 - CUT_MAX))
+    assert rate(None, taken=4.0, growth=0.9) == RATE_MIN  # some publishes always go through
+
+
+def test_a_cut_is_given_time_to_show_before_the_next():
+    hold = cut_hold(3.0)
+    assert hold == pytest.approx(min(HOLD_MAX, 1.5 * 3.0 + READ_EVERY))
+    assert rate(1000.0, taken=1000.0, growth=0.4, since_cut=hold - 0.1) == 1000.0  # the backlog's lag: wait
+    assert rate(1000.0, taken=1000.0, growth=0.4, since_cut=hold) == pytest.approx(600.0 * MARGIN)  # still growing
+    assert cut_hold(600.0) == HOLD_MAX
+
+
+def test_over_the_bound_and_catching_up_the_rate_holds():
+    assert rate(1200.0, growth=-2 * CATCHING_UP) == 1200.0
+    assert rate(None, growth=-2 * CATCHING_UP) is None
+
+
+def test_near_the_bound_the_rate_holds_and_under_it_rises_and_is_lifted_once_well_over_the_offer():
+    assert rate(1000.0, lag=1.0) == 1000.0 and rate(1000.0, lag=STEADY + 0.01) == 1000.0
+    assert rate(1000.0, lag=STEADY - 0.01, offered=6000.0) == pytest.approx(1000.0 + INCREASE_OFFERED * 6000.0)
+    assert rate(1000.0, lag=0.0, offered=1000.0) == pytest.approx(1000.0 * (1 + INCREASE))
+    assert rate(1000.0, lag=0.0, offered=600.0) is None  # the burst is over: nothing refused
+    assert rate(RATE_MIN, lag=0.0, offered=3000.0) == pytest.approx(RATE_MIN + INCREASE_OFFERED * 3000.0)
+
+
+def test_an_old_backlog_drained_limits_nothing():
+    """An endpoint back after an hour: its hours-old jobs are claimed (the lag is huge, and grows as
+    the first of them go out); that is no load coming in too fast."""
+    assert rate(None, lag=3600.0, growth=-0.05) is None
+    assert rate(None, lag=3600.0, growth=5.0) is None
+    assert rate(700.0, lag=BACKLOG + 1) is None
+
+
+def test_off_limits_nothing():
+    assert admit_rate_next(limit=500.0, taken=3000.0, offered=6000.0, lag=100.0, growth=10.0, target=0.0,
+                           since_cut=float("inf")) is None
+
+
+def test_the_token_bucket_takes_the_rate_and_refuses_the_rest(monkeypatch):
+    clock = SimpleNamespace(now=1000.0)
+    monkeypatch.setattr(admission, "time", SimpleNamespace(monotonic=lambda: clock.now))
+    gate = admission.LagAdmission()
+    assert not any(gate.refuse() for _ in range(50))  # no rate in force: every publish taken
+    gate.limit, gate._read_at, gate._tokens, gate._filled_at = 100.0, clock.now, 0.0, clock.now
+    taken = 0
+    for _ in range(2000):  # 2 s offered at 1,000/s against a rate of 100/s
+        clock.now += 0.001
+        taken += not gate.refuse()
+    assert 190 <= taken <= 200 + 100 * BUCKET, taken
+    clock.now += STALE + 1  # not refreshed (nothing published): the rate no longer applies
+    assert not any(gate.refuse() for _ in range(50))
+    assert (gate.taken, gate.offered) == (50 + taken + 50, 2100)
 
 
 def test_consumers_held_by_their_room_count_while_the_cpu_is_starved_and_a_while_after(monkeypatch):
