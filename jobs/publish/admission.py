@@ -13,15 +13,16 @@ After each read of the lag (``admit_rate_next``):
 
 - over ``BROKER_PUBLISH_ADMIT_LAG`` and not shrinking by at least ``CATCHING_UP`` seconds a second
   (taken over ``GROWTH_OVER``): the rate is cut to what the deliveries carry. The jobs are claimed
-  oldest first, so the lag of what is claimed grows by ``1 - delivered / taken`` a second: the rate
-  taken over the last reads (or the rate in force, if lower) times ``1 - growth`` times ``MARGIN``
-  (so a cut takes at least 1 - ``MARGIN``), at most ``CUT_MAX`` of it, never under ``RATE_MIN``. What is published at a cut is
-  claimed about ``lag`` seconds later, and only then does the lag show the cut: the next cut waits
-  that long (``cut_hold``), else the lag of the old backlog would cut the rate again and again;
+  oldest first, so the lag of what is claimed grows by ``1 - delivered / taken`` a second, where
+  *taken* is the rate at which they were published, ``lag`` seconds ago: that rate (or the rate in
+  force, if lower) times ``1 - growth`` times ``MARGIN`` (so a cut takes at least 1 - ``MARGIN``),
+  at most ``CUT_MAX`` of it, never under ``RATE_MIN``. What is published at a cut is claimed about
+  ``lag`` seconds later, and only then does the lag show the cut: the next cut waits that long
+  (``cut_hold``), else the lag of the old backlog would cut the rate again and again;
 - over it and shrinking: the rate holds (a broker catching up does not at once take in again what
   put it behind);
-- over ``STEADY`` times the bound, up to it: the rate holds;
-- under that, or no lag reported: the rate rises by ``INCREASE`` a read (or by
+- over ``STEADY`` times the bound, up to it, and not shrinking: the rate holds;
+- under that, shrinking, or no lag reported: the rate rises by ``INCREASE`` a read (or by
   ``INCREASE_OFFERED`` of the offered rate, if more), and is lifted once it is ``LIFT`` times what
   is offered (the load is well under it);
 - over ``BACKLOG``: lifted. Such a lag is not a load coming in faster than it goes out (that is
@@ -67,6 +68,7 @@ LIFT = 1.5  # the rate is lifted once it is this many times what is offered
 RATE_MIN = 5.0  # publishes/s a process always takes (they keep the batches, hence the reads, going)
 BUCKET = 0.1  # seconds of the rate a burst may take at once
 RATE_SMOOTHING = 0.5  # weight of the last read's rates in their running averages
+HISTORY = 20.0  # seconds of taken rates kept (the rate jobs now claimed were published at: taken_at)
 
 
 def admit_rate_next(*, limit: float | None, taken: float, offered: float, lag: float, growth: float,
@@ -85,8 +87,8 @@ def admit_rate_next(*, limit: float | None, taken: float, offered: float, lag: f
         return max(RATE_MIN, base * (1.0 - CUT_MAX), MARGIN * carried)
     if limit is None:
         return None
-    if lag > target * STEADY:
-        return limit  # near the bound: the rate holds (rising here took it over what the machine carries)
+    if lag > target * STEADY and growth >= 0:
+        return limit  # near the bound and not shrinking: the rate holds (rising took it over what is carried)
     raised = max(limit * (1.0 + INCREASE), limit + INCREASE_OFFERED * offered)
     return None if raised >= LIFT * offered else raised
 
@@ -95,6 +97,18 @@ def cut_hold(lag: float) -> float:
     """Seconds a cut is given before the next: what is published at a cut is claimed about ``lag``
     seconds later, and only then does the lag say whether the cut was enough."""
     return min(HOLD_MAX, 1.5 * lag + READ_EVERY)
+
+
+def bucket_size(limit: float) -> float:
+    """Tokens the bucket holds at most: BUCKET seconds of the rate, and at least one publish."""
+    return max(1.0, limit * BUCKET)
+
+
+def deliveries_lag() -> float:
+    """The push deliveries' lag (seconds) as the dispatcher engines last reported it: the largest
+    report fresher than FRESH, 0 while they keep up (admission, and /metrics)."""
+    row = query_fetchone(Q.delivery_lag, {"fresh": FRESH})
+    return float(row[0] or 0.0) if row else 0.0
 
 
 class LagAdmission:
@@ -106,6 +120,7 @@ class LagAdmission:
         self.taken_rate = 0.0
         self.offered_rate = 0.0
         self._readings: deque[tuple[float, float]] = deque()
+        self._taken_history: deque[tuple[float, float]] = deque()  # (read time, taken_rate) over HISTORY
         self._read_at = float("-inf")
         self._cut_at = float("-inf")
         self._counted = (0, 0)  # (taken, offered) at the last read
@@ -127,29 +142,46 @@ class LagAdmission:
         self.taken_rate = w * (taken - self._counted[0]) / since + (1 - w) * self.taken_rate
         self.offered_rate = w * (offered - self._counted[1]) / since + (1 - w) * self.offered_rate
         self._counted = (taken, offered)
+        history = self._taken_history
+        history.append((now, self.taken_rate))
+        while history and now - history[0][0] > HISTORY:
+            history.popleft()
         if not fresh:
             self.limit = None
         try:
-            row = query_fetchone(Q.delivery_lag, {"fresh": FRESH})
+            lag = deliveries_lag()
         except DB_ERRORS:  # the batch that follows meets the same trouble and answers for it
             logger.debug("delivery lag not read", exc_info=True)
             return
-        lag = float(row[0] or 0.0) if row else 0.0
         readings = self._readings
         readings.append((now, lag))
         while len(readings) > 1 and now - readings[0][0] > GROWTH_OVER:
             readings.popleft()
         t0, lag0 = readings[0]
         growth = (lag - lag0) / (now - t0) if now > t0 else 0.0
-        limit = admit_rate_next(limit=self.limit, taken=self.taken_rate, offered=self.offered_rate, lag=lag,
+        limit = admit_rate_next(limit=self.limit, taken=self.taken_at(now - lag), offered=self.offered_rate, lag=lag,
                                 growth=growth, target=target, since_cut=now - self._cut_at)
         if limit is not None and (self.limit is None or limit < self.limit):
             self._cut_at = now
         if limit is not None and self.limit is None:
             logger.warning("push deliveries %.1f s behind (growing %.2f s/s): taking %.0f publishes/s of %.0f offered",
                            lag, growth, limit, self.offered_rate)
-            self._tokens, self._filled_at = limit * BUCKET, now
+            self._tokens, self._filled_at = bucket_size(limit), now
+        elif limit is None and self.limit is not None:
+            logger.info("push deliveries keep up: taking every publish again (%.0f/s offered)", self.offered_rate)
         self.limit = limit
+
+    def taken_at(self, moment: float) -> float:
+        """The rate taken at ``moment`` (the last read before it; the oldest kept if none): the
+        jobs claimed now were published then."""
+        rate = None
+        for at, taken in self._taken_history:
+            if at > moment:
+                break
+            rate = taken
+        if rate is None:
+            rate = self._taken_history[0][1] if self._taken_history else self.taken_rate
+        return rate
 
     def refuse(self) -> bool:
         """Whether to refuse this publish: over the rate in force, while it is fresh (a token bucket)."""
@@ -157,7 +189,7 @@ class LagAdmission:
         limit = self.limit
         now = time.monotonic()
         if limit is not None and now - self._read_at <= STALE:
-            tokens = min(limit * BUCKET, self._tokens + (now - self._filled_at) * limit)
+            tokens = min(bucket_size(limit), self._tokens + (now - self._filled_at) * limit)
             self._filled_at = now
             if tokens < 1.0:
                 self._tokens = tokens

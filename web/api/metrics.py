@@ -16,6 +16,7 @@ from consumers.models import Consumer
 from consumers.waiters import pull_waiters_count
 from jobs.models import JobStatus
 from jobs.ops.plans import plan_regressions_count
+from jobs.publish.admission import deliveries_lag
 from jobs.push.circuit import circuits_open
 from jobs.sweeps import retention
 from web.api.sources import SourceCollector
@@ -82,8 +83,13 @@ class DatabaseCollector:
                                   "Hot statements whose last plan check (after an ANALYZE of jobs_job or "
                                   "broker_message, or manage.py broker_plans --store) left their index")
         plans.add_metric([], plan_regressions_count())
+        lag = GaugeMetricFamily("broker_push_delivery_lag_seconds",
+                                "How long the jobs the push dispatchers claim waited once due, as they last "
+                                "reported it (the shortest across consumers of each one's longest; 0 while they "
+                                "keep up): what publishing's admission decides from (BROKER_PUBLISH_ADMIT_LAG)")
+        lag.add_metric([], deliveries_lag())
         yield from (jobs, dead, backlog, inflight, redelivered, messages, waiters, circuit, attempts, attempt_seconds,
-                    latency, plans)
+                    latency, plans, lag)
         yield from footprint_metrics(channels)
 
 

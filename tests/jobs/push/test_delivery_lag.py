@@ -20,7 +20,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_publishes_are_refused_in_part_while_deliveries_are_behind_and_taken_again_after(
-        push_world, receiver, dispatcher, settings, monkeypatch):
+        push_world, receiver, dispatcher, settings, monkeypatch, api):
     settings.BROKER_PUBLISH_ADMIT_LAG = 1.0
     monkeypatch.setattr(admission, "lag_admission", admission.LagAdmission())
     monkeypatch.setattr("jobs.publish.grouped.lag_admission", admission.lag_admission)
@@ -34,6 +34,9 @@ def test_publishes_are_refused_in_part_while_deliveries_are_behind_and_taken_aga
     # no later report (the next, of a period without claims, would say 0): this one stays as written,
     # and counts for jobs.publish.admission.FRESH seconds
     monkeypatch.setattr(lag, "PERIOD", 3600.0)
+    [gauge] = [line for line in api.get("/metrics").content.decode().splitlines()
+               if line.startswith("broker_push_delivery_lag_seconds ")]
+    assert float(gauge.split()[1]) >= 2.0, gauge  # operators see what admission decides from
 
     answers = [push_world.publish(body=b"{}", x_broker_message_id=f"behind-{i}") for i in range(40)]
     codes = [a.status_code for a in answers]

@@ -99,6 +99,8 @@ def test_over_the_bound_and_catching_up_the_rate_holds():
 
 def test_near_the_bound_the_rate_holds_and_under_it_rises_and_is_lifted_once_well_over_the_offer():
     assert rate(1000.0, lag=1.0) == 1000.0 and rate(1000.0, lag=STEADY + 0.01) == 1000.0
+    # ... unless it shrinks (a burst's backlog drained): the rate rises, so a burst's end refuses nothing
+    assert rate(1000.0, lag=0.8, growth=-0.2, offered=600.0) is None
     assert rate(1000.0, lag=STEADY - 0.01, offered=6000.0) == pytest.approx(1000.0 + INCREASE_OFFERED * 6000.0)
     assert rate(1000.0, lag=0.0, offered=1000.0) == pytest.approx(1000.0 * (1 + INCREASE))
     assert rate(1000.0, lag=0.0, offered=600.0) is None  # the burst is over: nothing refused
@@ -132,6 +134,12 @@ def test_the_token_bucket_takes_the_rate_and_refuses_the_rest(monkeypatch):
     clock.now += STALE + 1  # not refreshed (nothing published): the rate no longer applies
     assert not any(gate.refuse() for _ in range(50))
     assert (gate.taken, gate.offered) == (50 + taken + 50, 2100)
+    gate.limit, gate._read_at = RATE_MIN, clock.now  # the smallest rate still takes its publishes
+    taken = 0
+    for _ in range(2000):
+        clock.now += 0.001
+        taken += not gate.refuse()
+    assert 2 * RATE_MIN - 1 <= taken <= 2 * RATE_MIN + 1, taken
 
 
 def test_consumers_held_by_their_room_count_while_the_cpu_is_starved_and_a_while_after(monkeypatch):
@@ -151,3 +159,15 @@ def test_consumers_held_by_their_room_count_while_the_cpu_is_starved_and_a_while
     later = 2 * PERIOD + lag_module.PRESSED_HOLD
     lag.observe([job(1, 3.0, room=1)], targets={}, saturated={1}, now=later)
     assert lag.due(later + PERIOD) == 0.0  # past it: held by its room, its endpoint's pace
+
+
+def test_the_rate_cut_from_is_the_one_the_claimed_jobs_were_published_at():
+    """The jobs claimed now were published ``lag`` seconds ago: a burst that just ended was taken at
+    its own rate, not at the lower one offered since (cutting from that refused at the rated load)."""
+    gate = admission.LagAdmission()
+    assert gate.taken_at(100.0) == 0.0  # nothing read yet
+    gate._taken_history.extend([(10.0, 3000.0), (10.5, 2900.0), (11.0, 500.0)])
+    assert gate.taken_at(11.2) == 500.0
+    assert gate.taken_at(10.7) == 2900.0
+    assert gate.taken_at(10.5) == 2900.0
+    assert gate.taken_at(9.0) == 3000.0  # older than what is kept: the oldest kept
