@@ -69,8 +69,11 @@ PAD = "x" * 200  # bodies of ~250 bytes
 # --- the load generator (its own process) ---------------------------------------------------------
 
 def _load_main(url: str, connections: int, pull_batch: int, pull_expires: float, conn,
-               event_payloads: bool = False) -> None:
-    """Publisher and puller on one asyncio loop; commands come over ``conn``."""
+               event_payloads: bool = False, nice: int = 0) -> None:
+    """Publisher and puller on one asyncio loop; commands come over ``conn``. ``nice``: added to the
+    process's niceness (``--load-nice``; below 0 needs root)."""
+    if nice:
+        os.nice(nice)
     host, port = url.split("//")[1].split(":")
     port = int(port)
     pulled: list[int] = []
@@ -162,10 +165,10 @@ def _load_main(url: str, connections: int, pull_batch: int, pull_expires: float,
 
 class Load:
     def __init__(self, url: str, connections: int, pull_batch: int, pull_expires: float = 5.0,
-                 event_payloads: bool = False) -> None:
+                 event_payloads: bool = False, nice: int = 0) -> None:
         self.conn, child = multiprocessing.Pipe()
         self.proc = multiprocessing.Process(target=_load_main, args=(url, connections, pull_batch, pull_expires, child,
-                                                                    event_payloads),
+                                                                    event_payloads, nice),
                                             daemon=True)
         self.proc.start()
 
@@ -541,6 +544,10 @@ def main() -> None:
     parser.add_argument("--overload-connections", type=int, default=4000,
                         help="the publisher's connections in the overload run (enough that the load tool "
                              "never holds a slot back: what waits, waits in the broker; opened as needed)")
+    parser.add_argument("--load-nice", type=int, default=0,
+                        help="added to the load generator's niceness (e.g. -10, as root: on a 2-core machine "
+                             "the broker starves it of CPU in an overload and its own lateness shows as the "
+                             "broker's; a diagnostic, not the judged figure)")
     parser.add_argument("--rate-limit", type=float, default=0.0,
                         help="give the bench producer rateLimitPerSecond (and burst) of this value: the "
                              "cost of a rate-limited producer (issue 38); 0: none")
@@ -574,12 +581,12 @@ def main() -> None:
             event_schema_put(broker)
         database = Database(broker.env["DATABASE_URL"])
         load = Load(broker.url, args.connections, args.pull_batch, args.pull_expires,
-                    args.event_schema or args.event_payload)
+                    args.event_schema or args.event_payload, nice=args.load_nice)
+        extras = (f", load generator nice {args.load_nice:+d}" if args.load_nice else "") + (
+            f", producer rate-limited at {args.rate_limit:g}/s" if args.rate_limit else "")
         print(f"capacity: {os.cpu_count()} CPUs, 1 push consumer (maxInFlight {args.max_in_flight}) + 1 pull consumer "
               f"(batch {args.pull_batch}, expires {args.pull_expires:g} s, Receipt acks), {args.connections} publisher "
-              "connections, "
-              f"{args.web_workers} web workers" + (f", producer rate-limited at {args.rate_limit:g}/s" if args.rate_limit
-                                                  else "") + f"; logs in {workdir}", flush=True)
+              f"connections, {args.web_workers} web workers{extras}; logs in {workdir}", flush=True)
         time.sleep(3.0)  # dispatcher loops start, the puller's first long poll
         if args.idle > 0:
             idle(broker, database, load, args.idle, statements=args.statements)

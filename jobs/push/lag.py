@@ -62,8 +62,8 @@ class DeliveryLag:
             target = targets.get(pk)
             if target is not None and target.rate:
                 continue
-            if job.waited > worst.get(job.consumer_pk, -1.0):
-                worst[job.consumer_pk] = job.waited
+            if job.waited > worst.get(pk, -1.0):
+                worst[pk] = job.waited
 
     def due(self, now: float) -> float | None:
         """The period's figure once it is over and worth writing (else None); a new period begins."""
