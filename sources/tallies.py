@@ -12,8 +12,6 @@ loses at most the last second's counts, never a message. Inside a transaction (t
 
 from __future__ import annotations
 
-import logging
-import threading
 import time
 from collections import Counter, defaultdict, deque
 
@@ -22,9 +20,9 @@ from django.db import connection, transaction
 from broker.counters import counters_forget, counts_for
 from broker.db.errors import DB_ERRORS
 from broker.db.run import query_execute, query_fetchall
+from broker.tallies import TallyWriter
 from sources.queries import Q
 
-logger = logging.getLogger(__name__)
 SOURCE_REQUESTS = 36  # broker_counter scope: owner = source pk, status = an outcome code below
 FLUSH_EVERY = 1.0  # seconds between two writes of a process's tally
 IDLE_CLOSE = 30.0  # seconds without a write after which the thread closes its connection
@@ -48,17 +46,13 @@ def outcome_code(outcome: str) -> int:
     return OUTCOMES.get(outcome, OUTCOMES["other"])
 
 
-class Tally:
-    """This process's counts and refusals since the last write, and the thread that writes them:
-    asleep until a request comes, then a write per FLUSH_EVERY while requests keep coming."""
+class Tally(TallyWriter):
+    """This process's counts and refusals since the last write (broker.tallies: the thread)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        super().__init__(name="broker-source-tally", every=FLUSH_EVERY, idle_close=IDLE_CLOSE)
         self._counts: Counter = Counter()  # (source pk, code) -> n
         self._refusals: dict[int, deque] = defaultdict(lambda: deque(maxlen=REFUSALS_KEPT))
-        self._pending = threading.Event()  # something to write
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def record(self, *, source_pk: int, outcome: str, detail: str = "", remote: str = "", n: int = 1) -> None:
         code = outcome_code(outcome)
@@ -66,21 +60,16 @@ class Tally:
         if connection.in_atomic_block:
             _write({(source_pk, code): n}, {source_pk: [refusal]} if refusal else {})
             return
-        with self._lock:
+        with self.lock:
             self._counts[(source_pk, code)] += n
             if refusal:
                 self._refusals[source_pk].append(refusal)
-            if self._thread is None or not self._thread.is_alive():
-                self._stopping.clear()
-                self._thread = threading.Thread(target=self._run, name="broker-source-tally", daemon=True)
-                self._thread.start()
-        if not self._pending.is_set():
-            self._pending.set()
+            self.wake()
 
     def flush(self) -> int:
         """Write what is pending (the thread does it every FLUSH_EVERY s); the rows written. On a
         database error the counts go back into the tally for the next try."""
-        with self._lock:
+        with self.lock:
             counts, self._counts = self._counts, Counter()
             refusals, self._refusals = self._refusals, defaultdict(lambda: deque(maxlen=REFUSALS_KEPT))
         if not counts and not refusals:
@@ -88,36 +77,9 @@ class Tally:
         try:
             return _write(counts, refusals)
         except DB_ERRORS:
-            with self._lock:
+            with self.lock:
                 self._counts.update(counts)
             raise
-
-    def close(self) -> None:
-        """Write what is pending and stop the thread, closing its connection (tests, before the
-        database is dropped)."""
-        thread = self._thread
-        if thread is None or not thread.is_alive():
-            return
-        self._stopping.set()
-        self._pending.set()
-        thread.join(10)
-
-    def _run(self) -> None:
-        while True:
-            if not self._pending.wait(IDLE_CLOSE):
-                connection.close()  # a quiet spell keeps no connection
-                continue
-            self._stopping.wait(FLUSH_EVERY)  # what comes meanwhile joins this write
-            self._pending.clear()
-            try:
-                self.flush()
-            except DB_ERRORS:
-                logger.warning("source tallies not written (the database is unavailable); retrying", exc_info=True)
-                connection.close()
-                self._pending.set()
-            if self._stopping.is_set():
-                connection.close()
-                return
 
 
 def _write(counts: dict, refusals: dict) -> int:

@@ -45,6 +45,18 @@ def _close_wakeup_notifier(django_db_setup, django_db_blocker):
     grouped_publisher_close()
 
 
+@pytest.fixture(autouse=True)
+def _close_refusal_tally(django_db_blocker):
+    """Publishes refused outside a test's transaction start this process's refusal tally thread
+    (jobs.publish.refusals): write what it holds and stop it at the test's end, so it never writes
+    into the next test (as the sources' tally once did: tests/sources/conftest.py)."""
+    yield
+    from jobs.publish.refusals import publish_refusals_close
+
+    with django_db_blocker.unblock():
+        publish_refusals_close()
+
+
 @pytest.fixture
 def short_tmp():
     """A fresh directory with a short path, for AF_UNIX sockets (their paths end at 107 bytes):

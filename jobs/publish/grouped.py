@@ -59,6 +59,7 @@ from jobs.publish.admission import lag_admission
 from jobs.publish.auth import PublishContext, producer_rate_grant, publish_authenticate
 from jobs.publish.messages import NewMessage, message_publish, messages_publish
 from jobs.publish.queries import Q
+from jobs.publish.refusals import publish_refusal_count
 
 logger = logging.getLogger(__name__)
 BATCH_MAX = 500  # messages per transaction
@@ -111,7 +112,6 @@ class GroupPublisher:
         self.generation = 0  # bumped when a stuck thread is replaced
         self.replaced = 0  # stuck threads replaced (tests, /metrics)
         self.slow = 0  # slow batches the watch looked at and left alone
-        self.refused = 0  # publishes refused by admission
         self.batch_since: float | None = None  # when the current batch began (None: no batch)
         self.backend_pid: int | None = None  # the thread's database session
 
@@ -142,7 +142,7 @@ class GroupPublisher:
     def admission(self) -> int | None:
         """None: take a publish now; else the seconds of its refusal's Retry-After (module docstring)."""
         if lag_admission.refuse():  # the deliveries are behind (jobs.publish.admission)
-            self.refused += 1
+            publish_refusal_count(reason="delivery_lag")
             return OVERLOADED_RETRY_AFTER
         limit = float(settings.BROKER_PUBLISH_ADMIT_WAIT)
         if limit <= 0:
@@ -159,7 +159,7 @@ class GroupPublisher:
         # under pressure, a new publish waits out the batch in flight too
         running = now - (self.batch_since or now)
         if waited > limit or len(queue) > QUEUE_MAX or self._pressed(max(waited, running)):
-            self.refused += 1
+            publish_refusal_count(reason="publishing_queue")
             return OVERLOADED_RETRY_AFTER
         return None
 

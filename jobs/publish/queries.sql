@@ -322,3 +322,10 @@ WITH m AS MATERIALIZED (
 )
 SELECT (SELECT count(*) FROM m), (SELECT count(*) FROM ud) + (SELECT count(*) FROM ux) + (SELECT count(*) FROM ins),
        (SELECT received_at FROM last), (SELECT id FROM last), (SELECT count(*) FROM n);
+
+-- publish_refusals_add --
+-- index: none (an append to the counter deltas, folded by counters_compact)
+-- A web process's publishes refused at once (503 overloaded) since its last write, by reason
+-- (scope 34: owner 0, status the reason code of jobs.publish.refusals).
+INSERT INTO broker_counterdelta (scope, owner_id, status, delta)
+SELECT 34, 0, t.status, t.delta FROM unnest(%(statuses)s::int[], %(deltas)s::bigint[]) AS t(status, delta);

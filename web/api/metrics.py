@@ -17,6 +17,7 @@ from consumers.waiters import pull_waiters_count
 from jobs.models import JobStatus
 from jobs.ops.plans import plan_regressions_count
 from jobs.publish.admission import deliveries_lag
+from jobs.publish.refusals import publish_refusals_counts
 from jobs.push.circuit import circuits_open
 from jobs.sweeps import retention
 from web.api.sources import SourceCollector
@@ -88,8 +89,14 @@ class DatabaseCollector:
                                 "reported it (the shortest across consumers of each one's longest; 0 while they "
                                 "keep up): what publishing's admission decides from (BROKER_PUBLISH_ADMIT_LAG)")
         lag.add_metric([], deliveries_lag())
+        refused = CounterMetricFamily("broker_publish_refused", "Publishes refused at once (503 overloaded) by "
+                                      "reason: the push deliveries behind (delivery_lag), the publishing queue's "
+                                      "oldest wait (publishing_queue), the web event loop behind (event_loop)",
+                                      labels=["reason"])
+        for reason, n in publish_refusals_counts().items():
+            refused.add_metric([reason], n)
         yield from (jobs, dead, backlog, inflight, redelivered, messages, waiters, circuit, attempts, attempt_seconds,
-                    latency, plans, lag)
+                    latency, plans, lag, refused)
         yield from footprint_metrics(channels)
 
 

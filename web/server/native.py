@@ -43,6 +43,7 @@ from django.http.request import HttpHeaders
 from broker.errors import DomainError, Unavailable
 from eventtypes.validation import channel_rules, channel_rules_held
 from jobs.publish.grouped import WAIT_MAX, PublishItem, publish_admission, publish_submit
+from jobs.publish.refusals import publish_refusal_count
 from web.api import publishing
 from web.api.fast_lane import FastLane, allow_header
 from web.api.representations import message_url
@@ -297,6 +298,7 @@ class Native:
         """503 ``overloaded`` when the event loop runs behind by more than BROKER_PUBLISH_ADMIT_WAIT."""
         limit = float(settings.BROKER_PUBLISH_ADMIT_WAIT)
         if limit > 0 and self.server is not None and self.server.lag_max > limit:
+            publish_refusal_count(reason="event_loop")
             return Unavailable("overloaded", "the broker is over its capacity: retry after 1 s", retry_after=1)
         return None
 

@@ -37,6 +37,7 @@ def test_publishes_are_refused_in_part_while_deliveries_are_behind_and_taken_aga
     [gauge] = [line for line in api.get("/metrics").content.decode().splitlines()
                if line.startswith("broker_push_delivery_lag_seconds ")]
     assert float(gauge.split()[1]) >= 2.0, gauge  # operators see what admission decides from
+    before = _refused(api)
 
     answers = [push_world.publish(body=b"{}", x_broker_message_id=f"behind-{i}") for i in range(40)]
     codes = [a.status_code for a in answers]
@@ -46,8 +47,18 @@ def test_publishes_are_refused_in_part_while_deliveries_are_behind_and_taken_aga
     assert all(a.json()["error"] == "overloaded" and a["Retry-After"] == "1" for a in refused)
     stored = set(Message.objects.filter(message_id__startswith="behind-").values_list("message_id", flat=True))
     assert stored == {f"behind-{i}" for i, code in enumerate(codes) if code == 201}
+    # operators see the refusals and why, every process's within a second (jobs.publish.refusals)
+    expected = {**before, "delivery_lag": before["delivery_lag"] + len(refused)}
+    assert wait_for(lambda: _refused(api) == expected, timeout=5, interval=0.1), (_refused(api), expected)
 
     time.sleep(admission.FRESH + 0.5)  # the stopped engine's report is no longer fresh
     answers = [push_world.publish(body=b"{}", x_broker_message_id=f"after-{i}") for i in range(20)]
     assert [a.status_code for a in answers] == [201] * 20
     assert admission.lag_admission.limit is None
+
+
+def _refused(api) -> dict[str, float]:
+    """``broker_publish_refused_total`` on /metrics, by reason."""
+    prefix = 'broker_publish_refused_total{reason="'
+    return {line[len(prefix):].split('"')[0]: float(line.split()[-1])
+            for line in api.get("/metrics").content.decode().splitlines() if line.startswith(prefix)}
