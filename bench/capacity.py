@@ -8,9 +8,10 @@
 
 Everything runs on this machine as a user runs it: PostgreSQL (a throw-away embedded server, fsync
 on), gunicorn and qcluster as `make run` starts them, a push receiver answering 204 at once (its own
-process) and the load generator (its own process). One channel with one push consumer
-(``maxInFlight`` 50) and one pull consumer that pulls batches of up to 500 (long-polling) and
-acks them with their ``Receipt`` (``--pull-expires``: the long poll's wait, 5 s by default).
+process) and the load generator (its own process, on uvloop, reading each answer's head in one
+call: it shares the two cores with the broker, and what it spends the broker's figures lose). One
+channel with one push consumer (``maxInFlight`` 50) and one pull consumer that pulls batches of up
+to 500 (long-polling) and acks them with their ``Receipt`` (``--pull-expires``: the long poll's wait, 5 s by default).
 
 The load is open-loop: a ticker hands out one publish slot every 1/rate s to ``--connections``
 keep-alive connections; a slot waits when every connection is busy, and its latency counts from
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import multiprocessing
 import os
@@ -46,6 +48,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import uvloop
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -74,6 +78,8 @@ def _load_main(url: str, connections: int, pull_batch: int, pull_expires: float,
     process's niceness (``--load-nice``; below 0 needs root)."""
     if nice:
         os.nice(nice)
+    if os.environ.get("EXP_GC_LOG"):
+        sys.path.insert(0, "/work/scratch/s13/exp"); import gclog  # noqa
     host, port = url.split("//")[1].split(":")
     port = int(port)
     pulled: list[int] = []
@@ -133,6 +139,7 @@ def _load_main(url: str, connections: int, pull_batch: int, pull_expires: float,
         # every connection open before the first slot (not a burst of connects at the start)
         for k in range(0, senders, 256):
             await asyncio.gather(*(connection.open() for connection in opened[k:k + 256]))
+        gc.freeze()  # the connections and what the tool loaded: out of the collector's full passes (broker.heap)
         started = time.perf_counter()
         began = time.time()
         await asyncio.gather(ticker(), *(sender(connection) for connection in opened))
@@ -160,7 +167,8 @@ def _load_main(url: str, connections: int, pull_batch: int, pull_expires: float,
     puller = pull_consumer_run(url, channel=CHANNEL, consumer=PULLER, channel_token=CHANNEL_TOKEN,
                                consumer_token=PULL_TOKEN, batch=pull_batch, expires=pull_expires, taken=taken,
                                errors=pull_errors)
-    asyncio.run(commands_serve(conn, answer, beside=puller))
+    # uvloop, as the broker's own web server: on 2 cores the load generator's CPU is the broker's loss
+    uvloop.run(commands_serve(conn, answer, beside=puller))
 
 
 class Load:
@@ -426,6 +434,15 @@ def cpu_print(label: str, out: dict) -> None:
           f"{out['connections']} new database connections", flush=True)
 
 
+def refusals_counted(broker: Broker) -> dict[str, float]:
+    """``broker_publish_refused_total`` by reason, as /metrics says (every web process's, written
+    at most a second late)."""
+    prefix = 'broker_publish_refused_total{reason="'
+    text = broker.session.get(f"{broker.url}/metrics", timeout=30).text
+    return {line[len(prefix):].split('"')[0]: float(line.split()[-1]) for line in text.splitlines()
+            if line.startswith(prefix)}
+
+
 def overload_run(broker: Broker, receiver: Receiver, database: Database, load: Load, *, base: float, peak: float,
                  before: float, burst: float, after: float, first: int, drain: float, connections: int,
                  width: float = SLICE) -> dict:
@@ -433,8 +450,10 @@ def overload_run(broker: Broker, receiver: Receiver, database: Database, load: L
     per slice what was offered, accepted (201) and refused (503 overloaded), how long the slowest answer
     of each took, and the tails; then whether every publish was answered within a second, nothing
     accepted was lost, and how long after the burst the tails were back to what they were before it."""
+    counted = refusals_counted(broker)
     out = schedule_run(broker, receiver, database, load, schedule=[(base, before), (peak, burst), (base, after)],
                        first=first, drain=drain, connections=connections, width=width)
+    counted = {k: v - counted.get(k, 0) for k, v in refusals_counted(broker).items()}
     print(f"overload: {base:g}/s for {before:g} s, {peak:g}/s for {burst:g} s, {base:g}/s for {after:g} s over "
           f"{connections} connections (slices of {width:g} s by send time; ms)", flush=True)
     print("  slice       offered/s   201/s   503/s   429/s other | slowest 201 / refusal | publish p99 | "
@@ -474,6 +493,9 @@ def overload_run(broker: Broker, receiver: Receiver, database: Database, load: L
           f"tails normal (p99 publish <= {normal['publish']:.0f}, callback <= {normal['callback']:.0f}, pull <= "
           f"{normal['pull']:.0f} ms) "
           + (f"{back:g} s after the burst" if back is not None else "NOT within the run"), flush=True)
+    print(f"  /metrics broker_publish_refused_total over the run: {sum(counted.values()):.0f} ("
+          + ", ".join(f"{k} {v:.0f}" for k, v in sorted(counted.items())) + f"); 503 answers seen: {st.get(503, 0)}",
+          flush=True)
     cpu_print("CPU ms/accepted msg", out)
     out["slowest"], out["back"] = slowest, back
     return out
@@ -547,7 +569,7 @@ def main() -> None:
     parser.add_argument("--load-nice", type=int, default=0,
                         help="added to the load generator's niceness (e.g. -10, as root: on a 2-core machine "
                              "the broker starves it of CPU in an overload and its own lateness shows as the "
-                             "broker's; a diagnostic, not the judged figure)")
+                             "broker's; a diagnostic: the README's figures are at 0 unless they say otherwise)")
     parser.add_argument("--rate-limit", type=float, default=0.0,
                         help="give the bench producer rateLimitPerSecond (and burst) of this value: the "
                              "cost of a rate-limited producer (issue 38); 0: none")

@@ -28,6 +28,7 @@ from django.utils.module_loading import import_string
 from gunicorn.sock import ssl_context
 from gunicorn.workers import base
 
+from broker.heap import heap_freeze
 from web.server.http import Limits, Request, Server
 from web.server.wsgi import wsgi_call
 
@@ -97,6 +98,8 @@ class BrokerWorker(base.Worker):
         django = settings.configured or bool(os.environ.get("DJANGO_SETTINGS_MODULE"))
         route_table = (getattr(settings, "BROKER_NATIVE_ROUTES", "") if django else "") or ""
         native = import_string(route_table)() if route_table else None
+        if django and settings.BROKER_GC_FREEZE:
+            heap_freeze()  # what the worker loaded, out of the collector's full passes (broker.heap)
         networks = cfg.forwarded_allow_networks()
         allow_all = "*" in cfg.forwarded_allow_ips
 
