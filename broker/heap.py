@@ -3,8 +3,9 @@
 CPython's full collection (its oldest generation) walks every container object the process holds,
 and a web worker holds about 150,000 from the start that it keeps for its life: Django, the
 URL conf, DRF, the routes, the caches. Every full pass walked them all again, and the pass stops the
-whole process, event loop included: at a 6,000/s overload each worker paused 24 times in two and a
-half minutes, 0.13-0.35 s each, and every publish waiting on that loop waited that much longer.
+whole process, event loop included: at a 6,000/s overload the two workers paused 24 times between
+them in two and a half minutes, 0.05-0.35 s each (median 0.13), and every publish waiting on that
+loop waited that much longer.
 ``gc.freeze`` (Python 3.7+) moves the objects alive at that moment to a permanent generation the
 collector no longer walks; what the process allocates later is collected as before. The frozen
 objects are never freed (they are alive for the process's life anyway).

@@ -130,7 +130,7 @@ BROKER_FAST_LANE = env_bool("BROKER_FAST_LANE", env_bool("BROKER_PULL_FAST_LANE"
 # single publish first; with the fast lane off, none: every request goes through Django.
 BROKER_NATIVE_ROUTES = "web.server.native.native_routes" if BROKER_FAST_LANE else ""
 # A web worker, once loaded, moves what it keeps for its life out of the garbage collector's full
-# passes (broker.heap): each walked ~150,000 objects and stalled the event loop 0.13-0.35 s.
+# passes (broker.heap): each walked ~150,000 objects and stalled the event loop up to 0.35 s.
 BROKER_GC_FREEZE = env_bool("BROKER_GC_FREEZE", True)
 
 # --- database -----------------------------------------------------------------------------------
