@@ -78,8 +78,6 @@ def _load_main(url: str, connections: int, pull_batch: int, pull_expires: float,
     process's niceness (``--load-nice``; below 0 needs root)."""
     if nice:
         os.nice(nice)
-    if os.environ.get("EXP_GC_LOG"):
-        sys.path.insert(0, "/work/scratch/s13/exp"); import gclog  # noqa
     host, port = url.split("//")[1].split(":")
     port = int(port)
     pulled: list[int] = []

@@ -60,11 +60,6 @@ def publish_refusal_count(*, reason: str) -> None:
     _tally.record(REASONS[reason])
 
 
-def publish_refusals_flush() -> int:
-    """Write this process's pending refusals now (tests)."""
-    return _tally.flush()
-
-
 def publish_refusals_close() -> None:
     _tally.close()
 
