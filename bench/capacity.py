@@ -427,8 +427,8 @@ def cpu_print(label: str, out: dict) -> None:
     """CPU ms per (accepted) message by group; the broker's total is PostgreSQL + web + workers (the
     load generator is not the broker)."""
     cpu = out["cpu"]
-    print(f"          {label}: " + ", ".join(f"{name} {ms:.2f}" for name, ms in cpu.items())
-          + f"; broker {cpu['postgres'] + cpu['web'] + cpu['workers']:.2f}; commits/msg {out['commits']:.2f}; "
+    print(f"          {label}: " + ", ".join(f"{name} {ms:.3f}" for name, ms in cpu.items())
+          + f"; broker {cpu['postgres'] + cpu['web'] + cpu['workers']:.3f}; commits/msg {out['commits']:.3f}; "
           f"{out['connections']} new database connections", flush=True)
 
 

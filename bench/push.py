@@ -428,11 +428,12 @@ def print_latency(result: dict, label: str = "") -> None:
           + f"; load average {os.getloadavg()[0]:.1f}")
 
 
-def client_alone(module, port: int, *, requests: int, concurrency: int, path: str) -> dict:
+def client_alone(module, port: int, *, requests: int, concurrency: int, path: str, loop_factory=None) -> dict:
     """``requests`` keep-alive POSTs through ``module.Client`` in this process, ``concurrency`` at a
     time, against the receiver: this process's CPU per request (the client's loop thread does
-    all of the work) and requests per second."""
-    client = module.Client()
+    all of the work) and requests per second. ``loop_factory``: the client's event loop (default
+    its own)."""
+    client = module.Client(loop_factory=loop_factory) if loop_factory is not None else module.Client()
     headers = {"Content-Type": "application/json", "X-Broker-Message-ID": "m", "X-Broker-Channel-ID": "c",
                "X-Broker-Consumer-ID": "k", "X-Request-ID": uuid.uuid4().hex, "User-Agent": "bench"}
     body = json.dumps({"n": 1, "pad": "x" * 200}).encode()
@@ -484,6 +485,30 @@ def compare_clients_alone(args, clients: dict, port: int) -> None:
               f"({rate['llhttp']:,.0f}/s), hand-written {cpu['hand-written']:.1f} us ({rate['hand-written']:,.0f}/s); "
               f"CPU ratio llhttp / hand-written {cpu['llhttp'] / cpu['hand-written']:.3f}; "
               f"load average {os.getloadavg()[0]:.1f}")
+
+
+def compare_loops(args, port: int) -> None:
+    """Today's push client alone on the event loop the dispatcher gives it (uvloop) and on asyncio's
+    own, alternating: CPU per keep-alive POST of a 204."""
+    from django.conf import settings
+
+    if not settings.configured:
+        settings.configure(BROKER_CALLBACK_DENY_PRIVATE=False)  # loopback receiver; no policy lookups
+    import uvloop
+
+    import jobs.callbacks.http as current
+
+    loops = {"uvloop": uvloop.new_event_loop, "asyncio": asyncio.new_event_loop}
+    samples: dict = {name: [] for name in loops}
+    for rnd in range(args.rounds * 2):
+        for name in (list(loops) if rnd % 2 == 0 else list(loops)[::-1]):
+            samples[name].append(client_alone(current, port, requests=args.client_requests,
+                                              concurrency=args.client_concurrency, path="/plain",
+                                              loop_factory=loops[name]))
+    cpu = {name: statistics.median(r["cpu_us"] for r in rows) for name, rows in samples.items()}
+    print(f"push client alone by event loop: {args.client_requests:,} keep-alive POSTs of a 204 x {args.rounds * 2} "
+          f"per loop, {args.client_concurrency} at a time, medians: uvloop {cpu['uvloop']:.1f} us CPU/request, "
+          f"asyncio {cpu['asyncio']:.1f} us; CPU ratio uvloop / asyncio {cpu['uvloop'] / cpu['asyncio']:.3f}")
 
 
 def compare_clients(args, broker: Broker, receiver: Receiver, workdir: Path) -> None:
@@ -549,13 +574,26 @@ def main() -> None:
     parser.add_argument("--legacy-ref", default=LEGACY_CLIENT_REF,
                         help="git commit whose jobs/callbacks/http.py is the other client (default: the last "
                              "hand-written parser)")
+    parser.add_argument("--compare-loops", action="store_true",
+                        help="measure today's push client alone on uvloop (as the dispatcher runs it) and on "
+                             "asyncio's own event loop, alternating, and print the CPU per request (no broker)")
     parser.add_argument("--rounds", type=int, default=2, help="with --compare-clients: phases per client")
     parser.add_argument("--client-requests", type=int, default=20000,
-                        help="with --compare-clients: POSTs per client-alone sample")
+                        help="with --compare-clients or --compare-loops: POSTs per client-alone sample")
     parser.add_argument("--client-concurrency", type=int, default=32,
-                        help="with --compare-clients: client-alone POSTs in flight")
+                        help="with --compare-clients or --compare-loops: client-alone POSTs in flight")
     args = smoke_args_parse(parser, messages=200, rate=20.0, seconds=2.0)
     problems = []  # counted failures, fatal in --smoke
+    if args.compare_loops or args.smoke:  # (the smoke run keeps this mode from rotting: a few POSTs)
+        receiver = Receiver()
+        try:
+            if args.smoke:
+                args.rounds, args.client_requests = 1, 320
+            compare_loops(args, receiver.port)
+        finally:
+            receiver.stop()
+        if args.compare_loops:
+            return
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-push-"))
     receiver = Receiver()

@@ -1,4 +1,5 @@
-"""The garbage collector in a serving process (the web workers' event loops).
+"""The garbage collector in a serving process (the web workers' event loops, the qcluster workers'
+dispatcher loops).
 
 CPython's full collection (its oldest generation) walks every container object the process holds,
 and a web worker holds about 150,000 from the start that it keeps for its life: Django, the

@@ -129,8 +129,9 @@ BROKER_FAST_LANE = env_bool("BROKER_FAST_LANE", env_bool("BROKER_PULL_FAST_LANE"
 # The routes the web server (web/server, gunicorn.conf.py's worker) answers on its event loop, the
 # single publish first; with the fast lane off, none: every request goes through Django.
 BROKER_NATIVE_ROUTES = "web.server.native.native_routes" if BROKER_FAST_LANE else ""
-# A web worker, once loaded, moves what it keeps for its life out of the garbage collector's full
-# passes (broker.heap): each walked ~150,000 objects and stalled the event loop up to 0.35 s.
+# A web worker, once loaded, and a qcluster worker as it spawns move what they keep for their life out
+# of the garbage collector's full passes (broker.heap): each walked ~150,000 objects and stalled a web
+# worker's event loop up to 0.35 s.
 BROKER_GC_FREEZE = env_bool("BROKER_GC_FREEZE", True)
 
 # --- database -----------------------------------------------------------------------------------

@@ -49,6 +49,7 @@ from django_q.tasks import async_task
 
 from broker.db.errors import DB_ERRORS, DB_RETRY
 from broker.db.listen import dedicated_connect
+from broker.heap import heap_freeze
 from broker.queries import Q as BROKER_Q
 from jobs.housekeeping import housekeeping_run
 from jobs.pull.doorbell import doorbell_thread_start
@@ -471,7 +472,10 @@ def maintenance() -> dict:
 def on_worker_spawn(sender=None, proc_name=None, **kwargs) -> None:
     """django-q2 ``post_spawn``, in each new worker before it reads tasks: learn how the cluster
     stops, then take a free slot or stand by for one this instance does not hold (module
-    docstring); a worker with nothing to claim goes on to its tasks at once."""
+    docstring); a worker with nothing to claim goes on to its tasks at once. First, what the worker
+    loaded (Django, the tasks) goes out of the collector's full passes (broker.heap)."""
+    if settings.BROKER_GC_FREEZE and not settings.Q_CLUSTER.get("sync"):
+        heap_freeze()
     if int(settings.BROKER_PUSH_DISPATCHERS or 0) <= 0 or settings.Q_CLUSTER.get("sync"):
         return
     _stop.probe = cluster_stop_probe()
