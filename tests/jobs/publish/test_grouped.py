@@ -161,13 +161,16 @@ def test_a_stuck_thread_is_replaced_and_the_queue_goes_on(world, monkeypatch):
     answers: dict = {}
     first = threading.Thread(target=send_one, args=(answers, "stuck"))
     first.start()
-    time.sleep(0.2)  # the thread has taken "stuck" and hangs on it
-    began = time.monotonic()
-    send_one(answers, "queued")  # queued behind it, published by the new thread
-    assert answers["queued"].status_code == 201 and "stuck" not in answers
-    assert time.monotonic() - began < 5 and grouped._publisher.replaced == replaced + 1
-    release.set()
-    first.join(20)
+    try:
+        # the thread has taken "stuck" and hangs on it (a fixed sleep lost this race on a busy machine)
+        assert release.reached.wait(10)
+        began = time.monotonic()
+        send_one(answers, "queued")  # queued behind it, published by the new thread
+        assert answers["queued"].status_code == 201 and "stuck" not in answers
+        assert time.monotonic() - began < 5 and grouped._publisher.replaced == replaced + 1
+    finally:
+        release.set()  # (a failure here must not leave the thread hung for the tests after it)
+        first.join(20)
     assert answers["stuck"].status_code == 201
     assert set(Message.objects.filter(message_id__in=["stuck", "queued"]).values_list("message_id", flat=True)) \
         == {"stuck", "queued"}
