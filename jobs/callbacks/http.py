@@ -278,8 +278,8 @@ class Client:
 
     def __init__(self, *, connect_rate: float | None = None, connect_burst: float | None = None,
                  loop_factory=uvloop.new_event_loop) -> None:
-        # uvloop: the client alone costs 10.5 us of CPU per keep-alive POST on it, 25.0 on asyncio's
-        # own loop (bench/push.py --compare-loops)
+        # uvloop: the client alone costs 10.7 us of CPU per keep-alive POST on it, 27.0 on asyncio's
+        # own loop (bench/push.py --compare-loops, 2026-11-30)
         self.loop = loop_factory()
         self._idle: dict[tuple, list[Connection]] = defaultdict(list)
         self.connect_rate = connect_rate if connect_rate and connect_rate > 0 else None

@@ -1,6 +1,6 @@
 """A qcluster worker freezes what it loaded out of the garbage collector's full passes as it spawns
 (broker.heap, BROKER_GC_FREEZE), as the web workers do: a dispatcher loop's process keeps Django
-and the tasks for its life, and a full pass walked them all again on every callback burst."""
+and the tasks for its life, and every full pass of the collector would walk them all again."""
 
 from __future__ import annotations
 
