@@ -2,8 +2,10 @@
 dispatcher loops).
 
 CPython's full collection (its oldest generation) walks every container object the process holds,
-and a web worker holds about 150,000 from the start that it keeps for its life: Django, the
-URL conf, DRF, the routes, the caches. Every full pass walked them all again, and the pass stops the
+and a worker holds about 100,000 from the start that it keeps for its life: Django, the URL conf,
+DRF, the routes, the tasks, the caches (`make run`'s workers log 103,000-108,000 frozen; a full pass
+at an overload walked 146,000-181,000 with what the requests had allocated). Every full pass walked
+them all again, and the pass stops the
 whole process, event loop included: at a 6,000/s overload the two workers paused 24 times between
 them in two and a half minutes, 0.05-0.35 s each (median 0.13), and every publish waiting on that
 loop waited that much longer.

@@ -130,8 +130,6 @@ def test_an_idle_worker_tells_the_master_it_is_alive(tmp_path):
         web.stop()
 
 
-
-
 @pytest.mark.parametrize("freeze", ["1", "0"])
 def test_a_worker_freezes_what_it_loaded_out_of_the_collector_s_full_passes(tmp_path, freeze):
     """broker.heap: a full collection walked ~150,000 objects a worker keeps for its life and
