@@ -31,9 +31,14 @@ if os.environ.get("DATABASE_URL"):
         sys.exit(str(_exc))
 
 bind = os.environ.get("BROKER_BIND", "127.0.0.1:8080")
-workers = int(os.environ.get("BROKER_WEB_WORKERS", "2"))
+# One process by default (two until 2026-11-30): a process's single publishes share its publishing
+# thread's commits (jobs.publish.grouped), and two processes split them into twice the batches. At
+# 1,000/s on 2 cores one process cost 0.54 ms of CPU per message for the whole broker against 0.69
+# with two (PostgreSQL 0.28 against 0.35, web 0.17 against 0.24; bench/capacity.py, README "Headroom").
+# Its 64 threads keep the long polls two processes of 32 held. More cores: more workers.
+workers = int(os.environ.get("BROKER_WEB_WORKERS", "1"))
 worker_class = os.environ.get("BROKER_WEB_WORKER_CLASS") or "web.server.worker.BrokerWorker"
-threads = int(os.environ.get("BROKER_WEB_THREADS", "32"))
+threads = int(os.environ.get("BROKER_WEB_THREADS", "64"))
 timeout = 120  # > the 60 s long-poll maximum
 graceful_timeout = 30
 keepalive = 75

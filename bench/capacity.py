@@ -548,7 +548,7 @@ def main() -> None:
     parser.add_argument("--max-in-flight", type=int, default=50)
     parser.add_argument("--drain", type=float, default=60.0,
                         help="seconds without a new delivery before the ones still missing count as lost")
-    parser.add_argument("--web-workers", type=int, default=2)
+    parser.add_argument("--web-workers", type=int, default=1)
     parser.add_argument("--server", choices=("gunicorn", "granian"), default="gunicorn",
                         help="the web server (granian: pip install granian; for a side-by-side comparison)")
     parser.add_argument("--no-fsync", action="store_true", help="embedded server with fsync off")

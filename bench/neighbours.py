@@ -455,7 +455,7 @@ def main() -> None:
     parser.add_argument("--pull-batch", type=int, default=500)
     parser.add_argument("--max-in-flight", type=int, default=50, help="the healthy push consumer's maxInFlight")
     parser.add_argument("--drain", type=float, default=60.0, help="seconds to wait for the last deliveries")
-    parser.add_argument("--web-workers", type=int, default=2)
+    parser.add_argument("--web-workers", type=int, default=1)
     parser.add_argument("--no-fsync", action="store_true", help="embedded server with fsync off")
     parser.add_argument("--slices", action="store_true", help="print every 10-second slice's worst latencies")
     args = smoke_args_parse(parser, cases="hold,dead", rate=20.0, warmup=1.0, baseline=3.0, hold=3.0, after=2.0,

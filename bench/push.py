@@ -566,7 +566,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=15.0, help="length of the latency run")
     parser.add_argument("--latency-consumers", type=int, default=1)
     parser.add_argument("--max-in-flight", type=int, default=None, help="consumers' maxInFlight (default: broker's 10)")
-    parser.add_argument("--web-workers", type=int, default=2)
+    parser.add_argument("--web-workers", type=int, default=1)
     parser.add_argument("--no-fsync", action="store_true", help="embedded server with fsync off")
     parser.add_argument("--compare-clients", action="store_true",
                         help="measure today's push client and the hand-written parser it replaced in one run, "

@@ -442,7 +442,7 @@ def main() -> None:
     parser.add_argument("--max-in-flight", type=int, default=50,
                         help="push consumer's maxInFlight (50: with the broker's default 10 push delivery "
                              "topped out near 165 msg/s on a busy 2-core machine, below the 300 msg/s published)")
-    parser.add_argument("--web-workers", type=int, default=2)
+    parser.add_argument("--web-workers", type=int, default=1)
     parser.add_argument("--no-fsync", action="store_true", help="embedded server with fsync off")
     args = smoke_args_parse(parser, seconds=12.0, rate=30.0, retention="2s", every=2.0, connections=4)
     if args.every is None:  # a report a minute, or as many reports per window as a 20-minute run has

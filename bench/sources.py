@@ -249,7 +249,7 @@ def main() -> None:
     parser.add_argument("--pull-batch", type=int, default=500)
     parser.add_argument("--max-in-flight", type=int, default=50)
     parser.add_argument("--drain", type=float, default=60.0, help="seconds to wait for the last deliveries")
-    parser.add_argument("--web-workers", type=int, default=2)
+    parser.add_argument("--web-workers", type=int, default=1)
     parser.add_argument("--no-fsync", action="store_true", help="embedded server with fsync off")
     args = smoke_args_parse(parser, rate=40.0, seconds=3.0, connections=4, drain=30.0)
 
